@@ -1,0 +1,277 @@
+//! `self-node-remediation.medik8s.io/v1alpha1`: SelfNodeRemediation, its template, and the
+//! operator-wide SelfNodeRemediationConfig.
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::GoDuration;
+
+/// The one SelfNodeRemediationConfig the operator reads, in its own namespace.
+pub const CONFIG_NAME: &str = "self-node-remediation-config";
+pub const AUTOMATIC_TEMPLATE_NAME: &str = "self-node-remediation-automatic-strategy-template";
+pub const RESOURCE_DELETION_TEMPLATE_NAME: &str = "self-node-remediation-resource-deletion-template";
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RemediationStrategy {
+    /// OutOfServiceTaint where the cluster supports it (Kubernetes >= 1.28), else ResourceDeletion.
+    #[default]
+    Automatic,
+    /// Force-delete the node's pods and delete its VolumeAttachments.
+    ResourceDeletion,
+    /// Add the node.kubernetes.io/out-of-service taint (and force-delete the pods).
+    OutOfServiceTaint,
+}
+
+/// Asks the node's own agent to fence it, and the manager to recover its workloads once that is
+/// proven.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "self-node-remediation.medik8s.io",
+    version = "v1alpha1",
+    kind = "SelfNodeRemediation",
+    plural = "selfnoderemediations",
+    shortname = "snr",
+    shortname = "snremediation",
+    namespaced,
+    status = "SelfNodeRemediationStatus",
+    derive = "PartialEq",
+    doc = "SelfNodeRemediation fences a node through its own agent and watchdog, then recovers its workloads.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Strategy", type_ = "string", json_path = ".spec.remediationStrategy"),
+    printcolumn(
+        name = "Assumed-Rebooted",
+        type_ = "date",
+        json_path = ".status.timeAssumedRebooted",
+        priority = 1
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfNodeRemediationSpec {
+    #[serde(default)]
+    pub remediation_strategy: RemediationStrategy,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfNodeRemediationStatus {
+    /// Fencing-Started, Pre-Reboot-Completed, Reboot-Completed or Fencing-Completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// When the workloads may be recovered: fencing is proven by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_assumed_rebooted: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<Condition>>,
+    /// nodemedic: agents (by node) that recorded they refuse to vote for this node any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_by: Option<Vec<String>>,
+    /// nodemedic: the strategy actually applied (Automatic resolved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_strategy: Option<RemediationStrategy>,
+}
+
+/// The phases medik8s SNR reports, in order.
+pub mod phases {
+    pub const FENCING_STARTED: &str = "Fencing-Started";
+    pub const PRE_REBOOT_COMPLETED: &str = "Pre-Reboot-Completed";
+    pub const REBOOT_COMPLETED: &str = "Reboot-Completed";
+    pub const FENCING_COMPLETED: &str = "Fencing-Completed";
+}
+
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "self-node-remediation.medik8s.io",
+    version = "v1alpha1",
+    kind = "SelfNodeRemediationTemplate",
+    plural = "selfnoderemediationtemplates",
+    shortname = "snrt",
+    shortname = "snremediationtemplate",
+    shortname = "snrtemplate",
+    namespaced,
+    status = "TemplateStatus",
+    derive = "PartialEq",
+    doc = "SelfNodeRemediationTemplate is what a NodeHealthCheck copies into each SelfNodeRemediation it creates.",
+    printcolumn(
+        name = "Strategy",
+        type_ = "string",
+        json_path = ".spec.template.spec.remediationStrategy"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+pub struct SelfNodeRemediationTemplateSpec {
+    pub template: SelfNodeRemediationTemplateResource,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct SelfNodeRemediationTemplateResource {
+    pub spec: SelfNodeRemediationSpec,
+}
+
+/// Status a template kind may carry (nodemedic writes conditions here).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct TemplateStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// Operator-wide settings for self remediation; a change re-creates the agent DaemonSet.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "self-node-remediation.medik8s.io",
+    version = "v1alpha1",
+    kind = "SelfNodeRemediationConfig",
+    plural = "selfnoderemediationconfigs",
+    shortname = "snrc",
+    shortname = "snrconfig",
+    namespaced,
+    status = "SelfNodeRemediationConfigStatus",
+    derive = "PartialEq",
+    doc = "SelfNodeRemediationConfig holds the agents' timings, watchdog and peer settings.",
+    printcolumn(name = "Watchdog", type_ = "string", json_path = ".spec.watchdogFilePath"),
+    printcolumn(name = "Safe-Time", type_ = "integer", json_path = ".status.minimumSafeTimeSeconds"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name == 'self-node-remediation-config'")
+        .message("the SelfNodeRemediationConfig must be named self-node-remediation-config; nodemedic reads only that one")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfNodeRemediationConfigSpec {
+    #[serde(default = "defaults::watchdog_file_path")]
+    #[schemars(length(min = 1))]
+    pub watchdog_file_path: String,
+
+    /// Wait at least this long before recovering workloads. Values below the provable minimum
+    /// are not used; the minimum is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub safe_time_to_assume_node_rebooted_seconds: Option<i32>,
+
+    #[serde(default = "defaults::five_seconds")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerApiServerTimeout must be at least 10ms"))]
+    pub peer_api_server_timeout: GoDuration,
+
+    #[serde(default = "defaults::fifteen_seconds")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("apiCheckInterval must be at least 1s"))]
+    pub api_check_interval: GoDuration,
+
+    #[serde(default = "defaults::fifteen_minutes")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10s')").message("peerUpdateInterval must be at least 10s"))]
+    pub peer_update_interval: GoDuration,
+
+    #[serde(default = "defaults::five_seconds")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("apiServerTimeout must be at least 10ms"))]
+    pub api_server_timeout: GoDuration,
+
+    #[serde(default = "defaults::five_seconds")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerDialTimeout must be at least 10ms"))]
+    pub peer_dial_timeout: GoDuration,
+
+    #[serde(default = "defaults::seven_seconds")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerRequestTimeout must be at least 10ms"))]
+    pub peer_request_timeout: GoDuration,
+
+    #[serde(default = "defaults::max_api_error_threshold")]
+    #[schemars(range(min = 1))]
+    pub max_api_error_threshold: i32,
+
+    #[serde(default = "defaults::yes")]
+    pub is_software_reboot_enabled: bool,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_health_check_url: Option<String>,
+
+    /// Port of the agents' peer protocol.
+    #[serde(default = "defaults::host_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub host_port: i32,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::tolerations)]
+    pub custom_ds_tolerations: Option<Vec<Toleration>>,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::node_selector_requirements)]
+    pub custom_ds_node_selector_requirements: Option<Vec<NodeSelectorRequirement>>,
+
+    /// Agents a node needs besides itself before self remediation may act on it.
+    #[serde(default = "defaults::min_peers_for_remediation")]
+    #[schemars(range(min = 0))]
+    pub min_peers_for_remediation: i32,
+}
+
+impl Default for SelfNodeRemediationConfigSpec {
+    /// The seed table's defaults, the same the CRD schema applies.
+    fn default() -> Self {
+        Self {
+            watchdog_file_path: defaults::watchdog_file_path(),
+            safe_time_to_assume_node_rebooted_seconds: None,
+            peer_api_server_timeout: defaults::five_seconds(),
+            api_check_interval: defaults::fifteen_seconds(),
+            peer_update_interval: defaults::fifteen_minutes(),
+            api_server_timeout: defaults::five_seconds(),
+            peer_dial_timeout: defaults::five_seconds(),
+            peer_request_timeout: defaults::seven_seconds(),
+            max_api_error_threshold: defaults::max_api_error_threshold(),
+            is_software_reboot_enabled: defaults::yes(),
+            endpoint_health_check_url: None,
+            host_port: defaults::host_port(),
+            custom_ds_tolerations: None,
+            custom_ds_node_selector_requirements: None,
+            min_peers_for_remediation: defaults::min_peers_for_remediation(),
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SelfNodeRemediationConfigStatus {
+    /// nodemedic: the provable minimum safe time for the registered agents right now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_safe_time_seconds: Option<i64>,
+    /// nodemedic: agents registered, by node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered_agents: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+mod defaults {
+    use crate::duration::GoDuration;
+    use std::time::Duration;
+
+    pub fn watchdog_file_path() -> String {
+        "/dev/watchdog".into()
+    }
+    pub fn five_seconds() -> GoDuration {
+        GoDuration::from_duration(Duration::from_secs(5))
+    }
+    pub fn seven_seconds() -> GoDuration {
+        GoDuration::from_duration(Duration::from_secs(7))
+    }
+    pub fn fifteen_seconds() -> GoDuration {
+        GoDuration::from_duration(Duration::from_secs(15))
+    }
+    pub fn fifteen_minutes() -> GoDuration {
+        GoDuration::from_duration(Duration::from_secs(900))
+    }
+    pub fn max_api_error_threshold() -> i32 {
+        3
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn host_port() -> i32 {
+        30001
+    }
+    pub fn min_peers_for_remediation() -> i32 {
+        1
+    }
+}

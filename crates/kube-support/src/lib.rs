@@ -1,0 +1,15 @@
+//! Kubernetes plumbing shared by nodemedic's operators. Decisions live in the operator crates;
+//! this crate only moves data to and from the API server, and keeps the few pure helpers that
+//! every operator needs (conditions, taints, node-lease rules).
+
+pub mod client;
+pub mod conditions;
+pub mod events;
+pub mod leader;
+pub mod logging;
+pub mod metrics_server;
+pub mod node_lease;
+pub mod taints;
+pub mod time;
+
+pub use client::{Error, Result};

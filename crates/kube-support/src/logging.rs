@@ -1,0 +1,19 @@
+//! Structured logs for every nodemedic process.
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`); JSON when `json` is set, for log
+/// pipelines. Safe to call twice (the second call does nothing).
+pub fn init(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube_lease_manager=warn"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = if json {
+        registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init()
+    } else {
+        registry.with(fmt::layer().with_writer(std::io::stderr)).try_init()
+    };
+    // Already initialised (tests start several components in one process): keep the first.
+    let _ = result;
+}

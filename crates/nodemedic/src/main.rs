@@ -1,0 +1,49 @@
+//! `nodemedic`: one binary, one subcommand per role.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "nodemedic",
+    version,
+    about = "Fence unhealthy Kubernetes nodes and bring their stateful workloads back elsewhere"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print every CustomResourceDefinition (or write one file per CRD into a directory).
+    Crds {
+        /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    // One crypto provider for every TLS user in the process (kube, tonic): ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match Cli::parse().command {
+        Command::Crds { write } => crds(write),
+    }
+}
+
+fn crds(write: Option<PathBuf>) -> anyhow::Result<()> {
+    match write {
+        None => print!("{}", nodemedic_api::crds::rendered_stream()?),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (file, yaml) in nodemedic_api::crds::rendered()? {
+                let path = dir.join(file);
+                std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}

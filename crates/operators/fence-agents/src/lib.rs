@@ -1,0 +1,1 @@
+//! Fence Agents Remediation: power-fences nodes through their BMC with the ClusterLabs fence agents.

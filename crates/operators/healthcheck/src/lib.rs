@@ -1,0 +1,1 @@
+//! Node Health Check: decides which nodes are unhealthy and drives remediation through templates.

@@ -1,0 +1,1 @@
+//! Node Maintenance: cordons and drains a node on request, and gives it back.
