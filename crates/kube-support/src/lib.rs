@@ -9,6 +9,7 @@ pub mod leader;
 pub mod logging;
 pub mod metrics_server;
 pub mod node_lease;
+pub mod pki;
 pub mod taints;
 pub mod time;
 

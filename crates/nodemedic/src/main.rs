@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod lab_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "nodemedic",
@@ -24,6 +26,11 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
+    Lab {
+        #[command(subcommand)]
+        command: lab_cmd::LabCommand,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Crds { write } => crds(write),
+        Command::Lab { command } => lab_cmd::run(command),
     }
 }
 

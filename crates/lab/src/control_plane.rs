@@ -1,0 +1,104 @@
+//! The control-plane processes: etcd on tmpfs, kube-apiserver on the node bridge, and
+//! kube-controller-manager and kube-scheduler with the lab's failure timings.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use crate::{Timings, binaries::Binaries, pki::LabPki, process::ProcessSpec};
+
+pub const API_PORT: u16 = 6443;
+
+pub struct Ports {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+}
+
+pub fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
+    let client = format!("http://127.0.0.1:{}", ports.etcd_client);
+    let peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
+    ProcessSpec::new(
+        &bins.etcd,
+        [
+            "--name=lab".to_owned(),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=lab={peer}"),
+            "--listen-metrics-urls=".to_owned(),
+            // Data lives on tmpfs and dies with the lab: fsync buys nothing.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ],
+    )
+}
+
+pub fn apiserver(bins: &Binaries, pki: &LabPki, ip: Ipv4Addr, ports: &Ports, timings: &Timings) -> ProcessSpec {
+    let p = |f: &str| pki.path(f).display().to_string();
+    ProcessSpec::new(
+        &bins.kube_apiserver,
+        [
+            format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
+            format!("--bind-address={ip}"),
+            format!("--advertise-address={ip}"),
+            format!("--secure-port={API_PORT}"),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            "--allow-privileged=true".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!(
+                "--default-unreachable-toleration-seconds={}",
+                timings.toleration_seconds
+            ),
+            format!("--default-not-ready-toleration-seconds={}", timings.toleration_seconds),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ],
+    )
+}
+
+pub fn controller_manager(bins: &Binaries, pki: &LabPki, kubeconfig: &Path, timings: &Timings) -> ProcessSpec {
+    let p = |f: &str| pki.path(f).display().to_string();
+    ProcessSpec::new(
+        &bins.kube_controller_manager,
+        [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+            format!("--node-monitor-period={}ms", timings.node_monitor_period.as_millis()),
+            format!(
+                "--node-monitor-grace-period={}ms",
+                timings.node_monitor_grace.as_millis()
+            ),
+            format!("--root-ca-file={}", p("ca.crt")),
+            format!("--service-account-private-key-file={}", p("sa.key")),
+            "--use-service-account-credentials=false".into(),
+            format!("--cluster-signing-cert-file={}", p("ca.crt")),
+            format!("--cluster-signing-key-file={}", p("ca.key")),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+            "--v=1".into(),
+        ],
+    )
+}
+
+pub fn scheduler(bins: &Binaries, kubeconfig: &Path) -> ProcessSpec {
+    ProcessSpec::new(
+        &bins.kube_scheduler,
+        [
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+            "--v=1".into(),
+        ],
+    )
+}

@@ -1,0 +1,267 @@
+//! Faults, each a method: power, freeze, partitions, API isolation, control-plane restarts.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::{
+    Error, Lab, Result,
+    lab::{Inner, process_died},
+    timeline::{Event, NodeCondition},
+    wait,
+};
+
+impl Inner {
+    fn set_condition(&self, node: &str, change: impl FnOnce(&mut NodeCondition)) -> Result<NodeCondition> {
+        self.index(node)?;
+        let mut all = self
+            .conditions
+            .lock()
+            .map_err(|_| Error::Invalid("node table poisoned".into()))?;
+        let condition = all.entry(node.to_owned()).or_insert_with(NodeCondition::running);
+        let before = *condition;
+        change(condition);
+        let after = *condition;
+        drop(all);
+        if before != after {
+            self.timeline.record(Event::NodeCondition {
+                node: node.to_owned(),
+                condition: after,
+            });
+        }
+        Ok(after)
+    }
+
+    /// Kills every process of the node, as pulling its power would.
+    pub fn power_off(&self, node: &str, cause: &str) -> Result<()> {
+        self.index(node)?;
+        if let Ok(mut procs) = self.resources.processes.lock() {
+            for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
+                p.kill();
+            }
+        }
+        // Anything else that runs in the namespace dies with the machine too.
+        for pid in self.resources.net.pids(node) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        self.watchdogs.power_lost(node);
+        self.timeline.record(Event::Power {
+            node: node.to_owned(),
+            on: false,
+            cause: cause.to_owned(),
+        });
+        self.set_condition(node, |c| {
+            c.powered = false;
+            c.frozen = false;
+        })?;
+        Ok(())
+    }
+
+    /// Boots the node: after the boot delay, starts its processes again.
+    pub async fn power_on(&self, node: &str, cause: &str) -> Result<()> {
+        self.index(node)?;
+        tokio::time::sleep(self.config.timings.boot_delay).await;
+        {
+            let mut procs = self
+                .resources
+                .processes
+                .lock()
+                .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+            if procs.closed {
+                return Ok(());
+            }
+            for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
+                p.reap();
+                p.start()?;
+            }
+        }
+        self.timeline.record(Event::Power {
+            node: node.to_owned(),
+            on: true,
+            cause: cause.to_owned(),
+        });
+        self.set_condition(node, |c| c.powered = true)?;
+        Ok(())
+    }
+
+    fn signal_node(&self, node: &str, signal: Signal) {
+        for pid in self.resources.net.pids(node) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    }
+}
+
+impl Lab {
+    fn fault(&self, node: Option<&str>, fault: &str) {
+        self.inner.timeline.record(Event::Fault {
+            node: node.map(str::to_owned),
+            fault: fault.to_owned(),
+        });
+    }
+
+    /// Powers the node off and leaves it off.
+    pub async fn crash(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "crash");
+        self.inner.power_off(node, "crash")
+    }
+
+    pub async fn power_off(&self, node: &str) -> Result<()> {
+        self.inner.power_off(node, "power-off")
+    }
+
+    /// Starts the node's processes again after the boot delay (returns once they run).
+    pub async fn power_on(&self, node: &str) -> Result<()> {
+        self.inner.power_on(node, "power-on").await
+    }
+
+    /// Power cycle.
+    pub async fn reset(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "reset");
+        self.inner.power_off(node, "reset")?;
+        self.inner.power_on(node, "reset").await
+    }
+
+    /// SIGSTOPs every process of the node (a hung kernel).
+    pub async fn freeze(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "freeze");
+        self.inner.signal_node(node, Signal::SIGSTOP);
+        self.inner.set_condition(node, |c| c.frozen = true)?;
+        Ok(())
+    }
+
+    pub async fn thaw(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "thaw");
+        self.inner.signal_node(node, Signal::SIGCONT);
+        self.inner.set_condition(node, |c| c.frozen = false)?;
+        Ok(())
+    }
+
+    /// Cuts these nodes from everything (the API server, the other nodes) except each other.
+    pub async fn partition(&self, nodes: &[&str]) -> Result<()> {
+        self.fault(None, &format!("partition {}", nodes.join(",")));
+        let ips = nodes.iter().map(|n| self.node_ip(n)).collect::<Result<Vec<_>>>()?;
+        for node in nodes {
+            let others: Vec<_> = ips
+                .iter()
+                .copied()
+                .filter(|ip| self.node_ip(node).is_ok_and(|own| own != *ip))
+                .collect();
+            self.inner.resources.net.cut_off(node, &others)?;
+            self.inner.set_condition(node, |c| {
+                c.partitioned = true;
+                c.api_isolated = false;
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Drops only the node's traffic to and from the API server; its peers stay reachable.
+    pub async fn isolate_from_api(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "isolate-from-api");
+        self.inner
+            .resources
+            .net
+            .isolate_from(node, self.api_ip(), self.api_port())?;
+        self.inner.set_condition(node, |c| {
+            c.api_isolated = true;
+            c.partitioned = false;
+        })?;
+        Ok(())
+    }
+
+    /// Undoes a partition or an API isolation of the node.
+    pub async fn heal(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "heal");
+        self.inner.resources.net.heal(node)?;
+        self.inner.set_condition(node, |c| {
+            c.partitioned = false;
+            c.api_isolated = false;
+        })?;
+        Ok(())
+    }
+
+    pub async fn stop_apiserver(&self) -> Result<()> {
+        self.fault(None, "stop-apiserver");
+        self.kill_process("kube-apiserver")
+    }
+
+    pub async fn start_apiserver(&self) -> Result<()> {
+        self.fault(None, "start-apiserver");
+        self.restart_process("kube-apiserver")?;
+        self.wait_api(Duration::from_secs(60)).await
+    }
+
+    pub async fn restart_etcd(&self) -> Result<()> {
+        self.fault(None, "restart-etcd");
+        self.restart_process("etcd")?;
+        self.wait_api(Duration::from_secs(60)).await
+    }
+
+    /// Kills a process the lab runs (by name, e.g. `kube-apiserver`, `controller-0`,
+    /// `node-1/agent`) and starts it again.
+    pub fn restart_process(&self, name: &str) -> Result<()> {
+        let mut procs = self
+            .inner
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        let p = procs
+            .by_name
+            .get_mut(name)
+            .ok_or_else(|| Error::UnknownProcess(name.to_owned()))?;
+        p.kill();
+        p.start()
+    }
+
+    /// Kills a process the lab runs and leaves it stopped.
+    pub fn kill_process(&self, name: &str) -> Result<()> {
+        let mut procs = self
+            .inner
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        procs
+            .by_name
+            .get_mut(name)
+            .ok_or_else(|| Error::UnknownProcess(name.to_owned()))?
+            .kill();
+        Ok(())
+    }
+
+    /// Whether the named process is running.
+    pub fn process_running(&self, name: &str) -> bool {
+        self.inner
+            .resources
+            .processes
+            .lock()
+            .ok()
+            .and_then(|mut p| p.by_name.get_mut(name).map(|p| p.running()))
+            .unwrap_or(false)
+    }
+
+    /// The error a dead process left, with its log tail.
+    pub fn process_error(&self, name: &str) -> Option<Error> {
+        process_died(&self.inner.resources, name)
+    }
+
+    async fn wait_api(&self, timeout: Duration) -> Result<()> {
+        let client = self.client();
+        wait::until("the API server to answer", timeout, || {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                Ok(client
+                    .request_text(request)
+                    .await
+                    .ok()
+                    .filter(|b| b.trim() == "ok")
+                    .map(|_| ()))
+            }
+        })
+        .await
+    }
+}

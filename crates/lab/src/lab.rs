@@ -1,0 +1,584 @@
+//! Starting and tearing down a lab.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::core::v1::{Node, ServiceAccount},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, Config,
+    api::{Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio::{sync::mpsc, task::JoinHandle};
+
+use crate::{
+    Error, LabConfig, Result,
+    binaries::{self, Binaries},
+    control_plane::{self, API_PORT, Ports},
+    error::io,
+    lock::{self, LabLock},
+    net::Network,
+    nodes::{self, KwokArgs},
+    observer,
+    pki::LabPki,
+    process::{ProcessSpec, Supervised},
+    storage,
+    timeline::{Event, NodeCondition, Timeline},
+    wait,
+    watchdog::Watchdogs,
+};
+
+/// A running lab. Dropping it stops every process it started and removes every namespace,
+/// bridge, rule and file it made, also when a test panics (then its logs are kept and their
+/// path printed).
+pub struct Lab {
+    pub(crate) inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+    _lock: LabLock,
+}
+
+pub(crate) struct Inner {
+    pub id: String,
+    pub config: LabConfig,
+    pub bins: Binaries,
+    pub kubeconfig: PathBuf,
+    pub client: Client,
+    pub node_index: BTreeMap<String, usize>,
+    pub conditions: Arc<Mutex<BTreeMap<String, NodeCondition>>>,
+    pub watchdogs: Watchdogs,
+    pub timeline: Timeline,
+    pub resources: Resources,
+}
+
+/// Everything that must be undone, owned from the first step of start-up on, so a failed start
+/// cleans up as well as a finished lab.
+pub(crate) struct Resources {
+    pub dir: PathBuf,
+    pub shm: PathBuf,
+    pub net: Network,
+    pub nodes: Vec<String>,
+    pub processes: Mutex<Processes>,
+    torn_down: AtomicBool,
+    /// Keep the logs at teardown: true until start-up succeeds, so a failed start can be read.
+    keep_logs: AtomicBool,
+}
+
+#[derive(Default)]
+pub(crate) struct Processes {
+    pub by_name: BTreeMap<String, Supervised>,
+    /// Start order, so teardown can go in reverse.
+    pub order: Vec<String>,
+    pub closed: bool,
+}
+
+impl Resources {
+    fn teardown(&self) {
+        if self.torn_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(mut procs) = self.processes.lock() {
+            procs.closed = true;
+            let order: Vec<String> = procs.order.iter().rev().cloned().collect();
+            for name in order {
+                if let Some(p) = procs.by_name.get_mut(&name) {
+                    p.kill();
+                }
+            }
+        }
+        for node in &self.nodes {
+            for pid in self.net.pids(node) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        self.net.destroy(&self.nodes);
+        let _ = std::fs::remove_dir_all(&self.shm);
+        if std::thread::panicking() || self.keep_logs.load(Ordering::SeqCst) {
+            let _ = std::fs::write(self.dir.join("torn-down"), "");
+            eprintln!("lab logs kept in {}", self.dir.join("logs").display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for Resources {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.inner.resources.teardown();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    Ok(listener.local_addr().map_err(io("finding a free port"))?.port())
+}
+
+/// Checks what a lab needs (root, `ip`, `nft`, the control-plane binaries) and says what to do
+/// when something is missing.
+pub fn preflight() -> Result<Binaries> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err(Error::NotRoot);
+    }
+    binaries::tool("ip")?;
+    binaries::tool("nft")?;
+    Binaries::locate()
+}
+
+async fn client_from(path: &Path) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Ok(Client::try_from(config)?)
+}
+
+impl Lab {
+    pub async fn start(config: LabConfig) -> Result<Self> {
+        let bins = preflight()?;
+        let lock = LabLock::acquire().await?;
+        lock::sweep();
+
+        let id = format!("{:04x}", rand::random::<u16>());
+        let dir = lock::labs_root().join(&id);
+        for sub in ["logs", "pids", "pki", "nodes"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(io("recording the lab owner"))?;
+        let shm = PathBuf::from(format!("/dev/shm/nodemedic-{id}"));
+        std::fs::create_dir_all(&shm).map_err(io("creating the tmpfs directory"))?;
+        let net = Network::plan(&id)?;
+        let node_names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
+        let resources = Resources {
+            dir: dir.clone(),
+            shm: shm.clone(),
+            net: net.clone(),
+            nodes: node_names.clone(),
+            processes: Mutex::new(Processes::default()),
+            torn_down: AtomicBool::new(false),
+            keep_logs: AtomicBool::new(true),
+        };
+        tracing::info!(lab = %id, nodes = node_names.len(), "starting lab");
+
+        net.create_bridges()?;
+        for (index, node) in node_names.iter().enumerate() {
+            net.create_node(node, index)?;
+        }
+        let pki = LabPki::create(&dir.join("pki"), net.host_ip())?;
+        let server = format!("https://{}:{API_PORT}", net.host_ip());
+        let kubeconfig = dir.join("kubeconfig");
+        pki.kubeconfig("admin", &server, &kubeconfig)?;
+
+        let ports = Ports {
+            etcd_client: free_port()?,
+            etcd_peer: free_port()?,
+        };
+        start_process(
+            &resources,
+            "etcd",
+            control_plane::etcd(&bins, &shm.join("etcd"), &ports),
+        )?;
+        start_process(
+            &resources,
+            "kube-apiserver",
+            control_plane::apiserver(&bins, &pki, net.host_ip(), &ports, &config.timings),
+        )?;
+        let client = client_from(&kubeconfig).await?;
+        wait_ready(&resources, &client).await?;
+        start_process(
+            &resources,
+            "kube-controller-manager",
+            control_plane::controller_manager(&bins, &pki, &kubeconfig, &config.timings),
+        )?;
+        start_process(
+            &resources,
+            "kube-scheduler",
+            control_plane::scheduler(&bins, &kubeconfig),
+        )?;
+        std::fs::write(
+            resources.dir.join("ports"),
+            format!("etcd {} {}\n", ports.etcd_client, ports.etcd_peer),
+        )
+        .map_err(io("recording ports"))?;
+
+        install_crds(&client).await?;
+        if config.storage {
+            storage::install(&client, config.persistent_volumes).await?;
+        }
+
+        let stages = dir.join("kwok-stages.yaml");
+        std::fs::write(&stages, nodes::KWOK_STAGES).map_err(io("writing kwok stages"))?;
+        let node_api = Api::<Node>::all(client.clone());
+        let mut node_index = BTreeMap::new();
+        let k8s_version = binaries::version("KUBERNETES_VERSION");
+        for (index, spec) in config.nodes.iter().enumerate() {
+            node_api
+                .create(&PostParams::default(), &nodes::node_object(spec, k8s_version))
+                .await?;
+            node_index.insert(spec.name.clone(), index);
+            let kwok = nodes::kwok(
+                &bins,
+                &KwokArgs {
+                    node: &spec.name,
+                    netns: &net.netns(&spec.name),
+                    kubeconfig: &kubeconfig,
+                    stages: &stages,
+                    ip: net.node_ip(index),
+                    index,
+                    lease_seconds: config.timings.node_lease_seconds,
+                },
+            );
+            start_process(&resources, &format!("{}/kwok", spec.name), kwok)?;
+        }
+
+        let conditions = Arc::new(Mutex::new(
+            node_names
+                .iter()
+                .map(|n| (n.clone(), NodeCondition::running()))
+                .collect(),
+        ));
+        let timeline = Timeline::default();
+        let watchdogs = Watchdogs::default();
+        let inner = Arc::new(Inner {
+            id,
+            config,
+            bins,
+            kubeconfig,
+            client: client.clone(),
+            node_index,
+            conditions,
+            watchdogs,
+            timeline,
+            resources,
+        });
+        let mut tasks = observer::spawn(&client, &inner.timeline);
+        if inner.config.storage {
+            tasks.push(tokio::spawn(storage::run(
+                client.clone(),
+                inner.conditions.clone(),
+                inner.timeline.clone(),
+            )));
+        }
+        for node in &node_names {
+            let path = inner.watchdog_path(node);
+            tasks.push(
+                inner
+                    .watchdogs
+                    .serve(node, path, inner.config.timings.watchdog_timeout)?,
+            );
+        }
+        let (expired_tx, expired_rx) = mpsc::unbounded_channel();
+        tasks.push(inner.watchdogs.expiries(expired_tx));
+        tasks.push(tokio::spawn(power_cycle_on_expiry(inner.clone(), expired_rx)));
+        let lab = Self {
+            inner,
+            tasks,
+            _lock: lock,
+        };
+
+        for node in &node_names {
+            lab.wait_ready_status(node, "True", Duration::from_secs(60)).await?;
+        }
+        // kube-controller-manager is working once it has created the default ServiceAccount.
+        let sa = Api::<ServiceAccount>::namespaced(client, "default");
+        wait::until(
+            "kube-controller-manager to create the default ServiceAccount",
+            Duration::from_secs(60),
+            || {
+                let sa = sa.clone();
+                async move { Ok(sa.get_opt("default").await?.map(|_| ())) }
+            },
+        )
+        .await?;
+        lab.inner.resources.keep_logs.store(false, Ordering::SeqCst);
+        tracing::info!(lab = %lab.inner.id, "lab ready");
+        Ok(lab)
+    }
+
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// Admin kubeconfig of the lab (valid on the host and inside the nodes' namespaces).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.inner.kubeconfig
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.resources.dir
+    }
+
+    pub fn timeline(&self) -> &Timeline {
+        &self.inner.timeline
+    }
+
+    pub fn config(&self) -> &LabConfig {
+        &self.inner.config
+    }
+
+    pub fn nodes(&self) -> Vec<String> {
+        self.inner.node_index.keys().cloned().collect()
+    }
+
+    /// The address the API server listens on (the host's side of the node bridge).
+    pub fn api_ip(&self) -> Ipv4Addr {
+        self.inner.resources.net.host_ip()
+    }
+
+    pub fn api_port(&self) -> u16 {
+        API_PORT
+    }
+
+    pub fn node_ip(&self, node: &str) -> Result<Ipv4Addr> {
+        Ok(self.inner.resources.net.node_ip(self.inner.index(node)?))
+    }
+
+    pub fn netns(&self, node: &str) -> Result<String> {
+        self.inner.index(node)?;
+        Ok(self.inner.resources.net.netns(node))
+    }
+
+    /// Path the node's agent opens as its watchdog device.
+    pub fn watchdog_path(&self, node: &str) -> PathBuf {
+        self.inner.watchdog_path(node)
+    }
+
+    pub fn watchdog_armed(&self, node: &str) -> bool {
+        self.inner.watchdogs.armed(node)
+    }
+
+    pub fn condition(&self, node: &str) -> Result<NodeCondition> {
+        self.inner.index(node)?;
+        Ok(self
+            .inner
+            .conditions
+            .lock()
+            .ok()
+            .and_then(|c| c.get(node).copied())
+            .unwrap_or_default())
+    }
+
+    pub fn kubectl_path(&self) -> &Path {
+        &self.inner.bins.kubectl
+    }
+
+    /// `kubectl apply -f -` with the lab's admin kubeconfig.
+    pub fn apply_yaml(&self, yaml: &str) -> Result<String> {
+        crate::cmd::run_with_stdin(
+            &self.inner.bins.kubectl.display().to_string(),
+            &[
+                "--kubeconfig",
+                &self.inner.kubeconfig.display().to_string(),
+                "apply",
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+    }
+
+    /// Runs `program args` inside the node's network namespace and returns whether it succeeded.
+    pub fn exec_in_node(&self, node: &str, program: &str, args: &[&str]) -> Result<bool> {
+        let ns = self.netns(node)?;
+        let mut all = vec!["netns", "exec", ns.as_str(), program];
+        all.extend_from_slice(args);
+        Ok(crate::cmd::run("ip", &all).is_ok())
+    }
+
+    /// Whether a TCP connection from inside `node` to `ip:port` succeeds within two seconds.
+    pub fn node_can_reach(&self, node: &str, ip: Ipv4Addr, port: u16) -> Result<bool> {
+        let script = format!("exec 3<>/dev/tcp/{ip}/{port}");
+        self.exec_in_node(node, "timeout", &["2", "bash", "-c", &script])
+    }
+
+    /// Waits until the API shows the node's Ready condition with `status`.
+    pub async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
+        let api = Api::<Node>::all(self.client());
+        wait::until(&format!("node {node} Ready={status}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let node = api.get(node).await?;
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
+                Ok(ready.filter(|c| c.status == status).map(|_| ()))
+            }
+        })
+        .await
+    }
+
+    /// Adds a process to a node (started now if the node is powered, and again on every
+    /// power-on), e.g. its agent. `spec.netns` is set to the node's.
+    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
+        spec.netns = Some(self.netns(node)?);
+        let full = format!("{node}/{name}");
+        let powered = self.condition(node)?.powered;
+        let mut procs = self
+            .inner
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        if procs.closed {
+            return Ok(());
+        }
+        if !procs.by_name.contains_key(&full) {
+            procs.order.push(full.clone());
+        }
+        let mut p = Supervised::new(&full, spec, &self.inner.resources.dir);
+        if powered {
+            p.start()?;
+        }
+        if let Some(mut old) = procs.by_name.insert(full, p) {
+            old.kill();
+        }
+        Ok(())
+    }
+
+    /// Adds a process on the host (outside every node), e.g. a controller replica.
+    pub fn add_host_process(&self, name: &str, spec: ProcessSpec) -> Result<()> {
+        start_process(&self.inner.resources, name, spec)
+    }
+
+    pub fn log_path(&self, process: &str) -> PathBuf {
+        self.dir()
+            .join("logs")
+            .join(format!("{}.log", process.replace('/', "_")))
+    }
+}
+
+impl Inner {
+    pub fn index(&self, node: &str) -> Result<usize> {
+        self.node_index
+            .get(node)
+            .copied()
+            .ok_or_else(|| Error::UnknownNode(node.to_owned()))
+    }
+
+    pub fn watchdog_path(&self, node: &str) -> PathBuf {
+        self.resources.dir.join("nodes").join(format!("{node}.watchdog"))
+    }
+}
+
+pub(crate) fn start_process(resources: &Resources, name: &str, spec: ProcessSpec) -> Result<()> {
+    let mut procs = resources
+        .processes
+        .lock()
+        .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+    if procs.closed {
+        return Ok(());
+    }
+    let mut p = Supervised::new(name, spec, &resources.dir);
+    p.start()?;
+    if let Some(mut old) = procs.by_name.insert(name.to_owned(), p) {
+        old.kill();
+    } else {
+        procs.order.push(name.to_owned());
+    }
+    Ok(())
+}
+
+pub(crate) fn process_died(resources: &Resources, name: &str) -> Option<Error> {
+    let mut procs = resources.processes.lock().ok()?;
+    let p = procs.by_name.get_mut(name)?;
+    (!p.running()).then(|| Error::ProcessDied {
+        process: name.to_owned(),
+        log: p.log.clone(),
+        tail: p.log_tail(20),
+    })
+}
+
+async fn wait_ready(resources: &Resources, client: &Client) -> Result<()> {
+    wait::until("kube-apiserver /readyz", Duration::from_secs(90), || async {
+        for name in ["etcd", "kube-apiserver"] {
+            if let Some(died) = process_died(resources, name) {
+                return Err(died);
+            }
+        }
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok(client
+            .request_text(request)
+            .await
+            .ok()
+            .filter(|body| body.trim() == "ok")
+            .map(|_| ()))
+    })
+    .await
+    .map_err(|e| match e {
+        // A process that died says more than the timeout.
+        Error::Timeout { .. } => ["etcd", "kube-apiserver"]
+            .iter()
+            .find_map(|n| process_died(resources, n))
+            .unwrap_or(e),
+        other => other,
+    })
+}
+
+async fn install_crds(client: &Client) -> Result<()> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let params = PatchParams::apply("nodemedic-lab").force();
+    for crd in nodemedic_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
+    }
+    for crd in nodemedic_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        wait::until(&format!("CRD {name} Established"), Duration::from_secs(30), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let crd = api.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+async fn power_cycle_on_expiry(inner: Arc<Inner>, mut expired: mpsc::UnboundedReceiver<String>) {
+    while let Some(node) = expired.recv().await {
+        inner.timeline.record(Event::WatchdogExpired { node: node.clone() });
+        tracing::info!(%node, "lab watchdog expired: power-cycling the node");
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            if let Err(error) = inner.power_off(&node, "watchdog") {
+                tracing::warn!(%error, %node, "watchdog power-off failed");
+            }
+            if let Err(error) = inner.power_on(&node, "watchdog").await {
+                tracing::warn!(%error, %node, "watchdog power-on failed");
+            }
+        });
+    }
+}

@@ -1,0 +1,134 @@
+//! One lab at a time on a machine (short leases flap when two control planes share two cores),
+//! and the sweep of whatever a lab whose owner died left behind.
+
+use std::{fs::File, path::PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::{Result, cmd, error::io, process};
+
+pub fn labs_root() -> PathBuf {
+    PathBuf::from("/tmp/nodemedic-labs")
+}
+
+pub struct LabLock {
+    _lock: Flock<File>,
+}
+
+impl LabLock {
+    pub async fn acquire() -> Result<Self> {
+        tokio::task::spawn_blocking(|| {
+            std::fs::create_dir_all("/run/nodemedic").map_err(io("creating /run/nodemedic"))?;
+            let file = File::create("/run/nodemedic/lab.lock").map_err(io("opening /run/nodemedic/lab.lock"))?;
+            let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(Self { _lock: lock }),
+                Err((file, _)) => file,
+            };
+            tracing::info!("another lab is running on this machine; waiting for it to finish (`nodemedic lab down` stops a lab started by hand)");
+            Flock::lock(file, FlockArg::LockExclusive)
+                .map(|lock| Self { _lock: lock })
+                .map_err(|(_, e)| crate::Error::Io { what: "locking /run/nodemedic/lab.lock".into(), source: e.into() })
+        })
+        .await
+        .map_err(|e| crate::Error::Invalid(format!("lock task failed: {e}")))?
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// Removes the processes, namespaces, bridges and tmpfs of labs whose owner process is gone.
+/// Runs under the lock, so no live lab is touched.
+pub fn sweep() {
+    let Ok(entries) = std::fs::read_dir(labs_root()) else {
+        return;
+    };
+    let mut kept = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let id = entry.file_name().to_string_lossy().into_owned();
+        let owner = std::fs::read_to_string(dir.join("owner.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if owner.is_some_and(alive) {
+            continue;
+        }
+        if !dir.join("torn-down").exists() {
+            tracing::warn!(lab = %id, "cleaning up after a lab whose owner died");
+            process::kill_recorded(&dir);
+            remove_network(&id);
+            let _ = std::fs::remove_dir_all(format!("/dev/shm/nodemedic-{id}"));
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            kept.push(dir);
+        }
+    }
+    // Logs of failed runs are kept for reading; the newest few are enough.
+    kept.sort_by_key(|d| std::fs::metadata(d).and_then(|m| m.modified()).ok());
+    let excess = kept.len().saturating_sub(5);
+    for old in kept.into_iter().take(excess) {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    // Namespaces and bridges of labs whose directory is gone altogether.
+    if let Ok(list) = cmd::run("ip", &["netns", "list"]) {
+        for ns in list.lines().filter_map(|l| l.split_whitespace().next()) {
+            if let Some(id) = lab_id_of(ns)
+                && !labs_root().join(&id).exists()
+            {
+                cmd::run_quietly("ip", &["netns", "del", ns]);
+            }
+        }
+    }
+    if let Ok(list) = cmd::run("ip", &["-o", "link", "show", "type", "bridge"]) {
+        for name in list.lines().filter_map(|l| l.split(':').nth(1)).map(str::trim) {
+            if let Some(id) = lab_id_of(name)
+                && !labs_root().join(&id).exists()
+            {
+                cmd::run_quietly("ip", &["link", "del", name]);
+            }
+        }
+    }
+}
+
+fn remove_network(id: &str) {
+    if let Ok(list) = cmd::run("ip", &["netns", "list"]) {
+        for ns in list
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|ns| ns.starts_with(&format!("nm{id}-")))
+        {
+            for pid in cmd::run("ip", &["netns", "pids", ns])
+                .unwrap_or_default()
+                .split_whitespace()
+            {
+                cmd::run_quietly("kill", &["-9", pid]);
+            }
+            cmd::run_quietly("ip", &["netns", "del", ns]);
+        }
+    }
+    cmd::run_quietly("ip", &["link", "del", &format!("nm{id}")]);
+    cmd::run_quietly("ip", &["link", "del", &format!("nm{id}m")]);
+}
+
+/// `nm<4 hex>-...` or `nm<4 hex>` / `nm<4 hex>m` -> the lab id.
+fn lab_id_of(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("nm")?;
+    let id = rest.get(..4)?;
+    let tail = &rest[4..];
+    (id.chars().all(|c| c.is_ascii_hexdigit()) && (tail.is_empty() || tail == "m" || tail.starts_with('-')))
+        .then(|| id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn recognises_only_lab_names() {
+        assert_eq!(super::lab_id_of("nm3fa2-node-1").as_deref(), Some("3fa2"));
+        assert_eq!(super::lab_id_of("nm3fa2m").as_deref(), Some("3fa2"));
+        assert_eq!(super::lab_id_of("nm3fa2").as_deref(), Some("3fa2"));
+        assert_eq!(super::lab_id_of("nmzzzz"), None);
+        assert_eq!(super::lab_id_of("eth0"), None);
+        assert_eq!(super::lab_id_of("nm3fa2v1"), None);
+    }
+}

@@ -1,0 +1,162 @@
+//! The lab's networks: a node bridge (one network namespace per node, joined by a veth), and a
+//! management bridge for the BMCs that no partition touches. Faults are nftables tables inside a
+//! node's namespace, so they cut exactly that node's traffic and nothing on the host.
+
+use std::net::Ipv4Addr;
+
+use crate::{Result, cmd};
+
+/// Name of the nftables table faults use inside a node's namespace.
+const FAULT_TABLE: &str = "nodemedic_fault";
+
+#[derive(Clone, Debug)]
+pub struct Network {
+    pub id: String,
+    pub slot: u8,
+    pub bridge: String,
+    pub mgmt_bridge: String,
+}
+
+impl Network {
+    /// Picks the first 10.213.<slot>.0/24 that no interface on this host uses.
+    pub fn plan(id: &str) -> Result<Self> {
+        let used = cmd::run("ip", &["-4", "-o", "addr", "show"])?;
+        let slot = (1..=250u8)
+            .find(|s| !used.contains(&format!(" 10.213.{s}.")) && !used.contains(&format!(" 10.214.{s}.")))
+            .ok_or_else(|| crate::Error::Invalid("no free 10.213.x.0/24 subnet for a lab".into()))?;
+        Ok(Self {
+            id: id.to_owned(),
+            slot,
+            bridge: format!("nm{id}"),
+            mgmt_bridge: format!("nm{id}m"),
+        })
+    }
+
+    /// The host's address on the node bridge, where the API server listens.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.slot, 1)
+    }
+
+    pub fn node_ip(&self, index: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.slot, 11 + index as u8)
+    }
+
+    /// The host's address on the management bridge.
+    pub fn mgmt_host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 214, self.slot, 1)
+    }
+
+    pub fn netns(&self, node: &str) -> String {
+        format!("nm{}-{node}", self.id)
+    }
+
+    pub fn create_bridges(&self) -> Result<()> {
+        for (bridge, ip) in [(&self.bridge, self.host_ip()), (&self.mgmt_bridge, self.mgmt_host_ip())] {
+            cmd::run("ip", &["link", "add", bridge, "type", "bridge"])?;
+            cmd::run("ip", &["addr", "add", &format!("{ip}/24"), "dev", bridge])?;
+            cmd::run("ip", &["link", "set", bridge, "up"])?;
+        }
+        Ok(())
+    }
+
+    pub fn create_node(&self, node: &str, index: usize) -> Result<()> {
+        let ns = self.netns(node);
+        let host_end = format!("nm{}v{index}", self.id);
+        let node_end = format!("nm{}p{index}", self.id);
+        cmd::run("ip", &["netns", "add", &ns])?;
+        cmd::run(
+            "ip",
+            &["link", "add", &host_end, "type", "veth", "peer", "name", &node_end],
+        )?;
+        cmd::run("ip", &["link", "set", &node_end, "netns", &ns])?;
+        cmd::run("ip", &["-n", &ns, "link", "set", &node_end, "name", "eth0"])?;
+        cmd::run(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", self.node_ip(index)),
+                "dev",
+                "eth0",
+            ],
+        )?;
+        cmd::run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
+        cmd::run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
+        cmd::run("ip", &["link", "set", &host_end, "master", &self.bridge])?;
+        cmd::run("ip", &["link", "set", &host_end, "up"])?;
+        Ok(())
+    }
+
+    /// Drops every packet of `node` except to and from `allowed` (its partition's members).
+    pub fn cut_off(&self, node: &str, allowed: &[Ipv4Addr]) -> Result<()> {
+        let set = if allowed.is_empty() {
+            String::new()
+        } else {
+            let list = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            format!("ip saddr {{ {list} }} accept\n")
+        };
+        let out_set = set.replace("saddr", "daddr");
+        let rules = format!(
+            "table inet {FAULT_TABLE} {{\n\
+             chain input {{ type filter hook input priority 0; policy accept; iifname \"lo\" accept\n{set}drop\n}}\n\
+             chain output {{ type filter hook output priority 0; policy accept; oifname \"lo\" accept\n{out_set}drop\n}}\n}}\n"
+        );
+        self.replace_fault_rules(node, &rules)
+    }
+
+    /// Drops only the node's traffic to and from the API server; peers stay reachable.
+    pub fn isolate_from(&self, node: &str, api: Ipv4Addr, port: u16) -> Result<()> {
+        let rules = format!(
+            "table inet {FAULT_TABLE} {{\n\
+             chain input {{ type filter hook input priority 0; policy accept; ip saddr {api} tcp sport {port} drop\n}}\n\
+             chain output {{ type filter hook output priority 0; policy accept; ip daddr {api} tcp dport {port} drop\n}}\n}}\n"
+        );
+        self.replace_fault_rules(node, &rules)
+    }
+
+    pub fn heal(&self, node: &str) -> Result<()> {
+        let ns = self.netns(node);
+        if cmd::run(
+            "ip",
+            &["netns", "exec", &ns, "nft", "list", "table", "inet", FAULT_TABLE],
+        )
+        .is_ok()
+        {
+            cmd::run(
+                "ip",
+                &["netns", "exec", &ns, "nft", "delete", "table", "inet", FAULT_TABLE],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn replace_fault_rules(&self, node: &str, rules: &str) -> Result<()> {
+        self.heal(node)?;
+        cmd::run_with_stdin(
+            "ip",
+            &["netns", "exec", &self.netns(node), "nft", "-f", "-"],
+            Some(rules),
+        )?;
+        Ok(())
+    }
+
+    /// Every process running in the node's namespace.
+    pub fn pids(&self, node: &str) -> Vec<i32> {
+        cmd::run("ip", &["netns", "pids", &self.netns(node)])
+            .map(|out| out.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn destroy(&self, nodes: &[String]) {
+        for (index, node) in nodes.iter().enumerate() {
+            // Deleting the host end removes the pair now; a namespace's own removal is deferred
+            // until the kernel drops its last reference.
+            cmd::run_quietly("ip", &["link", "del", &format!("nm{}v{index}", self.id)]);
+            cmd::run_quietly("ip", &["netns", "del", &self.netns(node)]);
+        }
+        cmd::run_quietly("ip", &["link", "del", &self.bridge]);
+        cmd::run_quietly("ip", &["link", "del", &self.mgmt_bridge]);
+    }
+}

@@ -1,0 +1,121 @@
+//! Simulated nodes: the Node object, and the kwok process that is its kubelet.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+
+use k8s_openapi::{
+    api::core::v1::{Node, NodeStatus, NodeSystemInfo},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::api::ObjectMeta;
+use nodemedic_api::names::labels;
+
+use crate::{binaries::Binaries, process::ProcessSpec};
+
+pub const KWOK_STAGES: &str = include_str!("../kwok/stages.yaml");
+
+/// One node of a lab.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeSpec {
+    pub fn worker(name: &str) -> Self {
+        let mut spec = Self {
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+        };
+        spec.labels.insert(labels::ROLE_WORKER.into(), String::new());
+        spec
+    }
+
+    /// The seed topology's node: control-plane and worker at once, with all three role labels
+    /// (the seed manifests select on each of them).
+    pub fn control_plane_worker(name: &str) -> Self {
+        let mut spec = Self::worker(name);
+        spec.labels.insert(labels::ROLE_MASTER.into(), String::new());
+        spec.labels.insert(labels::ROLE_CONTROL_PLANE.into(), String::new());
+        spec
+    }
+
+    /// A node with no role label at all, as on plain Kubernetes.
+    pub fn plain(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+pub fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
+    let mut node_labels = spec.labels.clone();
+    for (k, v) in [
+        (labels::HOSTNAME, spec.name.as_str()),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("type", "kwok"),
+    ] {
+        node_labels.insert(k.into(), v.into());
+    }
+    let annotations = [
+        ("node.alpha.kubernetes.io/ttl", "0"),
+        ("kwok.x-k8s.io/node", "fake"),
+        // The attach-detach controller manages this node's volumes (as for a real kubelet).
+        ("volumes.kubernetes.io/controller-managed-attach-detach", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let resources: BTreeMap<String, Quantity> = [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+        .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            labels: Some(node_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            allocatable: Some(resources.clone()),
+            capacity: Some(resources),
+            node_info: Some(NodeSystemInfo {
+                kubelet_version: format!("v{kubernetes_version}"),
+                operating_system: "linux".into(),
+                architecture: "amd64".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+pub struct KwokArgs<'a> {
+    pub node: &'a str,
+    pub netns: &'a str,
+    pub kubeconfig: &'a Path,
+    pub stages: &'a Path,
+    pub ip: Ipv4Addr,
+    pub index: usize,
+    pub lease_seconds: u32,
+}
+
+pub fn kwok(bins: &Binaries, a: &KwokArgs<'_>) -> ProcessSpec {
+    let mut spec = ProcessSpec::new(
+        &bins.kwok,
+        [
+            format!("--kubeconfig={}", a.kubeconfig.display()),
+            format!("--config={}", a.stages.display()),
+            format!("--manage-single-node={}", a.node),
+            format!("--node-ip={}", a.ip),
+            format!("--node-name={}", a.node),
+            format!("--cidr=10.{}.{}.0/24", 240 + a.index / 250, a.index % 250),
+            format!("--node-lease-duration-seconds={}", a.lease_seconds),
+        ],
+    );
+    spec.netns = Some(a.netns.to_owned());
+    spec
+}

@@ -1,0 +1,216 @@
+//! Feeds the timeline from the API: node Ready changes and remediation taints, pod phases and
+//! deletions, and remediation objects coming and going.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, Resource,
+    runtime::{WatchStreamExt, watcher},
+};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    names::{annotations, taints},
+    self_remediation::SelfNodeRemediation,
+};
+
+use crate::timeline::{Event, PodId, Timeline};
+
+/// Taints worth a timeline line: the ones remediation and the node lifecycle controller set.
+const WATCHED_TAINTS: &[&str] = &[
+    taints::OUT_OF_SERVICE_KEY,
+    taints::SNR_KEY,
+    taints::FAR_KEY,
+    taints::UNREACHABLE_KEY,
+    taints::DRAIN_KEY,
+];
+
+pub fn spawn(client: &Client, timeline: &Timeline) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![
+        tokio::spawn(nodes(client.clone(), timeline.clone())),
+        tokio::spawn(pods(client.clone(), timeline.clone())),
+        tokio::spawn(remediations::<SelfNodeRemediation>(client.clone(), timeline.clone())),
+        tokio::spawn(remediations::<FenceAgentsRemediation>(client.clone(), timeline.clone())),
+    ]
+}
+
+async fn nodes(client: Client, timeline: Timeline) {
+    let mut last: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event else {
+            continue;
+        };
+        let Some(name) = node.metadata.name.clone() else {
+            continue;
+        };
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()));
+        let node_taints: Vec<String> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| {
+                ts.iter()
+                    .filter(|t| WATCHED_TAINTS.contains(&t.key.as_str()))
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let previous = last.get(&name).cloned();
+        if let Some((status, reason)) = &ready
+            && previous.as_ref().is_none_or(|(s, _)| s != status)
+        {
+            timeline.record(Event::NodeReady {
+                node: name.clone(),
+                status: status.clone(),
+                reason: reason.clone(),
+            });
+        }
+        let before = previous.map(|(_, t)| t).unwrap_or_default();
+        for taint in node_taints.iter().filter(|t| !before.contains(t)) {
+            timeline.record(Event::NodeTaint {
+                node: name.clone(),
+                taint: taint.clone(),
+                added: true,
+            });
+        }
+        for taint in before.iter().filter(|t| !node_taints.contains(t)) {
+            timeline.record(Event::NodeTaint {
+                node: name.clone(),
+                taint: taint.clone(),
+                added: false,
+            });
+        }
+        last.insert(name, (ready.map(|r| r.0).unwrap_or_default(), node_taints));
+    }
+}
+
+fn pod_id(pod: &Pod) -> Option<PodId> {
+    Some(PodId {
+        namespace: pod.metadata.namespace.clone()?,
+        name: pod.metadata.name.clone()?,
+        uid: pod.metadata.uid.clone()?,
+    })
+}
+
+async fn pods(client: Client, timeline: Timeline) {
+    // uid -> (phase, node, deleting)
+    let mut last: BTreeMap<String, (String, Option<String>, bool)> = BTreeMap::new();
+    let mut stream = watcher(Api::<Pod>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                let Some(id) = pod_id(&pod) else { continue };
+                let phase = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_else(|| "Pending".into());
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                let deleting = pod.metadata.deletion_timestamp.is_some();
+                let before = last.get(&id.uid).cloned();
+                if before.as_ref().is_none_or(|(p, n, _)| p != &phase || n != &node) {
+                    let claims = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.volumes.as_ref())
+                        .map(|vs| {
+                            vs.iter()
+                                .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let stateful = pod
+                        .metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.kind == "StatefulSet");
+                    timeline.record(Event::PodPhase {
+                        pod: id.clone(),
+                        node: node.clone(),
+                        phase: phase.clone(),
+                        claims,
+                        stateful,
+                    });
+                }
+                if deleting && !before.as_ref().is_some_and(|b| b.2) {
+                    timeline.record(Event::PodDeleting {
+                        pod: id.clone(),
+                        node: node.clone(),
+                    });
+                }
+                last.insert(id.uid, (phase, node, deleting));
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                let Some(id) = pod_id(&pod) else { continue };
+                last.remove(&id.uid);
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                timeline.record(Event::PodGone { pod: id, node });
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn remediations<K>(client: Client, timeline: Timeline)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let kind = K::kind(&()).to_string();
+    let mut known: BTreeMap<String, bool> = BTreeMap::new();
+    let mut stream = watcher(Api::<K>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let (obj, gone) = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+            Ok(watcher::Event::Delete(o)) => (o, true),
+            _ => continue,
+        };
+        let meta = obj.meta();
+        let Some(name) = meta.name.clone() else { continue };
+        let node = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::NODE_NAME).cloned())
+            .unwrap_or_else(|| name.clone());
+        let key = format!("{}/{name}", meta.namespace.clone().unwrap_or_default());
+        let deleting = meta.deletion_timestamp.is_some();
+        let change = match (known.get(&key), gone, deleting) {
+            (_, true, _) => Some("removed"),
+            (None, false, _) => Some("created"),
+            (Some(false), false, true) => Some("deleting"),
+            _ => None,
+        };
+        if let Some(change) = change {
+            timeline.record(Event::Remediation {
+                kind: kind.clone(),
+                name: name.clone(),
+                node,
+                change: change.into(),
+            });
+        }
+        if gone {
+            known.remove(&key);
+        } else {
+            known.insert(key, deleting);
+        }
+    }
+}

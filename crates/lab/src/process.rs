@@ -1,0 +1,180 @@
+//! The lab's processes: spawned in their own process group (optionally inside a node's network
+//! namespace), logged to a file each, and recorded on disk so a lab whose owner died can be
+//! swept at the next start.
+
+use std::{
+    fs::OpenOptions,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use nix::{
+    sys::signal::{Signal, kill, killpg},
+    unistd::Pid,
+};
+
+use crate::{Error, Result, error::io};
+
+/// How to (re)start one process.
+#[derive(Clone, Debug)]
+pub struct ProcessSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Run inside this network namespace (a node's).
+    pub netns: Option<String>,
+    /// Bytes written to the process's standard input at start (then closed).
+    pub stdin: Option<String>,
+}
+
+impl ProcessSpec {
+    pub fn new(program: impl Into<PathBuf>, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            env: Vec::new(),
+            netns: None,
+            stdin: None,
+        }
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+pub(crate) struct Supervised {
+    pub name: String,
+    pub spec: ProcessSpec,
+    pub log: PathBuf,
+    pid_file: PathBuf,
+    child: Option<Child>,
+}
+
+impl Supervised {
+    pub fn new(name: &str, spec: ProcessSpec, dir: &Path) -> Self {
+        let file = name.replace('/', "_");
+        Self {
+            name: name.to_owned(),
+            spec,
+            log: dir.join("logs").join(format!("{file}.log")),
+            pid_file: dir.join("pids").join(&file),
+            child: None,
+        }
+    }
+
+    pub fn start(&mut self) -> Result<()> {
+        if self.running() {
+            return Ok(());
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(io(format!("opening {}", self.log.display())))?;
+        let log_err = log.try_clone().map_err(io("duplicating a log handle"))?;
+        let mut command = match &self.spec.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&self.spec.program);
+                c
+            }
+            None => Command::new(&self.spec.program),
+        };
+        command
+            .args(&self.spec.args)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(if self.spec.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(log)
+            .stderr(log_err)
+            // Its own group, so a kill reaches whatever it forks too.
+            .process_group(0);
+        let mut child = command.spawn().map_err(|e| Error::Command {
+            command: format!("{} {}", self.spec.program.display(), self.spec.args.join(" ")),
+            detail: e.to_string(),
+        })?;
+        if let (Some(input), Some(mut pipe)) = (&self.spec.stdin, child.stdin.take()) {
+            use std::io::Write;
+            pipe.write_all(input.as_bytes())
+                .map_err(io("writing a process's stdin"))?;
+        }
+        std::fs::write(
+            &self.pid_file,
+            format!("{}\n{}\n", child.id(), self.spec.program.display()),
+        )
+        .map_err(io("recording a pid"))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The node a `<node>/<process>` belongs to.
+    pub fn node(&self) -> Option<&str> {
+        self.name.split_once('/').map(|(node, _)| node)
+    }
+
+    pub fn running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// SIGKILL the whole group and reap it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = killpg(pid, Signal::SIGKILL);
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+
+    /// Reaps the child if it died on its own (a powered-off node's processes were killed by pid).
+    pub fn reap(&mut self) {
+        if let Some(child) = self.child.as_mut()
+            && matches!(child.try_wait(), Ok(Some(_)))
+        {
+            self.child = None;
+            let _ = std::fs::remove_file(&self.pid_file);
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+}
+
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Kills the processes a dead lab recorded under `dir/pids`, checking each pid still runs the
+/// recorded program (pids are reused).
+pub(crate) fn kill_recorded(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join("pids")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let mut lines = text.lines();
+        let (Some(pid), Some(program)) = (lines.next().and_then(|p| p.parse::<i32>().ok()), lines.next()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(program) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}

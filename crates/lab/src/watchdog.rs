@@ -1,0 +1,151 @@
+//! A lab watchdog per node. It runs on the host, outside the node's namespace, so a network
+//! partition does not stop the feed while a crash or a freeze does. The node's agent opens its
+//! socket as it would open `/dev/watchdog`:
+//!
+//! - on connect the watchdog sends `timeout <milliseconds>\n` (the WDIOC_GETTIMEOUT answer) and is
+//!   armed;
+//! - each `k\n` the agent writes is a keep-alive;
+//! - `V\n` (the magic close) disarms it; a connection closed without it leaves it armed, as with a
+//!   real device.
+//!
+//! When not fed within the timeout it asks the lab to power-cycle the node.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::UnixListener,
+    sync::mpsc,
+    time::Instant,
+};
+
+use crate::{Result, error::io};
+
+#[derive(Default)]
+struct State {
+    /// Armed with this deadline, or disarmed.
+    deadline: Option<Instant>,
+    /// Bumped on each arm so a stale connection's feeds do not re-arm a fired watchdog.
+    generation: u64,
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct Watchdogs(Arc<Mutex<BTreeMap<String, State>>>);
+
+impl Watchdogs {
+    /// Disarms a node's watchdog (its machine lost power: the timer is gone with it).
+    pub fn power_lost(&self, node: &str) {
+        if let Ok(mut all) = self.0.lock()
+            && let Some(state) = all.get_mut(node)
+        {
+            state.deadline = None;
+            state.generation += 1;
+        }
+    }
+
+    /// Whether the node's watchdog is armed right now.
+    pub fn armed(&self, node: &str) -> bool {
+        self.0
+            .lock()
+            .map(|all| all.get(node).is_some_and(|s| s.deadline.is_some()))
+            .unwrap_or(false)
+    }
+
+    /// Serves the node's watchdog socket at `path`.
+    pub fn serve(&self, node: &str, path: PathBuf, timeout: Duration) -> Result<tokio::task::JoinHandle<()>> {
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(io(format!("binding watchdog socket {}", path.display())))?;
+        let this = self.clone();
+        let node = node.to_owned();
+        if let Ok(mut all) = self.0.lock() {
+            all.entry(node.clone()).or_default();
+        }
+        Ok(tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let generation = this.arm(&node, timeout);
+                let this = this.clone();
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    if write
+                        .write_all(format!("timeout {}\n", timeout.as_millis()).as_bytes())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    let mut lines = BufReader::new(read).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        match line.trim() {
+                            "k" => this.feed(&node, generation, timeout),
+                            "V" => {
+                                this.disarm(&node, generation);
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                });
+            }
+        }))
+    }
+
+    fn arm(&self, node: &str, timeout: Duration) -> u64 {
+        let Ok(mut all) = self.0.lock() else { return 0 };
+        let state = all.entry(node.to_owned()).or_default();
+        state.generation += 1;
+        state.deadline = Some(Instant::now() + timeout);
+        state.generation
+    }
+
+    fn feed(&self, node: &str, generation: u64, timeout: Duration) {
+        if let Ok(mut all) = self.0.lock()
+            && let Some(state) = all.get_mut(node)
+            && state.generation == generation
+            && state.deadline.is_some()
+        {
+            state.deadline = Some(Instant::now() + timeout);
+        }
+    }
+
+    fn disarm(&self, node: &str, generation: u64) {
+        if let Ok(mut all) = self.0.lock()
+            && let Some(state) = all.get_mut(node)
+            && state.generation == generation
+        {
+            state.deadline = None;
+        }
+    }
+
+    /// Sends the name of every node whose watchdog expires, once per expiry.
+    pub fn expiries(&self, tx: mpsc::UnboundedSender<String>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tick.tick().await;
+                let now = Instant::now();
+                let expired: Vec<String> = match this.0.lock() {
+                    Ok(mut all) => all
+                        .iter_mut()
+                        .filter(|(_, s)| s.deadline.is_some_and(|d| d <= now))
+                        .map(|(node, s)| {
+                            s.deadline = None;
+                            s.generation += 1;
+                            node.clone()
+                        })
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                for node in expired {
+                    let _ = tx.send(node);
+                }
+            }
+        })
+    }
+}

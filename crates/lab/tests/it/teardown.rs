@@ -1,0 +1,73 @@
+//! A lab leaves nothing behind: not when dropped, not when its test panics.
+
+use nodemedic_lab::{Lab, LabConfig};
+
+fn leftovers(id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let netns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
+    found.extend(
+        String::from_utf8_lossy(&netns.stdout)
+            .lines()
+            .filter(|l| l.starts_with(&format!("nm{id}-")))
+            .map(|l| format!("netns {l}")),
+    );
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip");
+    found.extend(
+        String::from_utf8_lossy(&links.stdout)
+            .lines()
+            .filter(|l| l.contains(&format!(" nm{id}")))
+            .map(|l| format!("link {l}")),
+    );
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&format!("nodemedic-labs/{id}")) || cmdline.contains(&format!("nodemedic-{id}")) {
+            found.push(format!("process {cmdline}"));
+        }
+    }
+    if std::path::Path::new(&format!("/dev/shm/nodemedic-{id}")).exists() {
+        found.push("tmpfs directory".into());
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_lab_removes_every_process_namespace_bridge_and_file() {
+    crate::support::logs();
+    let lab = Lab::start(LabConfig::workers(2)).await.expect("lab starts");
+    lab.partition(&["node-1"]).await.expect("partition");
+    let id = lab.id().to_owned();
+    assert!(!leftovers(&id).is_empty(), "the probe sees a running lab");
+    drop(lab);
+    assert_eq!(leftovers(&id), Vec::<String>::new());
+    assert!(!std::path::Path::new(&format!("/tmp/nodemedic-labs/{id}")).exists());
+}
+
+#[test]
+fn a_panicking_test_leaves_nothing_behind_but_its_logs() {
+    crate::support::logs();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let outcome = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(async {
+            let lab = Lab::start(LabConfig::workers(2)).await.expect("lab starts");
+            tx.send(lab.id().to_owned()).expect("send");
+            panic!("a deliberate failure inside a lab test");
+        })
+    })
+    .join();
+    assert!(outcome.is_err(), "the thread panicked");
+    let id = rx.recv().expect("the lab started");
+    assert_eq!(leftovers(&id), Vec::<String>::new());
+    let logs = std::path::PathBuf::from(format!("/tmp/nodemedic-labs/{id}/logs"));
+    assert!(
+        logs.join("kube-apiserver.log").exists(),
+        "logs of a failed test are kept for reading"
+    );
+}

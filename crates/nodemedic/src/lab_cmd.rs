@@ -1,0 +1,386 @@
+//! `nodemedic lab ...`: a lab for people. `up` starts a detached `lab serve` process that owns
+//! the lab; the other subcommands talk to it over a unix socket, one JSON line each way.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::{net::UnixStream, process::CommandExt},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use nodemedic_lab::{Lab, LabConfig, NodeSpec, Timings};
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt},
+    net::UnixListener,
+};
+
+const RUN_DIR: &str = "/run/nodemedic/lab-serve";
+
+fn socket_path() -> PathBuf {
+    Path::new(RUN_DIR).join("lab.sock")
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LabCommand {
+    /// Start a lab in the background and print how to reach it.
+    Up(UpArgs),
+    /// Stop the lab and remove everything it made.
+    Down,
+    /// Nodes, their power and faults, and their Ready condition.
+    Status,
+    /// The lab's timeline so far.
+    Timeline,
+    /// Power a node off and leave it off.
+    Crash {
+        node: String,
+    },
+    /// Power-cycle a node.
+    Reset {
+        node: String,
+    },
+    PowerOff {
+        node: String,
+    },
+    PowerOn {
+        node: String,
+    },
+    /// Stop every process of a node (SIGSTOP).
+    Freeze {
+        node: String,
+    },
+    Thaw {
+        node: String,
+    },
+    /// Cut these nodes from everything except each other.
+    Partition {
+        nodes: Vec<String>,
+    },
+    /// Drop only the node's traffic to the API server.
+    IsolateFromApi {
+        node: String,
+    },
+    /// Undo a partition or isolation of a node.
+    Heal {
+        node: String,
+    },
+    StopApiserver,
+    StartApiserver,
+    RestartEtcd,
+    /// Restart a process the lab runs (e.g. kube-scheduler, node-1/kwok).
+    Restart {
+        process: String,
+    },
+    /// Runs the lab in the foreground (what `up` starts).
+    #[command(hide = true)]
+    Serve(UpArgs),
+}
+
+#[derive(Args, Debug, Clone, Serialize, Deserialize)]
+pub struct UpArgs {
+    /// Number of nodes; each is control-plane and worker unless --workers.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Plain worker nodes instead of control-plane+worker ones.
+    #[arg(long)]
+    pub workers: bool,
+    /// Kubernetes' default failure timings (node-monitor grace 50 s) instead of the fast ones.
+    #[arg(long)]
+    pub default_timings: bool,
+}
+
+impl UpArgs {
+    fn config(&self) -> LabConfig {
+        let nodes = (1..=self.nodes)
+            .map(|i| {
+                let name = format!("node-{i}");
+                if self.workers {
+                    NodeSpec::worker(&name)
+                } else {
+                    NodeSpec::control_plane_worker(&name)
+                }
+            })
+            .collect();
+        let timings = if self.default_timings {
+            Timings::kubernetes_defaults()
+        } else {
+            Timings::fast()
+        };
+        LabConfig::new(nodes).with_timings(timings)
+    }
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+enum Request {
+    Status,
+    Timeline,
+    Down,
+    Crash { node: String },
+    Reset { node: String },
+    PowerOff { node: String },
+    PowerOn { node: String },
+    Freeze { node: String },
+    Thaw { node: String },
+    Partition { nodes: Vec<String> },
+    IsolateFromApi { node: String },
+    Heal { node: String },
+    StopApiserver,
+    StartApiserver,
+    RestartEtcd,
+    Restart { process: String },
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Response {
+    ok: bool,
+    text: String,
+}
+
+pub fn run(command: LabCommand) -> anyhow::Result<()> {
+    let request = match command {
+        LabCommand::Up(args) => return up(&args),
+        LabCommand::Serve(args) => return serve(args),
+        LabCommand::Down => Request::Down,
+        LabCommand::Status => Request::Status,
+        LabCommand::Timeline => Request::Timeline,
+        LabCommand::Crash { node } => Request::Crash { node },
+        LabCommand::Reset { node } => Request::Reset { node },
+        LabCommand::PowerOff { node } => Request::PowerOff { node },
+        LabCommand::PowerOn { node } => Request::PowerOn { node },
+        LabCommand::Freeze { node } => Request::Freeze { node },
+        LabCommand::Thaw { node } => Request::Thaw { node },
+        LabCommand::Partition { nodes } => Request::Partition { nodes },
+        LabCommand::IsolateFromApi { node } => Request::IsolateFromApi { node },
+        LabCommand::Heal { node } => Request::Heal { node },
+        LabCommand::StopApiserver => Request::StopApiserver,
+        LabCommand::StartApiserver => Request::StartApiserver,
+        LabCommand::RestartEtcd => Request::RestartEtcd,
+        LabCommand::Restart { process } => Request::Restart { process },
+    };
+    let down = matches!(request, Request::Down);
+    let response = send(&request)?;
+    println!("{}", response.text);
+    if !response.ok {
+        bail!("the lab refused: {}", response.text);
+    }
+    if down {
+        // The serving process exits once the lab is torn down.
+        for _ in 0..300 {
+            if !socket_path().exists() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("the lab did not stop within 30 s");
+    }
+    Ok(())
+}
+
+fn send(request: &Request) -> anyhow::Result<Response> {
+    let mut stream = UnixStream::connect(socket_path()).with_context(|| {
+        format!(
+            "no lab is running here (no {}): start one with `nodemedic lab up`",
+            socket_path().display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(180)))?;
+    writeln!(stream, "{}", serde_json::to_string(request)?)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    serde_json::from_str(&line).context("the lab answered something unreadable")
+}
+
+fn up(args: &UpArgs) -> anyhow::Result<()> {
+    nodemedic_lab::preflight()?;
+    if socket_path().exists() && send(&Request::Status).is_ok() {
+        bail!("a lab is already up (`nodemedic lab status`; `nodemedic lab down` stops it)");
+    }
+    std::fs::create_dir_all(RUN_DIR)?;
+    let log = Path::new(RUN_DIR).join("serve.log");
+    let out = std::fs::File::create(&log)?;
+    let mut serve = std::process::Command::new(std::env::current_exe()?);
+    serve.args(["lab", "serve", "--nodes", &args.nodes.to_string()]);
+    if args.workers {
+        serve.arg("--workers");
+    }
+    if args.default_timings {
+        serve.arg("--default-timings");
+    }
+    // Detached: its own session, so closing this terminal does not stop the lab.
+    let mut child = serve
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()?;
+    let ready = Path::new(RUN_DIR).join("kubeconfig");
+    let _ = std::fs::remove_file(&ready);
+    for _ in 0..1200 {
+        if let Some(status) = child.try_wait()? {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            bail!(
+                "the lab did not start ({status}):\n{}",
+                tail.lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        if ready.exists() {
+            let kubeconfig = std::fs::read_to_string(&ready)?;
+            println!(
+                "lab up ({} nodes)\n  export KUBECONFIG={}\n  nodemedic lab status | crash <node> | ... | down",
+                args.nodes,
+                kubeconfig.trim()
+            );
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("the lab did not become ready within 2 minutes; see {}", log.display())
+}
+
+fn serve(args: UpArgs) -> anyhow::Result<()> {
+    nodemedic_kube::logging::init(false);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let lab = Lab::start(args.config()).await?;
+        std::fs::create_dir_all(RUN_DIR)?;
+        let _ = std::fs::remove_file(socket_path());
+        let listener = UnixListener::bind(socket_path())?;
+        // Also reachable at a stable path while up.
+        let stable = Path::new(RUN_DIR).join("admin.kubeconfig");
+        std::fs::copy(lab.kubeconfig(), &stable)?;
+        std::fs::write(Path::new(RUN_DIR).join("kubeconfig"), stable.display().to_string())?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let (read, mut write) = stream.into_split();
+                    let mut line = String::new();
+                    if tokio::io::BufReader::new(read).read_line(&mut line).await.is_err() {
+                        continue;
+                    }
+                    let (response, stop) = match serde_json::from_str::<Request>(&line) {
+                        Ok(Request::Down) => (Response { ok: true, text: "stopping the lab".into() }, true),
+                        Ok(request) => (handle(&lab, request).await, false),
+                        Err(e) => (Response { ok: false, text: format!("bad request: {e}") }, false),
+                    };
+                    let _ = write.write_all(format!("{}\n", serde_json::to_string(&response)?).as_bytes()).await;
+                    if stop {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(lab);
+        for file in ["lab.sock", "kubeconfig", "admin.kubeconfig"] {
+            let _ = std::fs::remove_file(Path::new(RUN_DIR).join(file));
+        }
+        anyhow::Ok(())
+    })
+}
+
+async fn handle(lab: &Lab, request: Request) -> Response {
+    let result = match request {
+        Request::Status => {
+            return Response {
+                ok: true,
+                text: status(lab).await,
+            };
+        }
+        Request::Timeline => {
+            return Response {
+                ok: true,
+                text: lab.timeline().render(),
+            };
+        }
+        Request::Down => Ok(()),
+        Request::Crash { node } => lab.crash(&node).await,
+        Request::Reset { node } => lab.reset(&node).await,
+        Request::PowerOff { node } => lab.power_off(&node).await,
+        Request::PowerOn { node } => lab.power_on(&node).await,
+        Request::Freeze { node } => lab.freeze(&node).await,
+        Request::Thaw { node } => lab.thaw(&node).await,
+        Request::Partition { nodes } => {
+            lab.partition(&nodes.iter().map(String::as_str).collect::<Vec<_>>())
+                .await
+        }
+        Request::IsolateFromApi { node } => lab.isolate_from_api(&node).await,
+        Request::Heal { node } => lab.heal(&node).await,
+        Request::StopApiserver => lab.stop_apiserver().await,
+        Request::StartApiserver => lab.start_apiserver().await,
+        Request::RestartEtcd => lab.restart_etcd().await,
+        Request::Restart { process } => lab.restart_process(&process),
+    };
+    match result {
+        Ok(()) => Response {
+            ok: true,
+            text: "done".into(),
+        },
+        Err(e) => Response {
+            ok: false,
+            text: e.to_string(),
+        },
+    }
+}
+
+async fn status(lab: &Lab) -> String {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes = kube::Api::<Node>::all(lab.client())
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut out = format!(
+        "lab {} - kubeconfig {}\n{:<10} {:<8} {:<8} {:<12} {:<10} {}\n",
+        lab.id(),
+        lab.kubeconfig().display(),
+        "NODE",
+        "POWER",
+        "FROZEN",
+        "NETWORK",
+        "READY",
+        "IP"
+    );
+    for name in lab.nodes() {
+        let c = lab.condition(&name).unwrap_or_default();
+        let network = if c.partitioned {
+            "partitioned"
+        } else if c.api_isolated {
+            "api-isolated"
+        } else {
+            "ok"
+        };
+        let ready = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|n| {
+                n.status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.type_ == "Ready")
+                    .map(|c| c.status.clone())
+            })
+            .unwrap_or_else(|| "?".into());
+        let ip = lab.node_ip(&name).map(|i| i.to_string()).unwrap_or_default();
+        out.push_str(&format!(
+            "{name:<10} {:<8} {:<8} {network:<12} {ready:<10} {ip}\n",
+            if c.powered { "on" } else { "off" },
+            c.frozen
+        ));
+    }
+    out
+}

@@ -1,0 +1,71 @@
+//! `nodemedic lab ...` for people: up, status, a fault, down; and the errors a person sees when
+//! the lab cannot start.
+
+use std::process::Command;
+
+use crate::{nodemedic, text};
+
+/// `nodemedic lab` keeps one lab per machine in /run/nodemedic/lab-serve: one test at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn lab_up_status_crash_and_down() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let up = nodemedic(&["lab", "up", "--nodes", "2"]);
+    assert!(up.status.success(), "{}", text(&up));
+    assert!(text(&up).contains("export KUBECONFIG="), "{}", text(&up));
+    let status = nodemedic(&["lab", "status"]);
+    assert!(text(&status).contains("node-2"), "{}", text(&status));
+    let crash = nodemedic(&["lab", "crash", "node-2"]);
+    assert!(crash.status.success(), "{}", text(&crash));
+    let status = nodemedic(&["lab", "status"]);
+    assert!(
+        text(&status)
+            .lines()
+            .any(|l| l.starts_with("node-2") && l.contains(" off ")),
+        "{}",
+        text(&status)
+    );
+    let unknown = nodemedic(&["lab", "freeze", "node-9"]);
+    assert!(
+        !unknown.status.success() && text(&unknown).contains("no node named node-9"),
+        "{}",
+        text(&unknown)
+    );
+    let down = nodemedic(&["lab", "down"]);
+    assert!(down.status.success(), "{}", text(&down));
+    let after = nodemedic(&["lab", "status"]);
+    assert!(
+        !after.status.success() && text(&after).contains("nodemedic lab up"),
+        "{}",
+        text(&after)
+    );
+}
+
+#[test]
+fn a_lab_without_root_says_so() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--", env!("CARGO_BIN_EXE_nodemedic"), "lab", "up"])
+        .output()
+        .expect("runuser");
+    assert!(!out.status.success());
+    assert!(text(&out).contains("needs root"), "{}", text(&out));
+}
+
+#[test]
+fn a_lab_without_its_binaries_says_what_to_run() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let out = Command::new(env!("CARGO_BIN_EXE_nodemedic"))
+        .args(["lab", "up"])
+        .env("NODEMEDIC_CACHE", "/nonexistent-nodemedic-cache")
+        .env("KUBEBUILDER_ASSETS", "/nonexistent-assets")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("not found") && said.contains("make setup") && said.contains("KUBEBUILDER_ASSETS"),
+        "{said}"
+    );
+}

@@ -1,0 +1,20 @@
+//! End-to-end tests of the `nodemedic` binary against lab clusters.
+
+mod lab_cli;
+
+use std::process::{Command, Output};
+
+pub fn nodemedic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodemedic"))
+        .args(args)
+        .output()
+        .expect("nodemedic runs")
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
