@@ -7,12 +7,12 @@ use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
-        core::v1::{Namespace, Node},
+        core::v1::Namespace,
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference},
 };
 use kube::{
-    Client, Resource,
+    Client,
     api::{Api, DeleteParams, ObjectMeta, PostParams},
 };
 use nodemedic_api::names::leases;
@@ -126,14 +126,13 @@ impl NodeLeases {
         Ok(valid_holder(lease.as_ref().map(view).as_ref(), Timestamp::now()).map(str::to_owned))
     }
 
-    /// Takes or extends the node's lease for `duration`; `Error::LeaseHeld` when another holder
-    /// has a valid lease.
-    pub async fn request(&self, node: &Node, holder: &str, duration: Duration) -> Result<()> {
-        let node_name = node.metadata.name.clone().unwrap_or_default();
-        let name = leases::node_lease_name(&node_name);
+    /// Takes the node's lease for `duration`, or extends ours once half of it has passed;
+    /// `Error::LeaseHeld` when another holder has a valid lease.
+    pub async fn request(&self, node: &str, node_uid: &str, holder: &str, duration: Duration) -> Result<()> {
+        let name = leases::node_lease_name(node);
         let existing = self.api.get_opt(&name).await?;
         let now = Timestamp::now();
-        let decision = decide(existing.as_ref().map(view).as_ref(), holder, duration, now);
+        let decision = decide(existing.as_ref().map(view).as_ref(), holder, duration / 2, now);
         let spec = |transitions: i32, acquired: Option<MicroTime>| LeaseSpec {
             holder_identity: Some(holder.to_owned()),
             lease_duration_seconds: Some(duration.as_secs() as i32),
@@ -153,7 +152,7 @@ impl NodeLeases {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         namespace: Some(leases::NAMESPACE.into()),
-                        owner_references: owner(node).map(|o| vec![o]),
+                        owner_references: owner(node, node_uid).map(|o| vec![o]),
                         ..Default::default()
                     },
                     spec: Some(spec(0, None)),
@@ -197,12 +196,13 @@ impl NodeLeases {
     }
 }
 
-fn owner(node: &Node) -> Option<OwnerReference> {
-    Some(OwnerReference {
+/// The lease is garbage-collected with its node.
+fn owner(node: &str, uid: &str) -> Option<OwnerReference> {
+    (!uid.is_empty()).then(|| OwnerReference {
         api_version: "v1".into(),
         kind: "Node".into(),
-        name: node.meta().name.clone()?,
-        uid: node.meta().uid.clone()?,
+        name: node.to_owned(),
+        uid: uid.to_owned(),
         ..Default::default()
     })
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod controller_cmd;
 mod lab_cmd;
 
 #[derive(Parser)]
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operators (health check, ...): the Deployment's command.
+    Controller(controller_cmd::ControllerArgs),
     /// Print every CustomResourceDefinition (or write one file per CRD into a directory).
     Crds {
         /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
@@ -37,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     // One crypto provider for every TLS user in the process (kube, tonic): ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
+        Command::Controller(args) => controller_cmd::run(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
     }

@@ -1,6 +1,8 @@
 //! End-to-end tests of the `nodemedic` binary against lab clusters.
 
+mod healthcheck;
 mod lab_cli;
+pub mod support;
 
 use std::process::{Command, Output};
 

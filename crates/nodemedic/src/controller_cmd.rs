@@ -1,0 +1,130 @@
+//! `nodemedic controller`: every operator in one process, each can be switched off, behind
+//! leader election so two replicas can run and exactly one acts.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use nodemedic_kube::{events::Events, leader, metrics_server};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Operator {
+    HealthCheck,
+}
+
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    /// The namespace nodemedic runs in (its leader-election lease lives there).
+    #[arg(long, env = "POD_NAMESPACE", default_value = nodemedic_api::names::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind: SocketAddr,
+    /// Compete for the leader lease (turn off only for a single replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "nodemedic-controller")]
+    pub lease_name: String,
+    /// Seconds a leader's lease lasts without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_seconds: u64,
+    /// This replica's identity (defaults to the pod name or host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Operators not to run.
+    #[arg(long = "disable", value_enum)]
+    pub disabled: Vec<Operator>,
+    /// Logs as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "nodemedic".into());
+    format!("{host}-{}", std::process::id())
+}
+
+pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    nodemedic_kube::logging::init(args.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(controller(args))
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let config = nodemedic_kube::client::infer_config().await?;
+    let client = nodemedic_kube::client::client(config)?;
+
+    let mut registry = Registry::default();
+    let health_metrics = nodemedic_healthcheck::metrics::Metrics::register(&mut registry);
+    let readiness = metrics_server::Readiness::default();
+    let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
+    tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
+
+    let leadership = if args.leader_elect {
+        let mut leadership = leader::elect(
+            client.clone(),
+            &args.namespace,
+            &args.lease_name,
+            &identity,
+            Duration::from_secs(args.lease_seconds),
+        )
+        .await
+        .context("starting leader election")?;
+        // A standby is ready too: it serves metrics and waits its turn.
+        readiness.set(true);
+        tracing::info!(lease = %args.lease_name, "waiting to lead");
+        leadership
+            .is_leader
+            .wait_for(|leads| *leads)
+            .await
+            .context("leader election ended")?;
+        tracing::info!("leading");
+        Some(leadership)
+    } else {
+        readiness.set(true);
+        None
+    };
+
+    let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
+    let mut operators = tokio::task::JoinSet::new();
+    if !args.disabled.contains(&Operator::HealthCheck) {
+        operators.spawn(nodemedic_healthcheck::controller::run(
+            client.clone(),
+            health_metrics,
+            events.clone(),
+        ));
+    }
+    match leadership {
+        Some(mut leadership) => {
+            tokio::select! {
+                // A deposed leader that kept acting would be a second writer: stop at once.
+                _ = leadership.is_leader.wait_for(|leads| !*leads) => anyhow::bail!("lost the leader lease; exiting so only the new leader acts"),
+                done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
+                _ = shutdown() => Ok(()),
+            }
+        }
+        None => tokio::select! {
+            done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
+            _ = shutdown() => Ok(()),
+        },
+    }
+}
+
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,148 @@
+//! What the end-to-end tests share: starting labs and nodemedic processes in them, applying seed
+//! manifests, reading metrics, waiting for objects.
+
+use std::{
+    io::{Read, Write},
+    sync::Once,
+    time::Duration,
+};
+
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectMeta, PostParams},
+};
+use nodemedic_lab::{Lab, LabConfig, ProcessSpec, seeds, wait};
+use serde::de::DeserializeOwned;
+
+/// The namespace nodemedic runs in (the seed documents' own, rewritten into).
+pub const NS: &str = "workload-availability";
+
+pub fn logs() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// A lab with nodemedic's namespace created.
+pub async fn lab(config: LabConfig) -> Lab {
+    logs();
+    let lab = Lab::start(config).await.expect("lab starts");
+    create_namespace(&lab.client(), NS).await;
+    lab
+}
+
+pub async fn create_namespace(client: &Client, name: &str) {
+    let ns = k8s_openapi::api::core::v1::Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match Api::all(client.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating namespace {name}: {e}"),
+    }
+}
+
+/// Applies a seed manifest with its namespaces rewritten to [`NS`], after `edit`.
+pub fn apply_seed(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut manifest = seeds::in_namespace(seeds::load(file).expect("seed manifest"), NS);
+    edit(&mut manifest);
+    lab.apply_yaml(&seeds::yaml(&manifest))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Starts `nodemedic controller` on the host as lab process `name`; returns its metrics port.
+pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
+    let port = free_port();
+    let mut args = vec![
+        "controller".to_owned(),
+        "--metrics-bind".into(),
+        format!("127.0.0.1:{port}"),
+        "--identity".into(),
+        name.into(),
+        "--namespace".into(),
+        NS.into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let spec = ProcessSpec::new(env!("CARGO_BIN_EXE_nodemedic"), args)
+        .env("KUBECONFIG", lab.kubeconfig().display().to_string())
+        .env("RUST_LOG", "info,nodemedic_healthcheck=debug,kube=warn");
+    lab.add_host_process(name, spec).expect("controller starts");
+    port
+}
+
+/// GET http://127.0.0.1:<port>/metrics (None while it does not answer).
+pub fn metrics(port: u16) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+/// The value of the first sample whose line starts with `prefix`.
+pub fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+pub async fn list<K>(client: &Client, ns: &str) -> Vec<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Waits until `check` finds something, failing with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let mut check = check;
+    wait::until(what, timeout, || {
+        let fut = check();
+        async move { Ok(fut.await) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Events (events.k8s.io) with this reason whose note contains `text`.
+pub async fn event_with(client: &Client, reason: &str, text: &str) -> Option<k8s_openapi::api::events::v1::Event> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    events
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(text)))
+}

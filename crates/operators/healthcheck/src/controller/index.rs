@@ -1,0 +1,257 @@
+//! The in-memory view the decisions read: compact facts extracted from watched objects (never
+//! whole Node objects: at thousands of nodes that is where the memory would go).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::RwLock,
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::api::DynamicObject;
+use nodemedic_api::names::{annotations, conditions, labels};
+
+use crate::decide::{
+    ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
+};
+
+/// A remediation object as stored: its facts (with `owned` false) and the uids of the
+/// NodeHealthChecks that own it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredRemediation {
+    pub facts: RemediationFacts,
+    pub owners: Vec<String>,
+}
+
+#[derive(Default)]
+pub struct Index {
+    pub nodes: RwLock<BTreeMap<String, NodeFacts>>,
+    pub remediations: RwLock<BTreeMap<RemediationId, StoredRemediation>>,
+    pub templates: RwLock<BTreeMap<TemplateRef, TemplateState>>,
+    pub leases: RwLock<BTreeMap<String, LeaseFacts>>,
+}
+
+fn parse_time(text: &str) -> Option<Timestamp> {
+    text.parse().ok()
+}
+
+pub fn node_facts(node: &Node) -> Option<NodeFacts> {
+    let meta = &node.metadata;
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| ConditionFacts {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    since: c
+                        .last_transition_time
+                        .as_ref()
+                        .map(|t| t.0)
+                        .unwrap_or(Timestamp::UNIX_EPOCH),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(NodeFacts {
+        name: meta.name.clone()?,
+        uid: meta.uid.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        conditions,
+        confirmed_healthy: meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(annotations::MANUALLY_CONFIRMED_HEALTHY)),
+    })
+}
+
+fn condition_status(obj: &DynamicObject, type_: &str) -> Option<String> {
+    obj.data
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(|t| t.as_str()) == Some(type_))
+        .and_then(|c| c.get("status")?.as_str().map(str::to_owned))
+}
+
+pub fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> Option<StoredRemediation> {
+    let meta = &obj.metadata;
+    let name = meta.name.clone()?;
+    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key).cloned());
+    let owners = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == "NodeHealthCheck")
+        .map(|o| o.uid.clone())
+        .collect();
+    let facts = RemediationFacts {
+        id: RemediationId {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: name.clone(),
+        },
+        uid: meta.uid.clone().unwrap_or_default(),
+        node: annotation(annotations::NODE_NAME).unwrap_or(name),
+        template_name: annotation(annotations::TEMPLATE_NAME),
+        owned: false,
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .unwrap_or(Timestamp::UNIX_EPOCH),
+        timed_out: annotation(annotations::NHC_TIMED_OUT).and_then(|t| parse_time(&t)),
+        healthy_since: annotation(annotations::HEALTHY_DELAY).and_then(|t| parse_time(&t)),
+        succeeded: match condition_status(obj, conditions::SUCCEEDED).as_deref() {
+            Some("True") => Some(true),
+            Some("False") => Some(false),
+            _ => None,
+        },
+        permanent_node_deletion_expected: condition_status(obj, conditions::PERMANENT_NODE_DELETION_EXPECTED)
+            .as_deref()
+            == Some("True"),
+        control_plane: meta
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::IS_CONTROL_PLANE_NODE)),
+        deleting: meta.deletion_timestamp.is_some(),
+    };
+    Some(StoredRemediation { facts, owners })
+}
+
+pub fn template_state(obj: &DynamicObject) -> TemplateState {
+    match obj.data.pointer("/spec/template/spec") {
+        Some(spec) if spec.is_object() => TemplateState::Ready {
+            spec: spec.clone(),
+            multiple_templates: obj
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(annotations::MULTIPLE_TEMPLATES_SUPPORT)),
+        },
+        _ => TemplateState::Invalid("it has no spec.template.spec (the object a remediation is copied from)".into()),
+    }
+}
+
+/// `medik8s-leases/node-<name>` -> (node, facts), when held by someone.
+pub fn lease_facts(lease: &Lease) -> Option<(String, LeaseFacts)> {
+    let node = lease.metadata.name.as_deref()?.strip_prefix("node-")?.to_owned();
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    Some((
+        node,
+        LeaseFacts {
+            holder,
+            acquired: spec.acquire_time.as_ref().map(|t| t.0),
+            renewed: spec.renew_time.as_ref().map(|t| t.0)?,
+            duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64),
+        },
+    ))
+}
+
+impl Index {
+    /// Stores the node's facts; returns the labels before the change when anything relevant
+    /// changed (so both old and new selections can be told), `None` when nothing did.
+    pub fn upsert_node(&self, facts: NodeFacts) -> Option<BTreeMap<String, String>> {
+        let mut nodes = self.nodes.write().ok()?;
+        match nodes.get(&facts.name) {
+            Some(old) if old == &facts => None,
+            Some(old) => {
+                let labels = old.labels.clone();
+                nodes.insert(facts.name.clone(), facts);
+                Some(labels)
+            }
+            None => {
+                let labels = facts.labels.clone();
+                nodes.insert(facts.name.clone(), facts);
+                Some(labels)
+            }
+        }
+    }
+
+    pub fn remove_node(&self, name: &str) -> Option<NodeFacts> {
+        self.nodes.write().ok()?.remove(name)
+    }
+
+    pub fn node_names(&self) -> BTreeSet<String> {
+        self.nodes
+            .read()
+            .map(|n| n.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Remediation objects of these kinds, `owned` set for those `owner_uid` owns.
+    pub fn remediations_of(&self, kinds: &BTreeSet<(String, String)>, owner_uid: &str) -> Vec<RemediationFacts> {
+        let Ok(all) = self.remediations.read() else {
+            return Vec::new();
+        };
+        all.values()
+            .filter(|r| kinds.contains(&(r.facts.id.api_version.clone(), r.facts.id.kind.clone())))
+            .map(|r| RemediationFacts {
+                owned: r.owners.iter().any(|o| o == owner_uid),
+                ..r.facts.clone()
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remediation_object_yields_its_facts() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "self-node-remediation.medik8s.io/v1alpha1",
+            "kind": "SelfNodeRemediation",
+            "metadata": {
+                "name": "node-1", "namespace": "ns", "uid": "u1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {"remediation.medik8s.io/nhc-timed-out": "2026-01-01T00:05:00Z", "remediation.medik8s.io/template-name": "t"},
+                "labels": {"remediation.medik8s.io/isControlPlaneNode": ""},
+                "ownerReferences": [{"apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck", "name": "nhc", "uid": "nhc-uid"}]
+            },
+            "status": {"conditions": [{"type": "Succeeded", "status": "False"}]}
+        }))
+        .expect("object");
+        let stored =
+            remediation_facts(&obj, "self-node-remediation.medik8s.io/v1alpha1", "SelfNodeRemediation").expect("facts");
+        assert_eq!(stored.owners, ["nhc-uid"]);
+        let f = stored.facts;
+        assert_eq!(
+            (
+                f.node.as_str(),
+                f.template_name.as_deref(),
+                f.succeeded,
+                f.control_plane
+            ),
+            ("node-1", Some("t"), Some(false), true)
+        );
+        assert_eq!(f.timed_out, Some("2026-01-01T00:05:00Z".parse().expect("time")));
+    }
+
+    #[test]
+    fn heartbeats_alone_change_nothing() {
+        let index = Index::default();
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"a": "b"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-01-01T00:01:00Z"}]}
+        }))
+        .expect("node");
+        assert!(index.upsert_node(node_facts(&node).expect("facts")).is_some());
+        let mut beat = node.clone();
+        if let Some(c) = beat.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c[0].last_heartbeat_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:02:00Z".parse().expect("time"),
+            ));
+        }
+        assert!(
+            index.upsert_node(node_facts(&beat).expect("facts")).is_none(),
+            "a heartbeat is no change"
+        );
+    }
+}

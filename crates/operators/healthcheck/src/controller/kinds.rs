@@ -1,0 +1,202 @@
+//! Remediation and template kinds are whatever the health checks reference, third-party ones
+//! included, so their watches start on demand: discovery finds the kind, a watch keeps the index
+//! current and wakes the checks that use it. A kind the cluster does not serve is looked up again
+//! at most every [`crate::decide::TEMPLATE_RETRY`].
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject},
+    core::{GroupVersion, GroupVersionKind},
+    discovery,
+    runtime::{WatchStreamExt, watcher},
+};
+
+use super::index::{self, Index};
+use crate::decide::{TEMPLATE_RETRY, TemplateRef};
+
+/// Which role a watched kind plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Template,
+    Remediation,
+}
+
+/// (apiVersion, kind)
+pub type KindKey = (String, String);
+
+enum Watch {
+    Running {
+        resource: ApiResource,
+        task: tokio::task::JoinHandle<()>,
+    },
+    Missing {
+        since: Instant,
+    },
+}
+
+/// Called with the (apiVersion, kind) and, for a template, its reference, when watched objects
+/// change.
+pub type OnChange = Arc<dyn Fn(Role, &KindKey, Option<&TemplateRef>) + Send + Sync>;
+
+pub struct Kinds {
+    client: Client,
+    index: Arc<Index>,
+    on_change: OnChange,
+    watches: Mutex<BTreeMap<(Role, KindKey), Watch>>,
+}
+
+impl Drop for Kinds {
+    fn drop(&mut self) {
+        if let Ok(watches) = self.watches.lock() {
+            for watch in watches.values() {
+                if let Watch::Running { task, .. } = watch {
+                    task.abort();
+                }
+            }
+        }
+    }
+}
+
+impl Kinds {
+    pub fn new(client: Client, index: Arc<Index>, on_change: OnChange) -> Self {
+        Self {
+            client,
+            index,
+            on_change,
+            watches: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Makes sure the kind is watched; returns its API resource, or `None` when the cluster
+    /// does not serve it.
+    pub async fn ensure(&self, role: Role, api_version: &str, kind: &str) -> Option<ApiResource> {
+        let key = (role, (api_version.to_owned(), kind.to_owned()));
+        if let Ok(watches) = self.watches.lock() {
+            match watches.get(&key) {
+                Some(Watch::Running { resource, .. }) => return Some(resource.clone()),
+                Some(Watch::Missing { since }) if since.elapsed() < TEMPLATE_RETRY => return None,
+                _ => {}
+            }
+        }
+        let gvk = api_version
+            .parse::<GroupVersion>()
+            .ok()
+            .map(|gv| gv.with_kind(kind))
+            .unwrap_or_else(|| GroupVersionKind::gvk("", api_version, kind));
+        let resource = match discovery::pinned_kind(&self.client, &gvk).await {
+            Ok((resource, _)) => resource,
+            Err(error) => {
+                tracing::info!(%api_version, %kind, %error, "kind not served by the cluster");
+                if let Ok(mut watches) = self.watches.lock() {
+                    watches.insert(key, Watch::Missing { since: Instant::now() });
+                }
+                return None;
+            }
+        };
+        let (listed, first_list) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(watch(
+            self.client.clone(),
+            resource.clone(),
+            role,
+            key.1.clone(),
+            self.index.clone(),
+            self.on_change.clone(),
+            listed,
+        ));
+        if let Ok(mut watches) = self.watches.lock() {
+            if let Some(Watch::Running { resource, .. }) = watches.get(&key) {
+                task.abort();
+                return Some(resource.clone());
+            }
+            watches.insert(
+                key,
+                Watch::Running {
+                    resource: resource.clone(),
+                    task,
+                },
+            );
+        }
+        // Decide only once every existing object of the kind is known: a new leader that did not
+        // know an object exists would create it again.
+        if tokio::time::timeout(std::time::Duration::from_secs(30), first_list)
+            .await
+            .is_err()
+        {
+            tracing::warn!(%api_version, %kind, "initial list of the kind is slow; deciding with what is known");
+        }
+        Some(resource)
+    }
+}
+
+async fn watch(
+    client: Client,
+    resource: ApiResource,
+    role: Role,
+    key: KindKey,
+    index: Arc<Index>,
+    on_change: OnChange,
+    listed: tokio::sync::oneshot::Sender<()>,
+) {
+    let api = Api::<DynamicObject>::all_with(client, &resource);
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut listed = Some(listed);
+    while let Some(event) = stream.next().await {
+        let (obj, gone) = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+            Ok(watcher::Event::Delete(o)) => (o, true),
+            Ok(watcher::Event::InitDone) => {
+                if let Some(tx) = listed.take() {
+                    let _ = tx.send(());
+                }
+                continue;
+            }
+            Ok(_) => continue,
+            Err(error) => {
+                tracing::debug!(%error, kind = %key.1, "watch error; retrying");
+                continue;
+            }
+        };
+        match role {
+            Role::Remediation => {
+                let Some(stored) = index::remediation_facts(&obj, &key.0, &key.1) else {
+                    continue;
+                };
+                let changed = match index.remediations.write() {
+                    Ok(mut all) if gone => all.remove(&stored.facts.id).is_some(),
+                    Ok(mut all) => all.insert(stored.facts.id.clone(), stored.clone()).as_ref() != Some(&stored),
+                    Err(_) => false,
+                };
+                if changed {
+                    on_change(role, &key, None);
+                }
+            }
+            Role::Template => {
+                let Some(name) = obj.metadata.name.clone() else {
+                    continue;
+                };
+                let template = TemplateRef {
+                    api_version: key.0.clone(),
+                    kind: key.1.clone(),
+                    namespace: obj.metadata.namespace.clone(),
+                    name,
+                };
+                let state = index::template_state(&obj);
+                let changed = match index.templates.write() {
+                    Ok(mut all) if gone => all.remove(&template).is_some(),
+                    Ok(mut all) => all.insert(template.clone(), state.clone()).as_ref() != Some(&state),
+                    Err(_) => false,
+                };
+                if changed {
+                    on_change(role, &key, Some(&template));
+                }
+            }
+        }
+    }
+}

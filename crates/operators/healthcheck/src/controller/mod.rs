@@ -1,0 +1,239 @@
+//! The health-check controller: watches feed the index and wake exactly the checks a change
+//! concerns; kube's applier runs their reconciles (one at a time per check, requeued at the
+//! instant the next timer expires, never polled).
+
+mod index;
+mod kinds;
+mod reconcile;
+mod status;
+
+use std::{collections::BTreeMap, convert::Infallible, sync::Arc};
+
+use futures::{StreamExt, channel::mpsc};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, Client,
+    core::SelectorExt,
+    runtime::{
+        WatchStreamExt, applier,
+        controller::Config,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use nodemedic_api::{healthcheck::NodeHealthCheck, names::leases};
+use nodemedic_kube::{events::Events, node_lease::NodeLeases};
+use tokio::sync::watch;
+
+use self::{index::Index, kinds::Kinds, reconcile::Context};
+use crate::{Result, metrics::Metrics, spec};
+
+/// Wakes the checks a change concerns.
+#[derive(Clone)]
+struct Triggers {
+    tx: mpsc::UnboundedSender<ObjectRef<NodeHealthCheck>>,
+    store: Store<NodeHealthCheck>,
+}
+
+impl Triggers {
+    fn wake_where(&self, concerns: impl Fn(&NodeHealthCheck) -> bool) {
+        for nhc in self.store.state() {
+            if concerns(&nhc) {
+                let _ = self.tx.unbounded_send(ObjectRef::from_obj(&*nhc));
+            }
+        }
+    }
+
+    fn wake_selecting(&self, labels: &[&BTreeMap<String, String>]) {
+        self.wake_where(|nhc| {
+            let Ok(check) = spec::parse(nhc) else { return true };
+            labels.iter().any(|l| check.selector.matches(l))
+        });
+    }
+}
+
+/// Runs until the process ends (it returns only if a watch could not start).
+pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()> {
+    let index = Arc::new(Index::default());
+    let (tx, rx) = mpsc::unbounded();
+    let (store, writer) = reflector::store();
+    let triggers = Triggers {
+        tx,
+        store: store.clone(),
+    };
+
+    let wake = triggers.clone();
+    let kinds = Arc::new(Kinds::new(
+        client.clone(),
+        index.clone(),
+        Arc::new(move |role, key, template| {
+            wake.wake_where(|nhc| {
+                let Ok(check) = spec::parse(nhc) else { return false };
+                check.steps.iter().any(|s| match (role, template) {
+                    (kinds::Role::Template, Some(t)) => &s.template == t,
+                    _ => s.template.api_version == key.0 && s.template.remediation_kind() == key.1,
+                })
+            })
+        }),
+    ));
+
+    let (nodes_synced, mut nodes_ready) = watch::channel(false);
+    let (leases_synced, mut leases_ready) = watch::channel(false);
+    let mut tasks = vec![
+        tokio::spawn(watch_checks(client.clone(), writer, triggers.clone())),
+        tokio::spawn(watch_nodes(
+            client.clone(),
+            index.clone(),
+            triggers.clone(),
+            nodes_synced,
+        )),
+        tokio::spawn(watch_leases(
+            client.clone(),
+            index.clone(),
+            triggers.clone(),
+            leases_synced,
+        )),
+    ];
+    // Deciding before every node is known would see the remediations of unknown nodes as
+    // orphans: wait for the first complete lists.
+    let _ = nodes_ready.wait_for(|ready| *ready).await;
+    let _ = leases_ready.wait_for(|ready| *ready).await;
+    let _ = store.wait_until_ready().await;
+    tracing::info!(nodes = index.node_names().len(), "health check ready");
+
+    let leases = NodeLeases::new(client.clone());
+    leases.ensure_namespace().await?;
+    let ctx = Arc::new(Context {
+        client,
+        index,
+        kinds,
+        leases,
+        events,
+        metrics,
+        memory: Default::default(),
+    });
+    applier(
+        |nhc, ctx| Box::pin(reconcile::reconcile(nhc, ctx)),
+        reconcile::error_policy,
+        ctx,
+        store,
+        rx.map(Ok::<_, Infallible>),
+        Config::default().concurrency(4),
+    )
+    .for_each(|result| async move {
+        if let Err(error) = result {
+            tracing::debug!(%error, "health check reconcile did not run");
+        }
+    })
+    .await;
+    for task in tasks.drain(..) {
+        task.abort();
+    }
+    Ok(())
+}
+
+async fn watch_checks(client: Client, writer: reflector::store::Writer<NodeHealthCheck>, triggers: Triggers) {
+    let mut generations: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<NodeHealthCheck>::all(client), watcher::Config::default()),
+    )
+    .default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(nhc) | watcher::Event::InitApply(nhc)) => {
+                let name = nhc.metadata.name.clone().unwrap_or_default();
+                // Our own status writes do not bump the generation: only spec changes wake it.
+                if generations.insert(name, nhc.metadata.generation) != Some(nhc.metadata.generation) {
+                    let _ = triggers.tx.unbounded_send(ObjectRef::from_obj(&nhc));
+                }
+            }
+            Ok(watcher::Event::Delete(nhc)) => {
+                generations.remove(&nhc.metadata.name.clone().unwrap_or_default());
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, synced: watch::Sender<bool>) {
+    let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                let Some(facts) = index::node_facts(&node) else {
+                    continue;
+                };
+                let labels = facts.labels.clone();
+                // Heartbeats change nothing the decisions read: they stop here, at the cost of
+                // one comparison.
+                if let Some(before) = index.upsert_node(facts)
+                    && *synced.borrow()
+                {
+                    triggers.wake_selecting(&[&before, &labels]);
+                }
+            }
+            Ok(watcher::Event::Delete(node)) => {
+                if let Some(gone) = node.metadata.name.as_deref().and_then(|n| index.remove_node(n)) {
+                    triggers.wake_selecting(&[&gone.labels]);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let _ = synced.send(true);
+                triggers.wake_where(|_| true);
+            }
+            Ok(watcher::Event::Init) => {}
+            Err(error) => tracing::debug!(%error, "node watch error; retrying"),
+        }
+    }
+}
+
+async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, synced: watch::Sender<bool>) {
+    let api = Api::<Lease>::namespaced(client, leases::NAMESPACE);
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        let (lease, gone) = match event {
+            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => (l, false),
+            Ok(watcher::Event::Delete(l)) => (l, true),
+            Ok(watcher::Event::InitDone) => {
+                let _ = synced.send(true);
+                continue;
+            }
+            _ => continue,
+        };
+        let Some(node) = lease
+            .metadata
+            .name
+            .as_deref()
+            .and_then(|n| n.strip_prefix("node-"))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let facts = if gone {
+            None
+        } else {
+            index::lease_facts(&lease).map(|(_, f)| f)
+        };
+        let changed = match index.leases.write() {
+            Ok(mut all) => match facts {
+                Some(f) => all.insert(node.clone(), f.clone()) != Some(f),
+                None => all.remove(&node).is_some(),
+            },
+            Err(_) => false,
+        };
+        if changed && *synced.borrow() {
+            let labels = index
+                .nodes
+                .read()
+                .ok()
+                .and_then(|n| n.get(&node).map(|f| f.labels.clone()));
+            if let Some(labels) = labels {
+                triggers.wake_selecting(&[&labels]);
+            }
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! One reconcile of a NodeHealthCheck: gather the inputs from the index, decide, apply.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, ObjectReference},
+    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    runtime::controller::Action,
+};
+use nodemedic_api::{
+    healthcheck::NodeHealthCheck,
+    names::{annotations, labels, leases},
+};
+use nodemedic_kube::{events::Events, node_lease::NodeLeases, time::rfc3339};
+use serde_json::json;
+
+use super::{
+    index::Index,
+    kinds::{Kinds, Role},
+    status,
+};
+use crate::{
+    Error, Result,
+    decide::{
+        self, Decision, Input, LeaseAction, NewRemediation, NodeFacts, RemediationFacts, Severity, TemplateRef,
+        TemplateState,
+    },
+    metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
+    spec,
+};
+
+pub struct Context {
+    pub client: Client,
+    pub index: Arc<Index>,
+    pub kinds: Arc<Kinds>,
+    pub leases: NodeLeases,
+    pub events: Events,
+    pub metrics: Metrics,
+    /// Per check: what metrics need between reconciles.
+    pub memory: Mutex<BTreeMap<String, CheckMemory>>,
+}
+
+#[derive(Default)]
+pub struct CheckMemory {
+    /// When each node entered the unhealthy list, and the last remediation kind it had.
+    first_unhealthy: BTreeMap<String, (Timestamp, String)>,
+    blocked: BTreeSet<String>,
+    ongoing: BTreeSet<NodeLabels>,
+}
+
+pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let name = nhc.metadata.name.clone().ok_or(Error::Unnamed("NodeHealthCheck"))?;
+    let uid = nhc.metadata.uid.clone().unwrap_or_default();
+    let check = match spec::parse(&nhc) {
+        Ok(check) => check,
+        Err(why) => return invalid(&ctx, &nhc, &name, why).await,
+    };
+
+    let mut templates: BTreeMap<TemplateRef, TemplateState> = BTreeMap::new();
+    let mut resources: BTreeMap<TemplateRef, ApiResource> = BTreeMap::new();
+    let mut kinds = BTreeSet::new();
+    for step in &check.steps {
+        let t = &step.template;
+        let template_kind = ctx.kinds.ensure(Role::Template, &t.api_version, &t.kind).await;
+        let remediation_kind = ctx
+            .kinds
+            .ensure(Role::Remediation, &t.api_version, t.remediation_kind())
+            .await;
+        let state = match (template_kind, remediation_kind) {
+            (Some(_), Some(resource)) => {
+                resources.insert(t.clone(), resource);
+                ctx.index
+                    .templates
+                    .read()
+                    .ok()
+                    .and_then(|all| all.get(t).cloned())
+                    .unwrap_or(TemplateState::NotFound)
+            }
+            _ => TemplateState::KindMissing,
+        };
+        templates.insert(t.clone(), state);
+        kinds.insert((t.api_version.clone(), t.remediation_kind().to_owned()));
+    }
+
+    let memory = status::memory(nhc.status.as_ref());
+    let remediations = ctx.index.remediations_of(&kinds, &uid);
+    let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
+    let holder = leases::health_check_holder(&name);
+    let now = Timestamp::now();
+    let (decision, node_uids) = {
+        let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
+        let refs: Vec<&NodeFacts> = nodes.values().collect();
+        let input = Input {
+            now,
+            check: &check,
+            nodes: &refs,
+            remediations: &remediations,
+            templates: &templates,
+            leases: &lease_facts,
+            memory: &memory,
+            lease_holder: &holder,
+        };
+        let decision = decide::decide(&input);
+        let uids: BTreeMap<String, String> = decision
+            .leases
+            .iter()
+            .filter_map(|a| match a {
+                LeaseAction::Request { node, .. } => nodes.get(node).map(|n| (node.clone(), n.uid.clone())),
+                LeaseAction::Release { .. } => None,
+            })
+            .collect();
+        (decision, uids)
+    };
+
+    let created = apply(&ctx, &nhc, &name, &holder, &decision, &resources, &node_uids).await?;
+    for removed in remediations.iter().filter(|r| decision.delete.contains(&r.id)) {
+        let template = removed.template_name.clone().unwrap_or_default();
+        ctx.metrics
+            .finished
+            .get_or_create(&TemplateLabels {
+                nhc: name.clone(),
+                template,
+            })
+            .inc();
+    }
+    let mut owned: Vec<RemediationFacts> = remediations
+        .into_iter()
+        .filter(|r| r.owned && !decision.delete.contains(&r.id))
+        .chain(created)
+        .collect();
+    for r in owned.iter_mut().filter(|r| decision.mark_timed_out.contains(&r.id)) {
+        r.timed_out = Some(now);
+    }
+    write_status(&ctx, &nhc, &name, &check, &decision, &owned).await?;
+    record_metrics(&ctx, &name, &decision, &owned, now);
+    ctx.metrics.decision_seconds.observe(started.elapsed().as_secs_f64());
+    Ok(decision
+        .requeue_after
+        .map(Action::requeue)
+        .unwrap_or_else(Action::await_change))
+}
+
+async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) -> Result<Action> {
+    tracing::warn!(nhc = %name, %why, "NodeHealthCheck disabled: invalid spec");
+    let mut decision = Decision::default();
+    decision.status.phase = decide::Phase::Disabled;
+    decision.status.reason = format!("NHC is disabled: InvalidSpec: {why}");
+    decision.status.disabled = Some((true, "InvalidSpec", why.clone()));
+    decision.status.remediation_allowed = (false, "Disabled", "the health check is disabled".into());
+    if status::memory(nhc.status.as_ref()).disabled != Some(true) {
+        ctx.events.warning(&nhc.object_ref(&()), "Disabled", why).await;
+    }
+    let api = Api::<NodeHealthCheck>::all(ctx.client.clone());
+    let now = nodemedic_kube::time::now();
+    let mut new = status::build(
+        &decision.status,
+        nhc.status.as_ref(),
+        &[],
+        false,
+        nhc.metadata.generation,
+        &now,
+    );
+    new.observed_nodes = Some(0);
+    new.healthy_nodes = Some(0);
+    patch_status_if_changed(&api, name, nhc, new, now).await?;
+    Ok(Action::await_change())
+}
+
+fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// Carries the decision out; returns the facts of the objects it created.
+async fn apply(
+    ctx: &Context,
+    nhc: &NodeHealthCheck,
+    name: &str,
+    holder: &str,
+    decision: &Decision,
+    resources: &BTreeMap<TemplateRef, ApiResource>,
+    node_uids: &BTreeMap<String, String>,
+) -> Result<Vec<RemediationFacts>> {
+    let nhc_ref = nhc.object_ref(&());
+    let mut created = Vec::new();
+    let mut lease_refused = BTreeSet::new();
+    for action in &decision.leases {
+        match action {
+            LeaseAction::Request { node, duration } => {
+                let uid = node_uids.get(node).map(String::as_str).unwrap_or_default();
+                match ctx.leases.request(node, uid, holder, *duration).await {
+                    Ok(()) => {}
+                    Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
+                        lease_refused.insert(node.clone());
+                        ctx.events
+                            .warning(
+                                &nhc_ref,
+                                "RemediationSkipped",
+                                format!(
+                                    "Skipped remediation of node {node} because node lease is already taken by {other}"
+                                ),
+                            )
+                            .await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            LeaseAction::Release { node } => match ctx.leases.invalidate(node, holder).await {
+                Ok(()) | Err(nodemedic_kube::Error::LeaseHeld { .. }) => {}
+                Err(e) => return Err(e.into()),
+            },
+        }
+    }
+    for new in decision.create.iter().filter(|n| !lease_refused.contains(&n.node)) {
+        let Some(resource) = resources.get(&new.template) else {
+            continue;
+        };
+        if let Some(facts) = create(ctx, nhc, resource, new).await? {
+            tracing::info!(nhc = %name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
+            created.push(facts);
+        }
+    }
+    let time = rfc3339(&Timestamp::now());
+    for (ids, key) in [
+        (&decision.mark_timed_out, annotations::NHC_TIMED_OUT),
+        (&decision.mark_healthy_since, annotations::HEALTHY_DELAY),
+    ] {
+        for id in ids {
+            let Some(resource) = resources
+                .values()
+                .find(|r| r.kind == id.kind && r.api_version == id.api_version)
+            else {
+                continue;
+            };
+            let api = dynamic_api(&ctx.client, resource, &id.namespace);
+            let patch = json!({ "metadata": { "annotations": { key: time } } });
+            match api
+                .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) | Err(kube::Error::Api(_)) => {
+                    tracing::info!(nhc = %name, object = %id, annotation = key, "annotated")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    for id in &decision.delete {
+        let Some(resource) = resources
+            .values()
+            .find(|r| r.kind == id.kind && r.api_version == id.api_version)
+        else {
+            continue;
+        };
+        match dynamic_api(&ctx.client, resource, &id.namespace)
+            .delete(&id.name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => tracing::info!(nhc = %name, object = %id, "deleted remediation"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    for node in &decision.clear_confirmation {
+        let patch = json!({ "metadata": { "annotations": { annotations::MANUALLY_CONFIRMED_HEALTHY: null } } });
+        let _ = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await;
+    }
+    for notice in &decision.notices {
+        tracing::info!(nhc = %name, node = notice.node.as_deref().unwrap_or(""), reason = notice.reason, "{}", notice.message);
+        let publish = |on: ObjectReference| async move {
+            match notice.severity {
+                Severity::Normal => ctx.events.normal(&on, notice.reason, notice.message.clone()).await,
+                Severity::Warning => ctx.events.warning(&on, notice.reason, notice.message.clone()).await,
+            }
+        };
+        publish(nhc_ref.clone()).await;
+        if let Some(node) = &notice.node {
+            publish(node_ref(node)).await;
+        }
+    }
+    Ok(created)
+}
+
+fn dynamic_api(client: &Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+    if namespace.is_empty() {
+        Api::all_with(client.clone(), resource)
+    } else {
+        Api::namespaced_with(client.clone(), namespace, resource)
+    }
+}
+
+async fn create(
+    ctx: &Context,
+    nhc: &NodeHealthCheck,
+    resource: &ApiResource,
+    new: &NewRemediation,
+) -> Result<Option<RemediationFacts>> {
+    let owner = OwnerReference {
+        api_version: NodeHealthCheck::api_version(&()).into(),
+        kind: NodeHealthCheck::kind(&()).into(),
+        name: nhc.name_any(),
+        uid: nhc.metadata.uid.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    let mut object_labels = BTreeMap::from([(labels::PART_OF.to_owned(), labels::PART_OF_NHC.to_owned())]);
+    if new.control_plane {
+        object_labels.insert(labels::IS_CONTROL_PLANE_NODE.into(), String::new());
+    }
+    let mut obj = DynamicObject::new(new.name.as_deref().unwrap_or(""), resource);
+    obj.metadata.name = new.name.clone();
+    obj.metadata.generate_name = new.name.is_none().then(|| format!("{}-", new.node));
+    obj.metadata.namespace = Some(new.namespace.clone()).filter(|n| !n.is_empty());
+    obj.metadata.annotations = Some(BTreeMap::from([
+        (annotations::NODE_NAME.to_owned(), new.node.clone()),
+        (annotations::TEMPLATE_NAME.to_owned(), new.template.name.clone()),
+    ]));
+    obj.metadata.labels = Some(object_labels);
+    obj.metadata.owner_references = Some(vec![owner]);
+    obj.data = json!({ "spec": new.spec });
+    match dynamic_api(&ctx.client, resource, &new.namespace)
+        .create(&PostParams::default(), &obj)
+        .await
+    {
+        Ok(made) => Ok(super::index::remediation_facts(&made, &new.api_version, &new.kind)
+            .map(|s| RemediationFacts { owned: true, ..s.facts })),
+        // Someone (a previous leader, another check) made it already; the watch will tell.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    nhc: &NodeHealthCheck,
+    name: &str,
+    check: &decide::CheckSpec,
+    decision: &Decision,
+    owned: &[RemediationFacts],
+) -> Result<()> {
+    let api = Api::<NodeHealthCheck>::all(ctx.client.clone());
+    let now = nodemedic_kube::time::now();
+    let new = status::build(
+        &decision.status,
+        nhc.status.as_ref(),
+        owned,
+        check.storm_cooldown.is_some(),
+        nhc.metadata.generation,
+        &now,
+    );
+    patch_status_if_changed(&api, name, nhc, new, now).await
+}
+
+/// Patches only a real change, so status writes never trigger reconciles of their own.
+async fn patch_status_if_changed(
+    api: &Api<NodeHealthCheck>,
+    name: &str,
+    nhc: &NodeHealthCheck,
+    mut new: nodemedic_api::healthcheck::NodeHealthCheckStatus,
+    now: Time,
+) -> Result<()> {
+    if nhc.status.as_ref() == Some(&new) {
+        return Ok(());
+    }
+    new.last_update_time = Some(now);
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({ "status": new })))
+        .await?;
+    Ok(())
+}
+
+fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[RemediationFacts], now: Timestamp) {
+    let m = &ctx.metrics;
+    let check = CheckLabels { nhc: name.to_owned() };
+    let plan = &decision.status;
+    m.observed.get_or_create(&check).set(plan.observed as i64);
+    m.healthy.get_or_create(&check).set(plan.healthy as i64);
+    let with_remediation: BTreeSet<&str> = owned.iter().map(|r| r.node.as_str()).collect();
+    m.ongoing.get_or_create(&check).set(with_remediation.len() as i64);
+    m.unhealthy.get_or_create(&check).set(plan.unhealthy.len() as i64);
+    for new in &decision.create {
+        m.started
+            .get_or_create(&TemplateLabels {
+                nhc: name.to_owned(),
+                template: new.template.name.clone(),
+            })
+            .inc();
+    }
+    for id in &decision.mark_timed_out {
+        let template = owned
+            .iter()
+            .find(|r| &r.id == id)
+            .and_then(|r| r.template_name.clone())
+            .unwrap_or_default();
+        m.timed_out
+            .get_or_create(&TemplateLabels {
+                nhc: name.to_owned(),
+                template,
+            })
+            .inc();
+    }
+    let Ok(mut all) = ctx.memory.lock() else { return };
+    let memory = all.entry(name.to_owned()).or_default();
+    for node in decision.blocked_by_budget.difference(&memory.blocked) {
+        tracing::info!(nhc = %name, %node, "remediation held back by the budget");
+        m.budget_blocks.get_or_create(&check).inc();
+    }
+    memory.blocked = decision.blocked_by_budget.clone();
+    for node in plan.unhealthy.keys() {
+        let entry = memory
+            .first_unhealthy
+            .entry(node.clone())
+            .or_insert((now, String::new()));
+        if let Some(r) = owned.iter().find(|r| &r.node == node) {
+            entry.1 = r.id.kind.clone();
+        }
+    }
+    let recovered: Vec<String> = memory
+        .first_unhealthy
+        .keys()
+        .filter(|n| !plan.unhealthy.contains_key(*n))
+        .cloned()
+        .collect();
+    for node in recovered {
+        if let Some((since, kind)) = memory.first_unhealthy.remove(&node) {
+            let seconds = (now - since).total(jiff::Unit::Second).unwrap_or(0.0);
+            m.unhealthy_duration.get_or_create(&check).observe(seconds);
+            m.unhealthy_duration_per_node
+                .get_or_create(&NodeLabels {
+                    name: node.clone(),
+                    namespace: String::new(),
+                    remediation: kind,
+                })
+                .observe(seconds);
+        }
+    }
+    let ongoing: BTreeSet<NodeLabels> = owned
+        .iter()
+        .map(|r| NodeLabels {
+            name: r.node.clone(),
+            namespace: r.id.namespace.clone(),
+            remediation: r.id.kind.clone(),
+        })
+        .collect();
+    for gone in memory.ongoing.difference(&ongoing) {
+        m.ongoing_per_node.remove(gone);
+    }
+    for labels in &ongoing {
+        m.ongoing_per_node.get_or_create(labels).set(1);
+    }
+    memory.ongoing = ongoing;
+}
+
+pub fn error_policy(nhc: Arc<NodeHealthCheck>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(nhc = %nhc.name_any(), %error, "reconcile failed; retrying in 5s");
+    ctx.metrics
+        .errors
+        .get_or_create(&crate::metrics::ErrorLabels {
+            kind: error.kind().into(),
+        })
+        .inc();
+    Action::requeue(Duration::from_secs(5))
+}

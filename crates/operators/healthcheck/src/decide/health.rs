@@ -1,0 +1,104 @@
+//! When is a node unhealthy: some rule's condition has held for its duration, measured from the
+//! condition's lastTransitionTime.
+
+use jiff::Timestamp;
+
+use super::model::{NodeFacts, UnhealthyRule};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    /// A rule's condition holds, not yet for its duration: unhealthy from `at`.
+    Soon {
+        at: Timestamp,
+    },
+    Unhealthy {
+        type_: String,
+        status: String,
+        since: Timestamp,
+    },
+}
+
+pub fn classify(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp) -> Health {
+    let mut soonest: Option<Timestamp> = None;
+    for rule in rules {
+        let Some(condition) = node
+            .conditions
+            .iter()
+            .find(|c| c.type_ == rule.type_ && c.status == rule.status)
+        else {
+            continue;
+        };
+        let at = condition.since + rule.duration;
+        if at <= now {
+            return Health::Unhealthy {
+                type_: rule.type_.clone(),
+                status: rule.status.clone(),
+                since: condition.since,
+            };
+        }
+        soonest = Some(soonest.map_or(at, |s| s.min(at)));
+    }
+    soonest.map_or(Health::Healthy, |at| Health::Soon { at })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decide::model::ConditionFacts;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).expect("valid")
+    }
+
+    fn node(status: &str, since: i64) -> NodeFacts {
+        NodeFacts {
+            name: "n".into(),
+            uid: "u".into(),
+            labels: Default::default(),
+            conditions: vec![ConditionFacts {
+                type_: "Ready".into(),
+                status: status.into(),
+                since: at(since),
+            }],
+            confirmed_healthy: false,
+        }
+    }
+
+    fn rules() -> Vec<UnhealthyRule> {
+        ["False", "Unknown"]
+            .into_iter()
+            .map(|s| UnhealthyRule {
+                type_: "Ready".into(),
+                status: s.into(),
+                duration: Duration::from_secs(300),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unhealthy_only_once_the_condition_held_for_its_duration() {
+        assert_eq!(classify(&node("True", 0), &rules(), at(1000)), Health::Healthy);
+        assert_eq!(
+            classify(&node("Unknown", 1000), &rules(), at(1299)),
+            Health::Soon { at: at(1300) }
+        );
+        assert!(matches!(
+            classify(&node("Unknown", 1000), &rules(), at(1300)),
+            Health::Unhealthy { .. }
+        ));
+        assert!(matches!(
+            classify(&node("False", 0), &rules(), at(300)),
+            Health::Unhealthy { .. }
+        ));
+    }
+
+    #[test]
+    fn a_node_without_the_condition_is_healthy() {
+        let mut n = node("True", 0);
+        n.conditions.clear();
+        assert_eq!(classify(&n, &rules(), at(1000)), Health::Healthy);
+    }
+}

@@ -1,0 +1,633 @@
+//! Every rule of the decision, and its invariants under arbitrary clusters.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use kube::core::Selector;
+use nodemedic_api::names::labels;
+use proptest::prelude::*;
+
+use super::*;
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(s).expect("valid")
+}
+
+const NOW: i64 = 10_000;
+const HOLDER: &str = "NodeHealthCheck-nhc";
+
+fn template(kind: &str, name: &str) -> TemplateRef {
+    TemplateRef {
+        api_version: "self-node-remediation.medik8s.io/v1alpha1".into(),
+        kind: kind.into(),
+        namespace: Some("ns".into()),
+        name: name.into(),
+    }
+}
+
+fn check(steps: Vec<Step>) -> CheckSpec {
+    CheckSpec {
+        name: "nhc".into(),
+        selector: Selector::from_iter([(labels::ROLE_WORKER, "")]),
+        rules: ["False", "Unknown"]
+            .iter()
+            .map(|s| UnhealthyRule {
+                type_: "Ready".into(),
+                status: (*s).into(),
+                duration: Duration::from_secs(300),
+            })
+            .collect(),
+        budget: Budget::DefaultMinHealthy,
+        storm_cooldown: None,
+        steps,
+        pause_requests: vec![],
+        healthy_delay: HealthyDelay::None,
+    }
+}
+
+fn classic() -> CheckSpec {
+    check(vec![Step {
+        order: 0,
+        template: template("SelfNodeRemediationTemplate", "snr"),
+        timeout: None,
+    }])
+}
+
+fn escalating() -> CheckSpec {
+    check(vec![
+        Step {
+            order: 1,
+            template: template("SelfNodeRemediationTemplate", "snr"),
+            timeout: Some(Duration::from_secs(120)),
+        },
+        Step {
+            order: 2,
+            template: template("FenceAgentsRemediationTemplate", "far"),
+            timeout: Some(Duration::from_secs(600)),
+        },
+    ])
+}
+
+fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
+    NodeFacts {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        labels: [(labels::ROLE_WORKER.to_owned(), String::new())].into(),
+        conditions: vec![ConditionFacts {
+            type_: "Ready".into(),
+            status: ready.into(),
+            since: at(since),
+        }],
+        confirmed_healthy: false,
+    }
+}
+
+fn control_plane(mut n: NodeFacts) -> NodeFacts {
+    n.labels.insert(labels::ROLE_CONTROL_PLANE.into(), String::new());
+    n
+}
+
+fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
+    RemediationFacts {
+        id: RemediationId {
+            api_version: "self-node-remediation.medik8s.io/v1alpha1".into(),
+            kind: kind.into(),
+            namespace: "ns".into(),
+            name: node.into(),
+        },
+        uid: format!("uid-{node}-{kind}"),
+        node: node.into(),
+        template_name: None,
+        owned: true,
+        created: at(created),
+        timed_out: None,
+        healthy_since: None,
+        succeeded: None,
+        permanent_node_deletion_expected: false,
+        control_plane: false,
+        deleting: false,
+    }
+}
+
+#[derive(Debug)]
+struct World {
+    check: CheckSpec,
+    nodes: Vec<NodeFacts>,
+    remediations: Vec<RemediationFacts>,
+    templates: BTreeMap<TemplateRef, TemplateState>,
+    leases: BTreeMap<String, LeaseFacts>,
+    memory: Memory,
+    now: Timestamp,
+}
+
+impl World {
+    fn new(check: CheckSpec, nodes: Vec<NodeFacts>) -> Self {
+        let templates = check
+            .steps
+            .iter()
+            .map(|s| {
+                (
+                    s.template.clone(),
+                    TemplateState::Ready {
+                        spec: serde_json::json!({"remediationStrategy": "Automatic"}),
+                        multiple_templates: false,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            check,
+            nodes,
+            remediations: vec![],
+            templates,
+            leases: BTreeMap::new(),
+            memory: Memory::default(),
+            now: at(NOW),
+        }
+    }
+
+    fn decide(&self) -> Decision {
+        let refs: Vec<&NodeFacts> = self.nodes.iter().collect();
+        decide(&Input {
+            now: self.now,
+            check: &self.check,
+            nodes: &refs,
+            remediations: &self.remediations,
+            templates: &self.templates,
+            leases: &self.leases,
+            memory: &self.memory,
+            lease_holder: HOLDER,
+        })
+    }
+}
+
+fn created_for(d: &Decision) -> Vec<&str> {
+    d.create.iter().map(|c| c.node.as_str()).collect()
+}
+
+fn reasons(d: &Decision) -> Vec<&str> {
+    d.notices.iter().map(|n| n.reason).collect()
+}
+
+#[test]
+fn remediates_a_node_unhealthy_for_its_duration_not_before() {
+    let nodes = vec![
+        node("a", "Unknown", NOW - 299),
+        node("b", "True", 0),
+        node("c", "True", 0),
+    ];
+    let d = World::new(classic(), nodes).decide();
+    assert!(d.create.is_empty());
+    assert_eq!(
+        d.requeue_after.map(|r| r.as_secs()),
+        Some(1),
+        "looks again when the duration expires"
+    );
+
+    let nodes = vec![
+        node("a", "Unknown", NOW - 300),
+        node("b", "True", 0),
+        node("c", "True", 0),
+    ];
+    let d = World::new(classic(), nodes).decide();
+    assert_eq!(created_for(&d), ["a"]);
+    let new = &d.create[0];
+    assert_eq!(
+        (new.kind.as_str(), new.namespace.as_str(), new.name.as_deref()),
+        ("SelfNodeRemediation", "ns", Some("a"))
+    );
+    assert_eq!(new.spec["remediationStrategy"], "Automatic");
+    assert!(d.leases.contains(&LeaseAction::Request {
+        node: "a".into(),
+        duration: Duration::from_secs(660)
+    }));
+    assert!(reasons(&d).contains(&"DetectedUnhealthy") && reasons(&d).contains(&"RemediationCreated"));
+    assert_eq!(d.status.phase, Phase::Remediating);
+}
+
+#[test]
+fn a_template_with_the_multiple_templates_annotation_gets_generated_names() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "False", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    w.templates.insert(
+        template("SelfNodeRemediationTemplate", "snr"),
+        TemplateState::Ready {
+            spec: serde_json::json!({}),
+            multiple_templates: true,
+        },
+    );
+    assert_eq!(w.decide().create[0].name, None);
+}
+
+#[test]
+fn deletes_the_remediation_when_the_node_is_healthy_again_then_releases_the_lease() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "True", NOW - 5), node("b", "True", 0), node("c", "True", 0)],
+    );
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert_eq!(d.delete.len(), 1);
+    assert!(reasons(&d).contains(&"RemediationRemoved"));
+    w.remediations.clear();
+    w.leases.insert(
+        "a".into(),
+        LeaseFacts {
+            holder: HOLDER.into(),
+            acquired: Some(at(NOW - 100)),
+            renewed: at(NOW - 10),
+            duration: Duration::from_secs(660),
+        },
+    );
+    let d = w.decide();
+    assert_eq!(d.leases, [LeaseAction::Release { node: "a".into() }]);
+    assert_eq!(d.status.phase, Phase::Enabled);
+}
+
+#[test]
+fn healthy_delay_waits_then_deletes_and_negative_means_never() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "True", NOW - 5), node("b", "True", 0), node("c", "True", 0)],
+    );
+    w.check.healthy_delay = HealthyDelay::After(Duration::from_secs(60));
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert!(d.delete.is_empty());
+    assert_eq!(d.mark_healthy_since.len(), 1);
+    assert!(d.status.unhealthy["a"].healthy_delayed);
+    w.remediations[0].healthy_since = Some(at(NOW - 30));
+    assert!(w.decide().delete.is_empty());
+    w.remediations[0].healthy_since = Some(at(NOW - 60));
+    assert_eq!(w.decide().delete.len(), 1);
+
+    w.check.healthy_delay = HealthyDelay::Never;
+    w.remediations[0].healthy_since = Some(at(0));
+    assert!(w.decide().delete.is_empty());
+    w.nodes[0].confirmed_healthy = true;
+    assert_eq!(w.decide().delete.len(), 1, "manual confirmation overrides the delay");
+}
+
+#[test]
+fn over_budget_no_new_remediation_and_it_says_why() {
+    let nodes = vec![node("a", "Unknown", 0), node("b", "Unknown", 0), node("c", "True", 0)];
+    let d = World::new(classic(), nodes).decide();
+    assert!(d.create.is_empty());
+    let skipped = d
+        .notices
+        .iter()
+        .find(|n| n.reason == "RemediationSkipped")
+        .expect("an event says why");
+    assert!(
+        skipped.message.contains("is 1 and should equal or exceed 2"),
+        "{}",
+        skipped.message
+    );
+    assert!(skipped.message.contains("2 unhealthy"), "{}", skipped.message);
+    assert!(!d.status.remediation_allowed.0);
+    assert!(
+        d.status.remediation_allowed.2.contains("minHealthy 51% (the default"),
+        "{}",
+        d.status.remediation_allowed.2
+    );
+    assert_eq!(d.blocked_by_budget.len(), 2);
+}
+
+#[test]
+fn max_unhealthy_is_the_other_way_to_say_it() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "Unknown", 0), node("b", "Unknown", 0), node("c", "True", 0)],
+    );
+    w.check.budget = Budget::MaxUnhealthy(IntOrPercent::Int(2));
+    assert_eq!(created_for(&w.decide()), ["a", "b"]);
+}
+
+#[test]
+fn escalates_after_the_timeout_or_at_once_on_failure() {
+    let mut w = World::new(
+        escalating(),
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert!(d.create.is_empty() && d.mark_timed_out.is_empty());
+    assert_eq!(
+        d.requeue_after.map(|r| r.as_secs()),
+        Some(20),
+        "looks again at the step's timeout"
+    );
+
+    w.remediations[0].created = at(NOW - 120);
+    let d = w.decide();
+    assert_eq!(d.mark_timed_out.len(), 1);
+    assert_eq!(
+        d.create[0].kind, "FenceAgentsRemediation",
+        "the next template's object comes at once"
+    );
+
+    w.remediations[0].created = at(NOW - 10);
+    w.remediations[0].succeeded = Some(false);
+    let d = w.decide();
+    assert_eq!(d.mark_timed_out.len(), 1, "Succeeded=False escalates without waiting");
+    assert_eq!(d.create[0].kind, "FenceAgentsRemediation");
+
+    w.remediations[0].timed_out = Some(at(NOW - 5));
+    let mut far = cr("a", "FenceAgentsRemediation", NOW - 5);
+    far.id.api_version = "self-node-remediation.medik8s.io/v1alpha1".into();
+    w.remediations.push(far);
+    let d = w.decide();
+    assert!(
+        d.create.is_empty() && d.mark_timed_out.is_empty(),
+        "the second step runs"
+    );
+
+    w.remediations[1].timed_out = Some(at(NOW));
+    w.remediations[1].created = at(NOW - 700);
+    let d = w.decide();
+    assert!(d.create.is_empty(), "nothing left to try: {d:?}");
+}
+
+#[test]
+fn no_template_left_is_said_once_when_the_last_step_times_out() {
+    let mut w = World::new(
+        escalating(),
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    let mut snr = cr("a", "SelfNodeRemediation", NOW - 500);
+    snr.timed_out = Some(at(NOW - 380));
+    let far = cr("a", "FenceAgentsRemediation", NOW - 600);
+    w.remediations = vec![snr, far];
+    let d = w.decide();
+    assert!(reasons(&d).contains(&"NoTemplateLeft"));
+    assert_eq!(d.mark_timed_out.len(), 1);
+}
+
+#[test]
+fn paused_stops_new_remediation_not_running_ones() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", 0),
+            node("b", "Unknown", NOW - 400),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+        ],
+    );
+    w.check.pause_requests = vec!["upgrade".into()];
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    assert!(
+        d.leases
+            .iter()
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a")),
+        "a's remediation goes on"
+    );
+    assert_eq!(d.status.phase, Phase::Paused);
+}
+
+#[test]
+fn excluded_and_maintenance_leased_nodes_are_left_alone() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", 0),
+            node("b", "Unknown", 0),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+        ],
+    );
+    w.nodes[0]
+        .labels
+        .insert(labels::EXCLUDE_FROM_REMEDIATION.into(), "true".into());
+    w.leases.insert(
+        "b".into(),
+        LeaseFacts {
+            holder: "node-maintenance".into(),
+            acquired: None,
+            renewed: at(NOW - 10),
+            duration: Duration::from_secs(3600),
+        },
+    );
+    let d = w.decide();
+    assert!(d.create.is_empty(), "{:?}", d.create);
+    assert_eq!(reasons(&d).iter().filter(|r| **r == "RemediationSkipped").count(), 2);
+    w.leases.get_mut("b").expect("lease").renewed = at(NOW - 4000);
+    assert_eq!(
+        created_for(&w.decide()),
+        ["b"],
+        "an expired maintenance lease does not block"
+    );
+}
+
+#[test]
+fn one_control_plane_node_at_a_time() {
+    let nodes: Vec<NodeFacts> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|n| control_plane(node(n, "True", 0)))
+        .collect();
+    let mut w = World::new(classic(), nodes);
+    w.nodes[0] = control_plane(node("a", "Unknown", 0));
+    w.nodes[1] = control_plane(node("b", "Unknown", 0));
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["a"]);
+    assert!(d.create[0].control_plane);
+    let mut existing = cr("a", "SelfNodeRemediation", NOW);
+    existing.control_plane = true;
+    w.remediations.push(existing);
+    assert!(w.decide().create.is_empty(), "b waits while a is remediated");
+    w.remediations[0].deleting = true;
+    assert_eq!(
+        created_for(&w.decide()),
+        ["b"],
+        "b goes once a's remediation is being removed"
+    );
+}
+
+#[test]
+fn a_missing_template_disables_the_check_naming_it_and_it_recovers() {
+    let mut w = World::new(classic(), vec![node("a", "Unknown", 0)]);
+    let t = template("SelfNodeRemediationTemplate", "snr");
+    w.templates.insert(t.clone(), TemplateState::KindMissing);
+    let d = w.decide();
+    assert_eq!(d.status.phase, Phase::Disabled);
+    assert!(d.create.is_empty());
+    let (disabled, reason, message) = d.status.disabled.clone().expect("condition");
+    assert!(
+        disabled && reason == "RemediationTemplateNotFound" && message.contains("SelfNodeRemediationTemplate"),
+        "{message}"
+    );
+    assert_eq!(d.requeue_after, Some(TEMPLATE_RETRY));
+
+    w.memory.disabled = Some(true);
+    w.templates.insert(
+        t,
+        TemplateState::Ready {
+            spec: serde_json::json!({}),
+            multiple_templates: false,
+        },
+    );
+    let d = w.decide();
+    assert!(reasons(&d).contains(&"Enabled"));
+    assert_eq!(d.status.disabled.map(|c| c.0), Some(false));
+}
+
+#[test]
+fn the_same_kind_twice_needs_generated_names() {
+    let mut spec = escalating();
+    spec.steps[1].template = template("SelfNodeRemediationTemplate", "snr-2");
+    let w = World::new(spec, vec![node("a", "Unknown", 0)]);
+    let d = w.decide();
+    assert_eq!(d.status.disabled.map(|c| c.1), Some("RemediationTemplateInvalid"));
+}
+
+#[test]
+fn orphaned_objects_are_removed_unless_their_node_is_meant_to_go() {
+    let mut w = World::new(classic(), vec![node("b", "True", 0)]);
+    w.remediations.push(cr("gone", "SelfNodeRemediation", 0));
+    let mut expected = cr("replaced", "SelfNodeRemediation", 0);
+    expected.permanent_node_deletion_expected = true;
+    w.remediations.push(expected);
+    let d = w.decide();
+    assert_eq!(d.delete.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["gone"]);
+}
+
+#[test]
+fn a_storm_holds_new_remediation_through_the_cooldown() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    w.check.storm_cooldown = Some(Duration::from_secs(60));
+    w.memory.storm_since = Some(at(NOW - 100));
+    let d = w.decide();
+    assert!(d.create.is_empty(), "budget met again, but the cooldown runs");
+    assert_eq!(d.status.remediation_allowed.1, "StormRecovery");
+    w.memory.cooldown_since = Some(at(NOW - 60));
+    assert_eq!(created_for(&w.decide()), ["a"]);
+}
+
+// === Invariants ===
+
+fn arb_node(i: usize) -> impl Strategy<Value = NodeFacts> {
+    (
+        prop_oneof!["True", "False", "Unknown"],
+        0i64..NOW,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(move |(ready, since, cp, excluded, confirmed)| {
+            let mut n = node(&format!("n{i}"), &ready, since);
+            if cp {
+                n.labels.insert(labels::ROLE_MASTER.into(), String::new());
+            }
+            if excluded {
+                n.labels.insert(labels::EXCLUDE_FROM_REMEDIATION.into(), "true".into());
+            }
+            n.confirmed_healthy = confirmed;
+            n
+        })
+}
+
+fn arb_world() -> impl Strategy<Value = World> {
+    (1usize..9)
+        .prop_flat_map(|count| {
+            (
+                (0..count).map(arb_node).collect::<Vec<_>>(),
+                proptest::collection::vec((0..count, any::<bool>(), 0i64..NOW, any::<bool>()), 0..4),
+                proptest::collection::vec((0..count, any::<bool>(), 0i64..NOW), 0..4),
+                prop_oneof![
+                    Just(Budget::DefaultMinHealthy),
+                    (0u32..=100).prop_map(|p| Budget::MinHealthy(IntOrPercent::Percent(p))),
+                    (0u32..6).prop_map(|n| Budget::MaxUnhealthy(IntOrPercent::Int(n)))
+                ],
+                any::<bool>(),
+                any::<bool>(),
+            )
+        })
+        .prop_map(|(nodes, crs, leases, budget, escalate, paused)| {
+            let mut w = World::new(if escalate { escalating() } else { classic() }, nodes);
+            w.check.budget = budget;
+            if paused {
+                w.check.pause_requests = vec!["p".into()];
+            }
+            for (i, cp, created, deleting) in crs {
+                let name = w.nodes[i].name.clone();
+                if w.remediations.iter().any(|r| r.node == name) {
+                    continue;
+                }
+                let mut r = cr(&name, "SelfNodeRemediation", created);
+                r.control_plane = cp && node::is_control_plane(&w.nodes[i]);
+                r.deleting = deleting;
+                w.remediations.push(r);
+            }
+            for (i, maintenance, renewed) in leases {
+                let holder = if maintenance { "node-maintenance" } else { HOLDER };
+                w.leases.insert(
+                    w.nodes[i].name.clone(),
+                    LeaseFacts {
+                        holder: holder.into(),
+                        acquired: Some(at(renewed)),
+                        renewed: at(renewed),
+                        duration: Duration::from_secs(3600),
+                    },
+                );
+            }
+            w
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn creates_only_within_budget_and_never_when_paused(w in arb_world()) {
+        let d = w.decide();
+        if !d.create.is_empty() {
+            prop_assert!(d.status.healthy >= d.status.min_healthy, "created over budget: {:?}", d.status);
+            prop_assert!(w.check.pause_requests.is_empty());
+        }
+    }
+
+    #[test]
+    fn never_two_control_plane_nodes_at_once(w in arb_world()) {
+        let busy_before: BTreeSet<&str> = w.remediations.iter().filter(|r| r.control_plane && !r.deleting).map(|r| r.node.as_str()).collect();
+        prop_assume!(busy_before.len() <= 1);
+        let d = w.decide();
+        let mut busy: BTreeSet<&str> = busy_before.clone();
+        busy.extend(d.create.iter().filter(|c| c.control_plane).map(|c| c.node.as_str()));
+        prop_assert!(busy.len() <= 1, "control-plane nodes remediated together: {busy:?}");
+    }
+
+    #[test]
+    fn never_remediates_an_excluded_leased_or_healthy_node(w in arb_world()) {
+        let d = w.decide();
+        for new in &d.create {
+            let n = w.nodes.iter().find(|n| n.name == new.node).expect("a real node");
+            prop_assert!(n.labels.get(labels::EXCLUDE_FROM_REMEDIATION).is_none_or(|v| v != "true"), "excluded node {}", n.name);
+            let leased = w.leases.get(&n.name).is_some_and(|l| l.holder != HOLDER && l.valid_at(w.now));
+            prop_assert!(!leased, "node {} leased to maintenance", n.name);
+            prop_assert!(matches!(health::classify(n, &w.check.rules, w.now), Health::Unhealthy { .. }), "healthy node {}", n.name);
+        }
+        for gone in &d.delete {
+            let r = w.remediations.iter().find(|r| &r.id == gone).expect("an existing object");
+            if let Some(n) = w.nodes.iter().find(|n| n.name == r.node) {
+                prop_assert_eq!(health::classify(n, &w.check.rules, w.now), Health::Healthy, "deleted the remediation of an unhealthy node");
+            }
+        }
+    }
+
+    #[test]
+    fn same_input_same_output(w in arb_world()) {
+        prop_assert_eq!(w.decide(), w.decide());
+    }
+}

@@ -1,0 +1,25 @@
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Support(#[from] nodemedic_kube::Error),
+    #[error("NodeHealthCheck {name}: {why}")]
+    InvalidSpec { name: String, why: String },
+    #[error("{0} has no name")]
+    Unnamed(&'static str),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Support(_) => "support",
+            Self::InvalidSpec { .. } => "invalid_spec",
+            Self::Unnamed(_) => "unnamed",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
