@@ -291,14 +291,16 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"),
         "the timed-out remediation is told so"
     );
-    let status = nhc(&client, "escalating").await.status.expect("status");
-    let node2 = status
-        .unhealthy_nodes
-        .expect("listed")
-        .into_iter()
-        .find(|n| n.name == "node-2")
-        .expect("node-2");
-    assert_eq!(node2.remediations.len(), 2);
+    // The status write follows the create, so it is awaited rather than read once.
+    let node2 = eventually("node-2 listed with both remediations", LONG, || async {
+        nhc(&client, "escalating")
+            .await
+            .status
+            .and_then(|s| s.unhealthy_nodes)
+            .and_then(|nodes| nodes.into_iter().find(|n| n.name == "node-2"))
+            .filter(|n| n.remediations.len() == 2)
+    })
+    .await;
     assert!(node2.remediations[0].timed_out.is_some());
 }
 
