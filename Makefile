@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup test demo crds fmt
+.PHONY: setup test demo crds fmt model-check
 
 setup:
 	@bash scripts/setup.sh
@@ -16,3 +16,7 @@ crds:
 
 fmt:
 	cargo fmt --all
+
+# The self-remediation protocol's larger model checks (minutes; the unit tests run the smaller).
+model-check:
+	cargo test --release --locked -p nodemedic-self-remediation protocol::model -- --include-ignored --nocapture

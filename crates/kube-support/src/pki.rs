@@ -110,6 +110,21 @@ impl Authority {
     }
 }
 
+impl Authority {
+    /// Signs a PEM certificate request for exactly `name` (common name and only DNS name),
+    /// whatever else the request asked for: the caller has checked who may hold `name`.
+    pub fn sign_request(&self, request_pem: &str, name: &str, valid_days: i64) -> Result<String, PkiError> {
+        let mut request = rcgen::CertificateSigningRequestParams::from_pem(request_pem)?;
+        let mut params = params(name, valid_days)?;
+        params.subject_alt_names = vec![SanType::DnsName(name.try_into()?)];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        request.params = params;
+        Ok(request.signed_by(&self.issuer)?.pem())
+    }
+}
+
 /// A bare ECDSA key pair in PEM, private and public (e.g. service-account token signing, where
 /// kube-apiserver reads the public half from its own file).
 pub fn key_pair_pem() -> Result<Pem, PkiError> {

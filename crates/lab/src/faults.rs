@@ -70,6 +70,7 @@ impl Inner {
             if procs.closed {
                 return Ok(());
             }
+            crate::lab::record_boot(&self.resources.dir, node)?;
             for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
                 p.reap();
                 p.start()?;

@@ -59,6 +59,8 @@ pub(crate) struct Inner {
     pub watchdogs: Watchdogs,
     pub timeline: Timeline,
     pub resources: Resources,
+    pub pki: LabPki,
+    pub server: String,
 }
 
 /// Everything that must be undone, owned from the first step of start-up on, so a failed start
@@ -246,6 +248,7 @@ impl Lab {
                     lease_seconds: config.timings.node_lease_seconds,
                 },
             );
+            record_boot(&dir, &spec.name)?;
             start_process(&resources, &format!("{}/kwok", spec.name), kwok)?;
         }
 
@@ -268,6 +271,8 @@ impl Lab {
             watchdogs,
             timeline,
             resources,
+            pki,
+            server,
         });
         let mut tasks = observer::spawn(&client, &inner.timeline);
         if inner.config.storage {
@@ -431,8 +436,12 @@ impl Lab {
     }
 
     /// Adds a process to a node (started now if the node is powered, and again on every
-    /// power-on), e.g. its agent. `spec.netns` is set to the node's.
-    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
+    /// power-on), e.g. its agent. `spec.netns` is set to the node's; `NODEMEDIC_LAB=1` (which
+    /// refuses every real reboot path) and `LAB_NODE_BOOT_FILE` (the node's boot time) are set.
+    pub fn add_node_process(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
+        let mut spec = spec
+            .env("NODEMEDIC_LAB", "1")
+            .env("LAB_NODE_BOOT_FILE", self.inner.boot_file(node).display().to_string());
         spec.netns = Some(self.netns(node)?);
         let full = format!("{node}/{name}");
         let powered = self.condition(node)?.powered;
@@ -463,6 +472,16 @@ impl Lab {
         start_process(&self.inner.resources, name, spec)
     }
 
+    /// A kubeconfig for a client certificate of `user` in `groups` (e.g. an agent's node
+    /// identity), written into the lab directory.
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let file = user.replace(':', "-");
+        self.inner.pki.issue_client(&file, user, groups)?;
+        let path = self.dir().join(format!("{file}.kubeconfig"));
+        self.inner.pki.kubeconfig(&file, &self.inner.server, &path)?;
+        Ok(path)
+    }
+
     pub fn log_path(&self, process: &str) -> PathBuf {
         self.dir()
             .join("logs")
@@ -481,6 +500,20 @@ impl Inner {
     pub fn watchdog_path(&self, node: &str) -> PathBuf {
         self.resources.dir.join("nodes").join(format!("{node}.watchdog"))
     }
+
+    pub fn boot_file(&self, node: &str) -> PathBuf {
+        boot_file(&self.resources.dir, node)
+    }
+}
+
+fn boot_file(dir: &Path, node: &str) -> PathBuf {
+    dir.join("nodes").join(format!("{node}.boot"))
+}
+
+/// Records the moment a node boots (what `btime` in /proc/stat is on a real machine).
+pub(crate) fn record_boot(dir: &Path, node: &str) -> Result<()> {
+    let path = boot_file(dir, node);
+    std::fs::write(&path, jiff::Timestamp::now().to_string()).map_err(io(format!("writing {}", path.display())))
 }
 
 pub(crate) fn start_process(resources: &Resources, name: &str, spec: ProcessSpec) -> Result<()> {

@@ -28,6 +28,7 @@ pub mod timeline;
 pub mod wait;
 mod watchdog;
 pub mod witness;
+pub mod workloads;
 
 use std::time::Duration;
 

@@ -6,7 +6,8 @@
 //!   armed;
 //! - each `k\n` the agent writes is a keep-alive;
 //! - `V\n` (the magic close) disarms it; a connection closed without it leaves it armed, as with a
-//!   real device.
+//!   real device;
+//! - `R\n` resets the node now (what a real agent's software reboot does).
 //!
 //! When not fed within the timeout it asks the lab to power-cycle the node.
 
@@ -87,6 +88,7 @@ impl Watchdogs {
                                 this.disarm(&node, generation);
                                 break;
                             }
+                            "R" => this.expire_now(&node, generation),
                             _ => {}
                         }
                     }
@@ -110,6 +112,15 @@ impl Watchdogs {
             && state.deadline.is_some()
         {
             state.deadline = Some(Instant::now() + timeout);
+        }
+    }
+
+    fn expire_now(&self, node: &str, generation: u64) {
+        if let Ok(mut all) = self.0.lock()
+            && let Some(state) = all.get_mut(node)
+            && state.generation == generation
+        {
+            state.deadline = Some(Instant::now());
         }
     }
 

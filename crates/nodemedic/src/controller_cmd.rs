@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Operator {
     HealthCheck,
+    SelfRemediation,
 }
 
 #[derive(Args, Debug)]
@@ -35,6 +36,13 @@ pub struct ControllerArgs {
     /// Operators not to run.
     #[arg(long = "disable", value_enum)]
     pub disabled: Vec<Operator>,
+    /// The image the self-remediation agent DaemonSet runs.
+    #[arg(
+        long,
+        env = "NODEMEDIC_AGENT_IMAGE",
+        default_value = "ghcr.io/nodemedic/nodemedic:latest"
+    )]
+    pub agent_image: String,
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -63,6 +71,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 
     let mut registry = Registry::default();
     let health_metrics = nodemedic_healthcheck::metrics::Metrics::register(&mut registry);
+    let snr_metrics = nodemedic_self_remediation::manager::Metrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
@@ -95,11 +104,21 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
     let mut operators = tokio::task::JoinSet::new();
     if !args.disabled.contains(&Operator::HealthCheck) {
-        operators.spawn(nodemedic_healthcheck::controller::run(
-            client.clone(),
-            health_metrics,
-            events.clone(),
-        ));
+        let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("health check: {e}")) });
+    }
+    if !args.disabled.contains(&Operator::SelfRemediation) {
+        let settings = nodemedic_self_remediation::manager::Settings {
+            namespace: args.namespace.clone(),
+            agent_image: args.agent_image.clone(),
+        };
+        let client = client.clone();
+        let events = events.clone();
+        operators.spawn(async move {
+            nodemedic_self_remediation::manager::run(client, settings, snr_metrics, events)
+                .await
+                .map_err(|e| anyhow::anyhow!("self remediation: {e}"))
+        });
     }
     match leadership {
         Some(mut leadership) => {

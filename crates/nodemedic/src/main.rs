@@ -21,8 +21,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the operators (health check, ...): the Deployment's command.
+    /// Run the operators (health check, self remediation, ...): the Deployment's command.
     Controller(controller_cmd::ControllerArgs),
+    /// The self-remediation agent, one per node: the DaemonSet's command.
+    Agent(nodemedic_self_remediation::agent::AgentArgs),
     /// Print every CustomResourceDefinition (or write one file per CRD into a directory).
     Crds {
         /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
@@ -41,9 +43,20 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Controller(args) => controller_cmd::run(args),
+        Command::Agent(args) => agent(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
     }
+}
+
+fn agent(args: nodemedic_self_remediation::agent::AgentArgs) -> anyhow::Result<()> {
+    nodemedic_kube::logging::init(args.log_json);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(nodemedic_self_remediation::agent::run(args))?;
+    Ok(())
 }
 
 fn crds(write: Option<PathBuf>) -> anyhow::Result<()> {

@@ -15,26 +15,7 @@ use nodemedic_lab::{Event, Lab, LabConfig, wait};
 
 use crate::support::{has_taint, logs, unknown_within};
 
-pub const STATEFULSET: &str = r#"
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: db, namespace: vm}
-spec:
-  replicas: 1
-  serviceName: db
-  selector: {matchLabels: {app: db}}
-  template:
-    metadata: {labels: {app: db}}
-    spec:
-      terminationGracePeriodSeconds: 30
-      containers: [{name: db, image: registry.example/db:1}]
-  volumeClaimTemplates:
-  - metadata: {name: data}
-    spec:
-      accessModes: [ReadWriteOnce]
-      storageClassName: lab-rwo
-      resources: {requests: {storage: 1Gi}}
-"#;
+pub use nodemedic_lab::workloads::STATEFULSET;
 
 pub async fn running_pod(client: &Client, name: &str, not_on: Option<&str>) -> Pod {
     let pods = Api::<Pod>::namespaced(client.clone(), "vm");

@@ -19,6 +19,8 @@ use serde_json::json;
 use crate::support::{NS, apply_seed, event_with, eventually, lab, list, metrics, sample, start_controller};
 
 const LONG: Duration = Duration::from_secs(90);
+/// No remediator runs here: the remediation objects themselves are what is checked.
+const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation"];
 
 async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
     Api::<NodeHealthCheck>::all(client.clone())
@@ -92,7 +94,7 @@ async fn the_seed_checks_remediate_a_crashed_node_after_the_duration_and_stop_wh
     let client = lab.client();
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
-    let port = start_controller(&lab, "controller", &[]);
+    let port = start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "nhc-snr-3node", NodeHealthCheckPhase::Enabled).await;
 
     lab.crash("node-2").await.expect("crash");
@@ -173,7 +175,7 @@ async fn over_budget_nothing_is_remediated_and_the_check_says_why() {
     let client = lab.client();
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
-    start_controller(&lab, "controller", &[]);
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "nhc-snr-3node", NodeHealthCheckPhase::Enabled).await;
 
     lab.crash("node-1").await.expect("crash");
@@ -226,7 +228,7 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         }
     });
     lab.apply_yaml(&check.to_string()).expect("escalating check");
-    start_controller(&lab, "controller", &[]);
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "escalating", NodeHealthCheckPhase::Enabled).await;
     let far_for = |node: &'static str| {
         let client = client.clone();
@@ -315,7 +317,7 @@ async fn pause_exclusion_and_a_maintenance_lease_hold_remediation_back() {
         json!({"pauseRequests": ["upgrade in progress"]}),
     ))
     .expect("check");
-    start_controller(&lab, "controller", &[]);
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "workers", NodeHealthCheckPhase::Paused).await;
 
     lab.crash("node-3").await.expect("crash");
@@ -400,7 +402,7 @@ async fn one_control_plane_node_at_a_time_and_the_healthy_delay() {
         json!({"healthyDelay": "15s"}),
     ))
     .expect("check");
-    start_controller(&lab, "controller", &[]);
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "masters", NodeHealthCheckPhase::Enabled).await;
 
     lab.crash("node-1").await.expect("crash");
@@ -473,7 +475,7 @@ async fn a_missing_template_kind_disables_the_check_until_a_third_party_remediat
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
     apply_seed(&lab, "001-nhc-worker-default.yaml", |_| {});
-    start_controller(&lab, "controller", &[]);
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "nhc-worker-default", NodeHealthCheckPhase::Disabled).await;
     let status = nhc(&client, "nhc-worker-default").await.status.expect("status");
     let disabled = status
@@ -536,11 +538,19 @@ async fn two_replicas_only_the_leader_acts_and_a_new_leader_duplicates_nothing()
     let ports = [
         (
             "controller-a",
-            start_controller(&lab, "controller-a", &["--lease-seconds", "6"]),
+            start_controller(
+                &lab,
+                "controller-a",
+                &["--lease-seconds", "6", "--disable", "self-remediation"],
+            ),
         ),
         (
             "controller-b",
-            start_controller(&lab, "controller-b", &["--lease-seconds", "6"]),
+            start_controller(
+                &lab,
+                "controller-b",
+                &["--lease-seconds", "6", "--disable", "self-remediation"],
+            ),
         ),
     ];
     let leases = Api::<Lease>::namespaced(client.clone(), NS);

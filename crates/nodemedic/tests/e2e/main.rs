@@ -2,6 +2,7 @@
 
 mod healthcheck;
 mod lab_cli;
+mod selfremediation;
 pub mod support;
 
 use std::process::{Command, Output};

@@ -1,0 +1,455 @@
+//! Self Node Remediation end to end: agents in the nodes' namespaces with lab watchdogs, the
+//! manager in the controller, a one-replica StatefulSet with a ReadWriteOnce volume, and the
+//! at-most-one witness over everything that happened.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+};
+use nodemedic_api::self_remediation::{SelfNodeRemediation, SelfNodeRemediationConfig, phases};
+use nodemedic_lab::{Event, Lab, LabConfig, ProcessSpec, wait, workloads::STATEFULSET};
+use serde_json::json;
+
+use crate::support::{NS, apply_seed, event_with, eventually, lab, list, start_controller};
+
+const LONG: Duration = Duration::from_secs(120);
+
+/// The fast configuration every test here states: `L` = 2 × (1 s + 0.5 s) + 0.5 s + 0.5 s = 4 s;
+/// with the lab's 5 s watchdog, `T_safe` = (4 + 10) × 1.0202 + 1 ≈ 15.3 s. Registrations count as
+/// acceptors once older than `peerUpdateInterval` (30 s).
+const FAST_CONFIG: &str = r#"{"spec": {
+    "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
+    "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
+    "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
+const VIEW: Duration = Duration::from_secs(30);
+
+/// The seed config with the fast timings applied, as the manager reads it.
+async fn configure(lab: &Lab) -> SelfNodeRemediationConfig {
+    apply_seed(lab, "004-snr-config.yaml", |m| {
+        let fast: serde_json::Value = serde_json::from_str(FAST_CONFIG).expect("json");
+        json_patch::merge(m, &fast);
+    });
+    Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get("self-node-remediation-config")
+        .await
+        .expect("config")
+}
+
+/// Starts an agent in every node, each with its own node identity and lab watchdog.
+fn start_agents(lab: &Lab, config: &SelfNodeRemediationConfig) {
+    lab.apply_yaml(include_str!("../../../../deploy/rbac/agent.yaml"))
+        .expect("agent RBAC");
+    for node in lab.nodes() {
+        let kubeconfig = lab
+            .kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])
+            .expect("agent identity");
+        let ip = lab.node_ip(&node).expect("node ip");
+        let mut args = vec![
+            "agent".to_owned(),
+            format!("--node={node}"),
+            format!("--namespace={NS}"),
+            format!("--address={ip}"),
+            format!("--watchdog=lab:{}", lab.watchdog_path(&node).display()),
+            format!(
+                "--state-dir={}",
+                lab.dir().join("nodes").join(format!("{node}-agent")).display()
+            ),
+        ];
+        args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
+            &config.spec,
+        ));
+        let spec = ProcessSpec::new(env!("CARGO_BIN_EXE_nodemedic"), args)
+            .env("KUBECONFIG", kubeconfig.display().to_string())
+            .env("RUST_LOG", "info,kube=warn");
+        lab.add_node_process(&node, "agent", spec).expect("agent starts");
+    }
+}
+
+/// Waits until every agent is registered and its registration counts as an acceptor.
+async fn agents_settled(lab: &Lab) {
+    let client = lab.client();
+    let count = lab.nodes().len() as i32;
+    eventually("every agent registered", LONG, || async {
+        let config = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS)
+            .get("self-node-remediation-config")
+            .await
+            .ok()?;
+        (config.status?.registered_agents == Some(count)).then_some(())
+    })
+    .await;
+    let registered_at = jiff::Timestamp::now();
+    eventually("registrations older than the view bound", VIEW + LONG, || async {
+        (jiff::Timestamp::now().duration_since(registered_at) >= jiff::SignedDuration::try_from(VIEW).ok()?)
+            .then_some(())
+    })
+    .await;
+}
+
+/// A lab with nodemedic (controller + agents), the StatefulSet running and the seed health check
+/// watching (every node when the lab's nodes lack the seed's role labels); returns the pod's node.
+async fn cluster(config: LabConfig) -> (Lab, String) {
+    let every_node = config
+        .nodes
+        .iter()
+        .any(|n| !n.labels.contains_key("node-role.kubernetes.io/master"));
+    let lab = lab(config).await;
+    let client = lab.client();
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("vm".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    let config = configure(&lab).await;
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    start_controller(&lab, "controller", &[]);
+    start_agents(&lab, &config);
+    lab.apply_yaml(STATEFULSET).expect("statefulset");
+    let node = node_of(&running_pod(&client, &[]).await);
+    agents_settled(&lab).await;
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |m| {
+        if every_node {
+            m["spec"]["selector"] =
+                json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]});
+        }
+    });
+    (lab, node)
+}
+
+async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
+    eventually(
+        &format!("db-0 Running, not on {not_on:?}"),
+        Duration::from_secs(180),
+        || async {
+            let pod = Api::<Pod>::namespaced(client.clone(), "vm")
+                .get_opt("db-0")
+                .await
+                .ok()??;
+            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && pod.metadata.deletion_timestamp.is_none();
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone())?;
+            (running && !not_on.contains(&node.as_str())).then_some(pod)
+        },
+    )
+    .await
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).expect("scheduled")
+}
+
+async fn snr(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
+    list::<SelfNodeRemediation>(client, NS).await.into_iter().find(|r| {
+        r.annotations()
+            .get("remediation.medik8s.io/node-name")
+            .map(String::as_str)
+            == Some(node)
+    })
+}
+
+async fn phase_reached(client: &Client, node: &str, phase: &str) -> SelfNodeRemediation {
+    eventually(&format!("{node}'s remediation in phase {phase}"), LONG, || async {
+        snr(client, node)
+            .await
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+    })
+    .await
+}
+
+/// Nodes the lab power-cycled for a watchdog (expiry or an agent's immediate reset).
+fn fenced(lab: &Lab) -> Vec<String> {
+    let mut nodes: Vec<String> = lab
+        .timeline()
+        .entries()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::WatchdogExpired { node } => Some(node),
+            _ => None,
+        })
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+fn assert_witness(lab: &Lab) {
+    let violations = nodemedic_lab::witness::check(&lab.timeline().entries());
+    assert!(
+        violations.is_empty(),
+        "two writers: {violations:?}\n{}",
+        lab.timeline().render()
+    );
+}
+
+async fn taints(client: &Client, node: &str) -> Vec<String> {
+    let node = Api::<Node>::all(client.clone()).get(node).await.expect("node");
+    node.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenario_a_crashed_node_s_statefulset_comes_back_elsewhere_and_the_node_is_released() {
+    let (lab, a) = cluster(LabConfig::seed()).await;
+    let client = lab.client();
+    let crashed = jiff::Timestamp::now();
+    lab.crash(&a).await.expect("crash");
+    let moved = running_pod(&client, &[&a]).await;
+    let running_at = jiff::Timestamp::now();
+    println!(
+        "seed scenario: crash of {a} -> db-0 Running on {} in {:.1}s",
+        node_of(&moved),
+        running_at.duration_since(crashed).as_secs_f64()
+    );
+    assert_witness(&lab);
+    let done = phase_reached(&client, &a, phases::FENCING_COMPLETED).await;
+    let status = done.status.expect("status");
+    assert!(status.time_assumed_rebooted.is_some());
+    assert!(
+        status.accepted_by.is_some_and(|by| !by.is_empty()),
+        "acceptances recorded"
+    );
+    let t = taints(&client, &a).await;
+    assert!(
+        t.iter()
+            .any(|t| t == "remediation.medik8s.io/self-node-remediation:NoSchedule"),
+        "{t:?}"
+    );
+    assert!(
+        t.iter().any(|t| t == "node.kubernetes.io/out-of-service:NoExecute"),
+        "{t:?}"
+    );
+
+    // The node comes back: the health check deletes the remediation, every taint it added goes.
+    lab.power_on(&a).await.expect("power on");
+    eventually("the remediation deleted once the node is healthy", LONG, || async {
+        snr(&client, &a).await.is_none().then_some(())
+    })
+    .await;
+    let t = taints(&client, &a).await;
+    assert!(
+        !t.iter()
+            .any(|t| t.starts_with("remediation.medik8s.io/") || t.starts_with("node.kubernetes.io/out-of-service")),
+        "{t:?}"
+    );
+    assert_witness(&lab);
+}
+
+/// Partitions the pod's node and `more` other nodes together; checks they fence before the pod
+/// moves, the rest never fence, and the witness.
+async fn partition_fences(config: LabConfig, more: usize) {
+    let (lab, a) = cluster(config).await;
+    let client = lab.client();
+    let mut cut: Vec<String> = vec![a.clone()];
+    cut.extend(lab.nodes().into_iter().filter(|n| *n != a).take(more));
+    let cut_refs: Vec<&str> = cut.iter().map(String::as_str).collect();
+    lab.partition(&cut_refs).await.expect("partition");
+    let moved = running_pod(&client, &cut_refs).await;
+    let moved_at = lab
+        .timeline()
+        .entries()
+        .into_iter()
+        .find(|e| matches!(&e.event, Event::PodPhase { pod, phase, .. } if Some(&pod.uid) == moved.metadata.uid.as_ref() && phase == "Running"))
+        .expect("recorded")
+        .at;
+    for node in &cut {
+        let fenced_at = eventually(&format!("{node} fenced"), LONG, || async {
+            lab.timeline()
+                .entries()
+                .into_iter()
+                .find(|e| matches!(&e.event, Event::WatchdogExpired { node: n } if n == node))
+                .map(|e| e.at)
+        })
+        .await;
+        assert!(
+            fenced_at < moved_at,
+            "{node} fenced at {fenced_at}, after the pod moved at {moved_at}"
+        );
+    }
+    println!(
+        "partition of {cut:?}: db-0 Running on {} at {moved_at}",
+        node_of(&moved)
+    );
+    assert_witness(&lab);
+    let mut expected = cut.clone();
+    expected.sort();
+    assert_eq!(fenced(&lab), expected, "only the cut-off nodes fence");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_fences_before_its_pod_moves_and_its_peers_never_fence() {
+    partition_fences(LabConfig::seed(), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_partitioned_nodes_of_five_fence_before_their_pods_move_and_the_majority_never_fences() {
+    partition_fences(LabConfig::workers(5), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_the_api_learns_from_its_peers_only_once_it_is_remediated() {
+    let (lab, a) = cluster(LabConfig::seed()).await;
+    let client = lab.client();
+    let pause = json!({"spec": {"pauseRequests": ["testing an API isolation"]}});
+    let checks = Api::<nodemedic_api::healthcheck::NodeHealthCheck>::all(client.clone());
+    checks
+        .patch("nhc-snr-3node", &PatchParams::default(), &Patch::Merge(&pause))
+        .await
+        .expect("pause");
+    lab.isolate_from_api(&a).await.expect("isolate");
+    lab.wait_ready_status(&a, "Unknown", LONG).await.expect("Unknown");
+    // Well past L + W: its peers keep voting for it, so it keeps running.
+    let since = jiff::Timestamp::now();
+    eventually("20 s of isolation", Duration::from_secs(60), || async {
+        (jiff::Timestamp::now().duration_since(since) >= jiff::SignedDuration::from_secs(20)).then_some(())
+    })
+    .await;
+    assert!(
+        fenced(&lab).is_empty(),
+        "nobody fences while no remediation exists: {:?}",
+        fenced(&lab)
+    );
+    assert!(lab.watchdog_armed(&a), "its agent still feeds the watchdog");
+
+    let resume = json!({"spec": {"pauseRequests": null}});
+    checks
+        .patch("nhc-snr-3node", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .expect("resume");
+    let moved = running_pod(&client, &[&a]).await;
+    assert_ne!(node_of(&moved), a);
+    assert_eq!(fenced(&lab), vec![a.clone()], "it learned from its peers and fenced");
+    assert_witness(&lab);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_outage_longer_than_the_licence_fences_nobody() {
+    let (lab, _) = cluster(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.stop_apiserver().await.expect("stop");
+    // Longer than L + W = 9 s, shorter than the 30 s view bound.
+    let stopped = std::time::Instant::now();
+    while stopped.elapsed() < Duration::from_secs(12) {
+        assert!(
+            fenced(&lab).is_empty(),
+            "an agent fenced during the outage: {:?}",
+            fenced(&lab)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lab.start_apiserver().await.expect("start");
+    // Longer than the check's 10 s durations: nothing healthy is remediated.
+    let since = jiff::Timestamp::now();
+    eventually("30 s after the outage", Duration::from_secs(60), || async {
+        (jiff::Timestamp::now().duration_since(since) >= jiff::SignedDuration::from_secs(30)).then_some(())
+    })
+    .await;
+    assert!(fenced(&lab).is_empty(), "{:?}", fenced(&lab));
+    assert!(
+        list::<SelfNodeRemediation>(&client, NS).await.is_empty(),
+        "nothing healthy is remediated"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_and_agent_restarts_mid_remediation_duplicate_nothing_and_lose_no_taint() {
+    let (lab, a) = cluster(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.crash(&a).await.expect("crash");
+    phase_reached(&client, &a, phases::PRE_REBOOT_COMPLETED).await;
+    let peer = lab.nodes().into_iter().find(|n| *n != a).expect("peer");
+    lab.restart_process(&format!("{peer}/agent")).expect("agent restart");
+    lab.restart_process("controller").expect("manager restart");
+    let restarted = eventually("the new manager restarts the wait", LONG, || async {
+        event_with(&client, "SafeTimeRestarted", &a).await
+    })
+    .await;
+    assert!(restarted.note.is_some());
+    running_pod(&client, &[&a]).await;
+    phase_reached(&client, &a, phases::FENCING_COMPLETED).await;
+    let t = taints(&client, &a).await;
+    assert!(
+        t.iter()
+            .any(|t| t == "remediation.medik8s.io/self-node-remediation:NoSchedule"),
+        "{t:?}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .expect("events");
+    for reason in [
+        "AddFinalizer",
+        "AddNoScheduleTaint",
+        "AddOutOfService",
+        "RemediationStarted",
+    ] {
+        let count: i32 = events
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum();
+        assert_eq!(count, 1, "{reason} happened {count} times");
+    }
+    assert_witness(&lab);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_an_agent_cannot_be_self_remediated_and_says_so() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    configure(&lab).await;
+    start_controller(&lab, "controller", &[]);
+    let remediation = json!({
+        "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",
+        "metadata": {"name": "node-1", "namespace": NS, "annotations": {"remediation.medik8s.io/node-name": "node-1"}},
+        "spec": {"remediationStrategy": "Automatic"}
+    });
+    lab.apply_yaml(&remediation.to_string()).expect("remediation");
+    let failed = eventually("Succeeded=False", LONG, || async {
+        let r = snr(&client, "node-1").await?;
+        let conditions = r.status?.conditions?;
+        conditions
+            .iter()
+            .find(|c| c.type_ == "Succeeded" && c.status == "False")
+            .cloned()
+    })
+    .await;
+    assert!(
+        failed.message.contains("no registered nodemedic agent"),
+        "{}",
+        failed.message
+    );
+    let t = taints(&client, "node-1").await;
+    assert!(
+        t.iter().all(|t| !t.starts_with("remediation.medik8s.io/")),
+        "nothing touched: {t:?}"
+    );
+    // The manager made the defaults a fresh install needs.
+    eventually("the default templates", LONG, || async {
+        let templates = list::<nodemedic_api::self_remediation::SelfNodeRemediationTemplate>(&client, NS).await;
+        (templates.len() == 2).then_some(())
+    })
+    .await;
+    wait::until("the agent DaemonSet", LONG, || async {
+        Ok(
+            Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS)
+                .get_opt("nodemedic-agent")
+                .await?
+                .map(|_| ()),
+        )
+    })
+    .await
+    .expect("DaemonSet");
+}

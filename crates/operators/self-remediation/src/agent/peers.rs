@@ -1,0 +1,171 @@
+//! The peer protocol over mutual TLS: answering votes (and medik8s's IsHealthy), and asking for
+//! them.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tonic::{
+    Request, Response, Status,
+    transport::{Certificate, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig},
+};
+
+use crate::{
+    identity::{PeerIdentity, certificate_node},
+    protocol::agent::{AgentState, Verdict},
+};
+
+pub mod wire {
+    pub mod health {
+        tonic::include_proto!("selfnoderemediation.health");
+    }
+    pub mod licence {
+        tonic::include_proto!("nodemedic.licence.v1");
+    }
+}
+
+use wire::{
+    health::{HealthRequest, HealthResponse, peer_health_server},
+    licence::{self as proto, VoteRequest, VoteResponse, licence_client::LicenceClient, licence_server},
+};
+
+pub type Shared = Arc<Mutex<AgentState<Instant>>>;
+
+/// Counts what the server did, for metrics.
+pub type OnVote = Arc<dyn Fn(Verdict) + Send + Sync>;
+
+struct Voter {
+    node: String,
+    state: Shared,
+    on_vote: OnVote,
+}
+
+fn to_wire(v: Verdict) -> i32 {
+    match v {
+        Verdict::Granted => proto::Verdict::Granted as i32,
+        Verdict::Remediating => proto::Verdict::Remediating as i32,
+        Verdict::NotReady => proto::Verdict::NotReady as i32,
+    }
+}
+
+fn from_wire(v: i32) -> Option<Verdict> {
+    match proto::Verdict::try_from(v).ok()? {
+        proto::Verdict::Granted => Some(Verdict::Granted),
+        proto::Verdict::Remediating => Some(Verdict::Remediating),
+        proto::Verdict::NotReady => Some(Verdict::NotReady),
+        proto::Verdict::Unspecified => None,
+    }
+}
+
+/// The node the caller's client certificate names.
+fn caller<T>(request: &Request<T>) -> Result<String, Status> {
+    let certs = request
+        .peer_certs()
+        .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
+    certs
+        .first()
+        .and_then(|c| certificate_node(c.as_ref()))
+        .ok_or_else(|| Status::unauthenticated("the client certificate names no single node"))
+}
+
+#[tonic::async_trait]
+impl licence_server::Licence for Voter {
+    async fn vote(&self, request: Request<VoteRequest>) -> Result<Response<VoteResponse>, Status> {
+        let certified = caller(&request)?;
+        let asker = &request.get_ref().node;
+        if &certified != asker {
+            return Err(Status::permission_denied(format!(
+                "the client certificate names {certified}, not {asker}"
+            )));
+        }
+        let verdict = self
+            .state
+            .lock()
+            .map_err(|_| Status::internal("state poisoned"))?
+            .vote_for(asker);
+        (self.on_vote)(verdict);
+        Ok(Response::new(VoteResponse {
+            verdict: to_wire(verdict),
+            voter: self.node.clone(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl peer_health_server::PeerHealth for Voter {
+    /// medik8s semantics: 1 Healthy, 2 Unhealthy (remediation seen), 3 ApiError (cannot tell).
+    async fn is_healthy(&self, request: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
+        caller(&request)?;
+        let node = &request.get_ref().node_name;
+        if node.is_empty() {
+            return Err(Status::invalid_argument("nodeName is empty"));
+        }
+        let status = match self
+            .state
+            .lock()
+            .map_err(|_| Status::internal("state poisoned"))?
+            .vote_for(node)
+        {
+            Verdict::Granted => 1,
+            Verdict::Remediating => 2,
+            Verdict::NotReady => 3,
+        };
+        Ok(Response::new(HealthResponse { status }))
+    }
+}
+
+/// Serves votes on `addr` until the process ends.
+pub async fn serve(
+    addr: SocketAddr,
+    identity: &PeerIdentity,
+    state: Shared,
+    on_vote: OnVote,
+) -> Result<(), tonic::transport::Error> {
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem))
+        .client_ca_root(Certificate::from_pem(&identity.ca_pem));
+    let voter = Arc::new(Voter {
+        node: identity.node.clone(),
+        state,
+        on_vote,
+    });
+    Server::builder()
+        .tls_config(tls)?
+        .timeout(Duration::from_secs(5))
+        .add_service(licence_server::LicenceServer::from_arc(voter.clone()))
+        .add_service(peer_health_server::PeerHealthServer::from_arc(voter))
+        .serve(addr)
+        .await
+}
+
+/// Asks every peer `(node, "ip:port")` for its vote, each within `dial + request`; peers that do
+/// not answer in time simply do not count.
+pub async fn ask(me: &PeerIdentity, peers: &[(String, String)], dial: Duration, request: Duration) -> Vec<Verdict> {
+    let asks = peers.iter().map(|(node, address)| async move {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&me.ca_pem))
+            .identity(Identity::from_pem(&me.cert_pem, &me.key_pem))
+            .domain_name(node.clone());
+        let endpoint = Endpoint::from_shared(format!("https://{address}"))
+            .ok()?
+            .tls_config(tls)
+            .ok()?
+            .connect_timeout(dial)
+            .timeout(request);
+        let channel = tokio::time::timeout(dial, endpoint.connect()).await.ok()?.ok()?;
+        let answer = LicenceClient::new(channel)
+            .vote(VoteRequest { node: me.node.clone() })
+            .await
+            .ok()?;
+        from_wire(answer.into_inner().verdict)
+    });
+    let all = futures::future::join_all(asks);
+    tokio::time::timeout(dial + request + Duration::from_millis(200), all)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .collect()
+}

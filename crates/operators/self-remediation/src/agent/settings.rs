@@ -1,0 +1,68 @@
+//! The agent's command line. The manager renders it from the SelfNodeRemediationConfig into the
+//! agent DaemonSet (as medik8s renders its environment), so a config change re-creates the agents.
+
+use std::{net::IpAddr, path::PathBuf, time::Duration};
+
+use clap::Args;
+use nodemedic_api::GoDuration;
+
+use crate::protocol::LicenceSettings;
+
+fn duration(text: &str) -> Result<Duration, String> {
+    text.parse::<GoDuration>()
+        .and_then(|d| d.duration())
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// The node this agent runs on.
+    #[arg(long, env = "MY_NODE_NAME")]
+    pub node: String,
+    #[arg(long, env = "DEPLOYMENT_NAMESPACE", default_value = nodemedic_api::names::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// The address peers reach this agent on (the pod IP).
+    #[arg(long, env = "MY_POD_IP")]
+    pub address: IpAddr,
+    #[arg(long, env = "HOST_PORT", default_value_t = 30001)]
+    pub host_port: u16,
+    /// A watchdog device (`/dev/watchdog`), or `lab:<socket>` for the lab's simulated one.
+    #[arg(long, env = "WATCHDOG_PATH", default_value = "/dev/watchdog")]
+    pub watchdog: String,
+    /// Reset a node that must fence at once through /proc/sysrq-trigger (real devices only; never
+    /// in a lab).
+    #[arg(long, env = "IS_SOFTWARE_REBOOT_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
+    pub software_reboot: bool,
+    #[arg(long, env = "API_CHECK_INTERVAL", default_value = "15s", value_parser = duration)]
+    pub api_check_interval: Duration,
+    #[arg(long, env = "API_SERVER_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub api_server_timeout: Duration,
+    #[arg(long, env = "MAX_API_ERROR_THRESHOLD", default_value_t = 3)]
+    pub max_api_error_threshold: u32,
+    #[arg(long, env = "PEER_DIAL_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub peer_dial_timeout: Duration,
+    #[arg(long, env = "PEER_REQUEST_TIMEOUT", default_value = "7s", value_parser = duration)]
+    pub peer_request_timeout: Duration,
+    /// The view freshness bound: votes count only on a membership read this recently.
+    #[arg(long, env = "PEER_UPDATE_INTERVAL", default_value = "15m", value_parser = duration)]
+    pub peer_update_interval: Duration,
+    /// Where the agent keeps its peer certificate across restarts.
+    #[arg(long, env = "STATE_DIR", default_value = "/var/lib/nodemedic")]
+    pub state_dir: PathBuf,
+    #[arg(long)]
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+impl AgentArgs {
+    pub fn licence(&self) -> LicenceSettings {
+        LicenceSettings {
+            api_check_interval: self.api_check_interval,
+            api_server_timeout: self.api_server_timeout,
+            max_api_error_threshold: self.max_api_error_threshold.max(1),
+            peer_dial_timeout: self.peer_dial_timeout,
+            peer_request_timeout: self.peer_request_timeout,
+        }
+    }
+}

@@ -1,0 +1,39 @@
+use crate::watchdog::WatchdogError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Support(#[from] nodemedic_kube::Error),
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
+    #[error("peer certificate: {0}")]
+    Certificate(String),
+    #[error("peer server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("the agent's state lock was poisoned by a panic")]
+    Poisoned,
+    #[error("SelfNodeRemediationConfig {name}: {why}")]
+    InvalidConfig { name: String, why: String },
+    #[error("{0} has no name")]
+    Unnamed(&'static str),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube",
+            Self::Support(_) => "support",
+            Self::Watchdog(_) => "watchdog",
+            Self::Certificate(_) => "certificate",
+            Self::Transport(_) => "transport",
+            Self::Poisoned => "poisoned",
+            Self::InvalidConfig { .. } => "invalid_config",
+            Self::Unnamed(_) => "unnamed",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,149 @@
+//! The SelfNodeRemediationConfig reconciler: validates it, keeps the agent DaemonSet rendered from
+//! it (re-created on any change), and reports the membership and the provable safe time.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::controller::Action,
+};
+use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
+use nodemedic_kube::{conditions, events::Events};
+use serde_json::json;
+
+use super::{Metrics, daemonset};
+use crate::{Error, Result, protocol::manager as rules, registration};
+
+pub struct Context {
+    pub client: Client,
+    pub namespace: String,
+    pub image: String,
+    pub events: Events,
+    pub metrics: Metrics,
+}
+
+const VALID: &str = "Valid";
+
+pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>) -> Result<Action> {
+    if config.name_any() != CONFIG_NAME || config.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let api = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace);
+    let on = nodemedic_kube::events::reference(config.as_ref());
+    let mut status = config.status.clone().unwrap_or_default();
+    let now = nodemedic_kube::time::now();
+    let list = status.conditions.get_or_insert_with(Vec::new);
+    let valid = match daemonset::validate(&config.spec) {
+        Err(error) => {
+            conditions::set(
+                list,
+                conditions::Desired {
+                    type_: VALID,
+                    status: false,
+                    reason: "InvalidField",
+                    message: error.to_string(),
+                },
+                config.metadata.generation,
+                &now,
+            );
+            None
+        }
+        Ok(warnings) => {
+            let message = if warnings.is_empty() {
+                "every field is usable".to_owned()
+            } else {
+                warnings.join("; ")
+            };
+            let reason = if warnings.is_empty() {
+                "Valid"
+            } else {
+                "ValidWithWarnings"
+            };
+            conditions::set(
+                list,
+                conditions::Desired {
+                    type_: VALID,
+                    status: true,
+                    reason,
+                    message,
+                },
+                config.metadata.generation,
+                &now,
+            );
+            Some(())
+        }
+    };
+    if valid.is_some() {
+        ensure_daemonset(&config, &ctx, &on).await?;
+    }
+    let selector = format!("{}={}", registration::COMPONENT_LABEL, registration::COMPONENT);
+    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    let regs: Vec<rules::Registration> = leases.items.iter().filter_map(registration::registration).collect();
+    let licence = daemonset::licence_settings(&config.spec)
+        .map(|s| s.licence())
+        .unwrap_or_default();
+    let minimum = regs.iter().map(|r| rules::timing(licence, r).safe_time()).max();
+    status.registered_agents = Some(regs.len() as i32);
+    status.minimum_safe_time_seconds = minimum.map(|m| m.as_secs_f64().ceil() as i64);
+    ctx.metrics.registered_agents.set(regs.len() as i64);
+    ctx.metrics
+        .minimum_safe_seconds
+        .set(status.minimum_safe_time_seconds.unwrap_or(0));
+    if Some(&status) != config.status.as_ref() {
+        api.patch_status(
+            CONFIG_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
+        .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+async fn ensure_daemonset(
+    config: &SelfNodeRemediationConfig,
+    ctx: &Context,
+    on: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<()> {
+    let api = Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.namespace);
+    let mut desired = daemonset::render(&config.spec, &ctx.namespace, &ctx.image);
+    desired.metadata.owner_references = config.controller_owner_ref(&()).map(|o| vec![o]);
+    let hash = |d: &DaemonSet| d.annotations().get(daemonset::CONFIG_HASH).cloned();
+    match api.get_opt(daemonset::NAME).await? {
+        Some(existing) if hash(&existing) == hash(&desired) => return Ok(()),
+        Some(existing) if existing.metadata.deletion_timestamp.is_some() => return Ok(()),
+        Some(_) => {
+            // medik8s re-creates the agents on a config change; so does nodemedic.
+            api.delete(daemonset::NAME, &DeleteParams::foreground()).await?;
+            ctx.events
+                .normal(
+                    on,
+                    "AgentsRecreated",
+                    "the configuration changed: re-creating the agent DaemonSet",
+                )
+                .await;
+            return Ok(());
+        }
+        None => {}
+    }
+    match api.create(&PostParams::default(), &desired).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(Error::from(e)),
+    }
+}
+
+pub fn error_policy(_: Arc<SelfNodeRemediationConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .errors
+        .get_or_create(&super::metrics::ResultLabels {
+            result: error.kind().to_owned(),
+        })
+        .inc();
+    tracing::warn!(%error, "SelfNodeRemediationConfig reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}

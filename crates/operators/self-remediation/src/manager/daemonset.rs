@@ -1,0 +1,235 @@
+//! The agent DaemonSet, rendered from the SelfNodeRemediationConfig. The agent's command line is
+//! rendered by the same function the lab uses to start its agents, so both run what the
+//! configuration says.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, DaemonSetSpec},
+    core::v1::{
+        Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, NodeAffinity, NodeSelector,
+        NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec, SecurityContext, Toleration, Volume,
+        VolumeMount,
+    },
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
+use nodemedic_api::self_remediation::SelfNodeRemediationConfigSpec;
+use sha2::{Digest, Sha256};
+
+use crate::{Error, Result, protocol::LicenceSettings};
+
+pub const NAME: &str = "nodemedic-agent";
+pub const SERVICE_ACCOUNT: &str = "nodemedic-agent";
+pub const CONFIG_HASH: &str = "nodemedic.medik8s.io/config-hash";
+
+fn duration(field: &str, value: &nodemedic_api::GoDuration) -> Result<std::time::Duration> {
+    value.duration().map_err(|e| Error::InvalidConfig {
+        name: nodemedic_api::self_remediation::CONFIG_NAME.into(),
+        why: format!("{field}: {e}"),
+    })
+}
+
+/// The licence settings a configuration gives its agents.
+pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceSettings> {
+    Ok(LicenceSettings {
+        api_check_interval: duration("apiCheckInterval", &spec.api_check_interval)?,
+        api_server_timeout: duration("apiServerTimeout", &spec.api_server_timeout)?,
+        max_api_error_threshold: spec.max_api_error_threshold.max(1) as u32,
+        peer_dial_timeout: duration("peerDialTimeout", &spec.peer_dial_timeout)?,
+        peer_request_timeout: duration("peerRequestTimeout", &spec.peer_request_timeout)?,
+    })
+}
+
+/// The agent flags a configuration implies (besides the node, its address and its watchdog,
+/// which come from where the agent runs).
+pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
+    vec![
+        format!("--host-port={}", spec.host_port),
+        format!("--software-reboot={}", spec.is_software_reboot_enabled),
+        format!("--api-check-interval={}", spec.api_check_interval),
+        format!("--api-server-timeout={}", spec.api_server_timeout),
+        format!("--max-api-error-threshold={}", spec.max_api_error_threshold),
+        format!("--peer-dial-timeout={}", spec.peer_dial_timeout),
+        format!("--peer-request-timeout={}", spec.peer_request_timeout),
+        format!("--peer-update-interval={}", spec.peer_update_interval),
+    ]
+}
+
+/// Problems the schema cannot see: combinations of fields.
+pub fn validate(spec: &SelfNodeRemediationConfigSpec) -> Result<Vec<String>> {
+    let settings = licence_settings(spec)?;
+    let mut warnings = Vec::new();
+    if settings.api_server_timeout > settings.api_check_interval {
+        warnings.push(format!(
+            "apiServerTimeout ({}) exceeds apiCheckInterval ({}): checks overlap; lower apiServerTimeout",
+            spec.api_server_timeout, spec.api_check_interval
+        ));
+    }
+    let view = duration("peerUpdateInterval", &spec.peer_update_interval)?;
+    if view < settings.licence() {
+        warnings.push(format!(
+            "peerUpdateInterval ({}) is shorter than the licence ({}s): an API outage longer than it fences every node; raise peerUpdateInterval",
+            spec.peer_update_interval,
+            settings.licence().as_secs_f64()
+        ));
+    }
+    Ok(warnings)
+}
+
+fn env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
+pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str) -> DaemonSet {
+    let labels = BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
+        ("app.kubernetes.io/component".to_owned(), NAME.to_owned()),
+    ]);
+    let mut args = vec!["agent".to_owned(), format!("--watchdog={}", spec.watchdog_file_path)];
+    args.extend(agent_flags(spec));
+    let mut tolerations = vec![Toleration {
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }];
+    tolerations.extend(spec.custom_ds_tolerations.clone().unwrap_or_default());
+    let affinity = spec
+        .custom_ds_node_selector_requirements
+        .clone()
+        .filter(|r| !r.is_empty())
+        .map(|requirements| Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(requirements),
+                        ..Default::default()
+                    }],
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    let state = Volume {
+        name: "state".into(),
+        host_path: Some(HostPathVolumeSource {
+            path: "/var/lib/nodemedic".into(),
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "agent".into(),
+        image: Some(image.into()),
+        args: Some(args),
+        env: Some(vec![
+            env("MY_NODE_NAME", "spec.nodeName"),
+            env("MY_POD_IP", "status.podIP"),
+            env("DEPLOYMENT_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("peers".into()),
+            container_port: spec.host_port,
+            host_port: Some(spec.host_port),
+            ..Default::default()
+        }]),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "state".into(),
+            mount_path: "/var/lib/nodemedic".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let mut ds = DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(SERVICE_ACCOUNT.into()),
+                    host_network: Some(true),
+                    priority_class_name: Some("system-node-critical".into()),
+                    tolerations: Some(tolerations),
+                    affinity,
+                    containers: vec![container],
+                    volumes: Some(vec![state]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let hash = serde_json::to_vec(&ds.spec)
+        .map(|b| hex::encode(&Sha256::digest(b)[..8]))
+        .unwrap_or_default();
+    ds.metadata.annotations = Some(BTreeMap::from([(CONFIG_HASH.to_owned(), hash)]));
+    ds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_change_changes_the_hash_and_the_flags() {
+        let spec = SelfNodeRemediationConfigSpec::default();
+        let a = render(&spec, "ns", "img");
+        let mut changed = spec.clone();
+        changed.custom_ds_tolerations = Some(vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }]);
+        let b = render(&changed, "ns", "img");
+        let hash = |d: &DaemonSet| {
+            d.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CONFIG_HASH))
+                .cloned()
+        };
+        assert_ne!(hash(&a), hash(&b));
+        assert!(agent_flags(&spec).contains(&"--api-check-interval=15s".to_owned()));
+    }
+
+    #[test]
+    fn a_short_view_bound_is_warned_about() {
+        let mut spec = SelfNodeRemediationConfigSpec::default();
+        assert!(validate(&spec).expect("valid").is_empty());
+        spec.peer_update_interval = "10s".parse().expect("duration");
+        assert!(
+            validate(&spec)
+                .expect("valid")
+                .iter()
+                .any(|w| w.contains("peerUpdateInterval"))
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! The manager's Prometheus metrics (medik8s SNR had none).
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub step: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub steps: Family<StepLabels, Counter>,
+    pub fenced_seconds: Histogram,
+    pub registered_agents: Gauge,
+    pub minimum_safe_seconds: Gauge,
+    pub certificates: Family<ResultLabels, Counter>,
+    pub errors: Family<ResultLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            steps: Family::default(),
+            fenced_seconds: Histogram::new([5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0]),
+            registered_agents: Gauge::default(),
+            minimum_safe_seconds: Gauge::default(),
+            certificates: Family::default(),
+            errors: Family::default(),
+        };
+        registry.register(
+            "nodemedic_self_remediation_steps",
+            "Steps the self-remediation manager took, by step",
+            m.steps.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_recovery_seconds",
+            "From a SelfNodeRemediation's creation to its workloads being released to other nodes",
+            m.fenced_seconds.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_registered_agents",
+            "Agents registered (the membership the licence protocol counts)",
+            m.registered_agents.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_minimum_safe_seconds",
+            "The provable minimum wait before workloads are recovered, for the slowest registered agent",
+            m.minimum_safe_seconds.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_certificates",
+            "Peer certificate requests settled, by result",
+            m.certificates.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_reconcile_errors",
+            "Failed reconciles, by error kind",
+            m.errors.clone(),
+        );
+        m
+    }
+
+    pub fn step(&self, step: &str) {
+        self.steps.get_or_create(&StepLabels { step: step.to_owned() }).inc();
+    }
+
+    pub fn csr(&self, signed: bool) {
+        let result = if signed { "signed" } else { "denied" };
+        self.certificates
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}

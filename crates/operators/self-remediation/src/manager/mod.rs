@@ -1,0 +1,114 @@
+//! The self-remediation manager (in `nodemedic controller`): the configuration, the agent
+//! DaemonSet, the peer-certificate signer, and the SelfNodeRemediation reconciler.
+
+mod config;
+pub mod daemonset;
+mod metrics;
+mod remediation;
+mod setup;
+pub mod signer;
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::StreamExt;
+use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease};
+use kube::{
+    Api, Client,
+    runtime::{Controller, reflector::ObjectRef, watcher},
+};
+use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig};
+use nodemedic_kube::events::Events;
+
+pub use metrics::Metrics;
+
+use crate::{Result, registration};
+
+/// Where the manager runs and what its agents run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub namespace: String,
+    pub agent_image: String,
+}
+
+/// Runs until the process ends.
+pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: Events) -> Result<()> {
+    let namespace = settings.namespace.clone();
+    let authority = Arc::new(setup::certificate_authority(&client, &namespace).await?);
+    setup::config(&client, &namespace).await?;
+    setup::templates(&client, &namespace).await?;
+    let out_of_service = client
+        .apiserver_version()
+        .await
+        .map(|v| v.minor.trim_end_matches('+').parse::<u32>().unwrap_or(0) >= 28 && v.major == "1")
+        .unwrap_or(true);
+    tracing::info!(%namespace, out_of_service, "self remediation ready");
+
+    let signer = tokio::spawn(signer::run(
+        client.clone(),
+        authority,
+        namespace.clone(),
+        metrics.clone(),
+        events.clone(),
+    ));
+    let registrations = watcher::Config::default().labels(&format!(
+        "{}={}",
+        registration::COMPONENT_LABEL,
+        registration::COMPONENT
+    ));
+
+    let config_ctx = Arc::new(config::Context {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        image: settings.agent_image.clone(),
+        events: events.clone(),
+        metrics: metrics.clone(),
+    });
+    let config_ns = namespace.clone();
+    let configs = Controller::new(
+        Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), &namespace),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<DaemonSet>::namespaced(client.clone(), &namespace),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<Lease>::namespaced(client.clone(), &namespace),
+        registrations.clone(),
+        move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns)),
+    )
+    .run(config::reconcile, config::error_policy, config_ctx)
+    .for_each(|_| async {});
+
+    let ctx = Arc::new(remediation::Context {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        events,
+        metrics,
+        out_of_service,
+        observed: std::sync::Mutex::new(HashMap::new()),
+    });
+    let controller = Controller::new(
+        Api::<SelfNodeRemediation>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let remediations = controller
+        .watches(
+            Api::<Lease>::namespaced(client.clone(), &namespace),
+            registrations,
+            move |_| {
+                // A registration's acceptances concern every ongoing remediation.
+                store
+                    .state()
+                    .iter()
+                    .map(|snr| ObjectRef::from_obj(snr.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .run(remediation::reconcile, remediation::error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::join!(configs, remediations);
+    signer.abort();
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! What one decision reads, gathered from the API.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Node, Pod},
+    storage::v1::VolumeAttachment,
+};
+use kube::{Api, ResourceExt, api::ListParams};
+use nodemedic_api::{
+    names::{annotations, finalizers, labels, taints as keys},
+    self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
+use nodemedic_kube::taints;
+
+use super::Context;
+use crate::{
+    Error, Result,
+    decide::{Applied, Facts, Phase},
+    manager::daemonset,
+    protocol::{Timing, manager as rules},
+    registration,
+};
+
+pub struct Observed {
+    pub facts: Facts,
+    pub node: String,
+    pub acceptance: rules::Acceptance,
+    pub safe_time: Duration,
+    pub adjusted_from: Option<Duration>,
+}
+
+pub fn node_of(snr: &SelfNodeRemediation) -> String {
+    snr.annotations()
+        .get(annotations::NODE_NAME)
+        .cloned()
+        .unwrap_or_else(|| snr.name_any())
+}
+
+async fn registrations(ctx: &Context) -> Result<Vec<rules::Registration>> {
+    let selector = format!("{}={}", registration::COMPONENT_LABEL, registration::COMPONENT);
+    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await?;
+    Ok(leases.items.iter().filter_map(registration::registration).collect())
+}
+
+pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observed> {
+    let node_name = node_of(snr);
+    let uid = snr.uid().ok_or(Error::Unnamed("SelfNodeRemediation"))?;
+    let config = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .get_opt(CONFIG_NAME)
+        .await?
+        .map(|c| c.spec)
+        .unwrap_or_default();
+    let settings = daemonset::licence_settings(&config)?;
+    let view = config
+        .peer_update_interval
+        .duration()
+        .unwrap_or(Duration::from_secs(900));
+    let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
+    let regs = registrations(ctx).await?;
+    let now = jiff::Timestamp::now();
+    let acceptance = rules::acceptance(&node_name, &uid, &regs, now, view);
+    let timing = regs
+        .iter()
+        .find(|r| r.node == node_name)
+        .map(|own| rules::timing(settings.licence(), own))
+        .unwrap_or(Timing {
+            licence: settings.licence(),
+            watchdog: Duration::from_secs(60),
+        });
+    let configured = config
+        .safe_time_to_assume_node_rebooted_seconds
+        .map(|s| Duration::from_secs(s.max(0) as u64));
+    let (safe_time, adjusted_from) = rules::safe_time(timing.safe_time(), configured);
+    let node_taints = node
+        .as_ref()
+        .and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let strategy = match snr.spec.remediation_strategy {
+        RemediationStrategy::ResourceDeletion => Applied::ResourceDeletion,
+        RemediationStrategy::OutOfServiceTaint => Applied::OutOfServiceTaint,
+        RemediationStrategy::Automatic if ctx.out_of_service => Applied::OutOfServiceTaint,
+        RemediationStrategy::Automatic => Applied::ResourceDeletion,
+    };
+    let phase = Phase::parse(snr.status.as_ref().and_then(|s| s.phase.as_deref()));
+    let (pods_left, attachments_left) = if phase >= Phase::RebootCompleted {
+        (
+            workload_pods(ctx, &node_name).await?.len(),
+            attachments(ctx, &node_name).await?.len(),
+        )
+    } else {
+        (0, 0)
+    };
+    let facts = Facts {
+        deleting: snr.metadata.deletion_timestamp.is_some(),
+        has_finalizer: snr.finalizers().iter().any(|f| f == finalizers::SNR),
+        timed_out: snr.annotations().contains_key(annotations::NHC_TIMED_OUT),
+        node_exists: node.is_some(),
+        excluded: node.as_ref().is_some_and(|n| {
+            n.labels()
+                .get(labels::EXCLUDE_FROM_REMEDIATION)
+                .is_some_and(|v| v == "true")
+        }),
+        phase,
+        cannot_fence: rules::cannot_fence(
+            &node_name,
+            &regs,
+            config.is_software_reboot_enabled,
+            config.min_peers_for_remediation.max(0) as usize,
+        ),
+        acceptance_met: acceptance.met,
+        accepted_for: ctx
+            .observed
+            .lock()
+            .map_err(|_| Error::Poisoned)?
+            .get(&uid)
+            .map(|t| t.elapsed()),
+        safe_time,
+        no_schedule_taint: taints::has(&node_taints, keys::SNR_KEY, "NoSchedule"),
+        out_of_service_taint: taints::has(&node_taints, keys::OUT_OF_SERVICE_KEY, "NoExecute"),
+        strategy,
+        pods_left,
+        attachments_left,
+    };
+    Ok(Observed {
+        facts,
+        node: node_name,
+        acceptance,
+        safe_time,
+        adjusted_from,
+    })
+}
+
+/// Pods bound to the node, except DaemonSet pods (their controller puts them straight back and
+/// they belong to the node, not to a workload that could run twice).
+pub async fn workload_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>> {
+    let pods = Api::<Pod>::all(ctx.client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| !p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
+        .collect())
+}
+
+pub async fn attachments(ctx: &Context, node: &str) -> Result<Vec<VolumeAttachment>> {
+    let all = Api::<VolumeAttachment>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(all.items.into_iter().filter(|va| va.spec.node_name == node).collect())
+}

@@ -1,0 +1,329 @@
+//! Performing one step: the only code that changes the cluster on a remediation's behalf.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    storage::v1::VolumeAttachment,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+    runtime::controller::Action,
+};
+use nodemedic_api::{
+    names::{conditions as types, finalizers, labels, taints as keys},
+    self_remediation::{RemediationStrategy, SelfNodeRemediation},
+};
+use nodemedic_kube::taints;
+use serde_json::json;
+
+use super::{
+    Context,
+    observe::{Observed, attachments, workload_pods},
+    status::{condition, finished, processing, set_status},
+};
+use crate::{
+    Error, Result,
+    decide::{Applied, Phase, Step},
+};
+
+pub async fn perform(
+    step: &Step,
+    snr: &SelfNodeRemediation,
+    seen: &Observed,
+    api: &Api<SelfNodeRemediation>,
+    ctx: &Context,
+) -> Result<Option<Action>> {
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    let node = seen.node.as_str();
+    let on = nodemedic_kube::events::reference(snr);
+    let events = &ctx.events;
+    match step {
+        Step::RemoveOutOfServiceTaint => {
+            taints::remove(&nodes, node, keys::OUT_OF_SERVICE_KEY, "NoExecute").await?;
+            events
+                .normal(
+                    &on,
+                    "RemoveOutOfService",
+                    format!("removed the out-of-service taint from {node}"),
+                )
+                .await;
+        }
+        Step::RemoveNoScheduleTaint => {
+            taints::remove(&nodes, node, keys::SNR_KEY, "NoSchedule").await?;
+            events
+                .normal(
+                    &on,
+                    "RemoveNoScheduleTaint",
+                    format!("removed the {} taint from {node}", keys::SNR_KEY),
+                )
+                .await;
+        }
+        Step::RemoveFinalizer => {
+            let kept: Vec<String> = snr
+                .finalizers()
+                .iter()
+                .filter(|f| *f != finalizers::SNR)
+                .cloned()
+                .collect();
+            let patch = json!({"metadata": {"finalizers": kept, "resourceVersion": snr.resource_version()}});
+            api.patch(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            ctx.observed
+                .lock()
+                .map_err(|_| Error::Poisoned)?
+                .remove(&snr.uid().unwrap_or_default());
+            events
+                .normal(
+                    &on,
+                    "RemediationFinished",
+                    format!("node {node} is healthy again; remediation finished"),
+                )
+                .await;
+            return Ok(Some(Action::await_change()));
+        }
+        Step::Idle => return Ok(Some(Action::await_change())),
+        Step::Stop => {
+            let why = "the health check timed this remediation out; nodemedic stops and recovers nothing";
+            if set_status(api, snr, |s, now| {
+                finished(s, now, false, "RemediationTimeoutByNHC", why)
+            })
+            .await?
+            {
+                events.normal(&on, "RemediationStopped", why).await;
+            }
+            return Ok(Some(Action::await_change()));
+        }
+        Step::NodeNotFound => {
+            let why = format!("node {node} does not exist");
+            if set_status(api, snr, |s, now| {
+                finished(s, now, false, "RemediationSkippedNodeNotFound", &why)
+            })
+            .await?
+            {
+                events.warning(&on, "RemediationCannotStart", why).await;
+            }
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+        Step::Excluded => {
+            events
+                .normal(
+                    &on,
+                    "RemediationSkipped",
+                    format!("node {node} is labelled {}=true", labels::EXCLUDE_FROM_REMEDIATION),
+                )
+                .await;
+            return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+        Step::CannotFence(why) => {
+            let changed = set_status(api, snr, |s, now| {
+                let a = finished(s, now, false, "FencingNotSafe", why);
+                let b = condition(s, now, types::FENCING_SAFE, false, "NoWorkingAgent", why.clone());
+                a | b
+            })
+            .await?;
+            if changed {
+                events
+                    .warning(
+                        &on,
+                        "RemediationCannotStart",
+                        format!("{why}: reporting Succeeded=False so an escalating health check moves on"),
+                    )
+                    .await;
+            }
+            return Ok(Some(Action::requeue(Duration::from_secs(10))));
+        }
+        Step::AddFinalizer => {
+            let mut all = snr.finalizers().to_vec();
+            all.push(finalizers::SNR.to_owned());
+            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": snr.resource_version()}});
+            api.patch(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            events.normal(&on, "AddFinalizer", "added the finalizer").await;
+        }
+        Step::AddNoScheduleTaint => {
+            taints::add(&nodes, node, &taints::taint(keys::SNR_KEY, None, "NoSchedule")).await?;
+            events
+                .normal(
+                    &on,
+                    "AddNoScheduleTaint",
+                    format!("tainted {node} {}:NoSchedule", keys::SNR_KEY),
+                )
+                .await;
+        }
+        Step::Start => {
+            let safe = seen.safe_time;
+            let adjusted = seen.adjusted_from;
+            let applied = match seen.facts.strategy {
+                Applied::OutOfServiceTaint => RemediationStrategy::OutOfServiceTaint,
+                Applied::ResourceDeletion => RemediationStrategy::ResourceDeletion,
+            };
+            set_status(api, snr, |s, now| {
+                s.phase = Phase::FencingStarted.as_str().map(str::to_owned);
+                s.applied_strategy = Some(applied);
+                let why = format!("node {node}'s agent fences it; its workloads are released once a majority of the other agents refuse it a licence and {}s have passed", safe.as_secs());
+                processing(s, now, &why);
+                condition(s, now, types::FENCING_SAFE, true, "AgentRegistered", format!("node {node} has a registered agent with a working watchdog"));
+                let (reason, message) = match adjusted {
+                    Some(configured) => ("BelowProvableMinimum", format!("safeTimeToAssumeNodeRebootedSeconds {}s is below the provable minimum; using {}s", configured.as_secs(), safe.as_secs())),
+                    None => ("ProvableMinimum", format!("using {}s", safe.as_secs())),
+                };
+                condition(s, now, types::SAFE_TIME_ADJUSTED, adjusted.is_some(), reason, message);
+                true
+            })
+            .await?;
+            events
+                .normal(
+                    &on,
+                    "RemediationStarted",
+                    format!("remediating node {node} ({applied:?})"),
+                )
+                .await;
+            if let Some(configured) = adjusted {
+                events
+                    .warning(
+                        &on,
+                        "SafeTimeAdjusted",
+                        format!(
+                            "configured {}s is below the provable minimum {}s; using the minimum",
+                            configured.as_secs(),
+                            safe.as_secs()
+                        ),
+                    )
+                    .await;
+            }
+        }
+        Step::AwaitAcceptance => {
+            let by = seen.acceptance.by.clone();
+            set_status(api, snr, |s, _| {
+                let changed = s.accepted_by.as_ref() != Some(&by);
+                s.accepted_by = Some(by.clone());
+                changed
+            })
+            .await?;
+            return Ok(Some(Action::requeue(Duration::from_secs(2))));
+        }
+        Step::ObserveAcceptance => {
+            ctx.observed
+                .lock()
+                .map_err(|_| Error::Poisoned)?
+                .insert(snr.uid().unwrap_or_default(), Instant::now());
+            let by = seen.acceptance.by.clone();
+            let assumed = nodemedic_kube::time::add(&nodemedic_kube::time::now(), seen.safe_time);
+            let restarted = seen.facts.phase == Phase::PreRebootCompleted;
+            set_status(api, snr, |s, _| {
+                s.phase = Phase::PreRebootCompleted.as_str().map(str::to_owned);
+                s.accepted_by = Some(by.clone());
+                s.time_assumed_rebooted = Some(assumed.clone());
+                true
+            })
+            .await?;
+            let note = format!(
+                "{} of the other agents refuse {node} a licence ({}); its workloads are released at {} unless this changes",
+                by.len(),
+                by.join(", "),
+                assumed.0
+            );
+            events
+                .normal(
+                    &on,
+                    if restarted {
+                        "SafeTimeRestarted"
+                    } else {
+                        "UpdateTimeAssumedRebooted"
+                    },
+                    note,
+                )
+                .await;
+        }
+        Step::Wait(remaining) => return Ok(Some(Action::requeue(*remaining + Duration::from_millis(100)))),
+        Step::MarkRebooted => {
+            set_status(api, snr, |s, _| {
+                s.phase = Phase::RebootCompleted.as_str().map(str::to_owned);
+                true
+            })
+            .await?;
+            events
+                .normal(&on, "NodeFenced", format!("node {node} is proven fenced"))
+                .await;
+        }
+        Step::AddOutOfServiceTaint => {
+            let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
+            taints::add(&nodes, node, &taint).await?;
+            events
+                .normal(&on, "AddOutOfService", format!("tainted {node} out-of-service"))
+                .await;
+        }
+        Step::DeletePods => {
+            let pods = workload_pods(ctx, node).await?;
+            let force = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            };
+            for pod in &pods {
+                let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
+                delete_if_present(&api, &pod.name_any(), &force).await?;
+            }
+            events
+                .normal(
+                    &on,
+                    "DeleteResources",
+                    format!("force-deleted {} pods of fenced node {node}", pods.len()),
+                )
+                .await;
+        }
+        Step::DeleteAttachments => {
+            let api = Api::<VolumeAttachment>::all(ctx.client.clone());
+            let vas = attachments(ctx, node).await?;
+            for va in &vas {
+                delete_if_present(&api, &va.name_any(), &DeleteParams::default()).await?;
+            }
+            events
+                .normal(
+                    &on,
+                    "DeleteResources",
+                    format!("deleted {} volume attachments of fenced node {node}", vas.len()),
+                )
+                .await;
+        }
+        Step::MarkCompleted => {
+            set_status(api, snr, |s, now| {
+                s.phase = Phase::FencingCompleted.as_str().map(str::to_owned);
+                finished(
+                    s,
+                    now,
+                    true,
+                    "RemediationFinishedSuccessfully",
+                    &format!("node {node} is fenced and its workloads were released"),
+                );
+                true
+            })
+            .await?;
+            if let Some(created) = snr.creation_timestamp() {
+                ctx.metrics
+                    .fenced_seconds
+                    .observe(nodemedic_kube::time::since(&created.0, &jiff::Timestamp::now()).as_secs_f64());
+            }
+            events
+                .normal(
+                    &on,
+                    "RemediationFinished",
+                    format!("node {node} is fenced and its workloads may run elsewhere"),
+                )
+                .await;
+        }
+    }
+    Ok(None)
+}
+
+async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,103 @@
+//! Status edits: medik8s's Processing/Succeeded pair and nodemedic's own conditions.
+
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use nodemedic_api::{
+    names::conditions as types,
+    self_remediation::{SelfNodeRemediation, SelfNodeRemediationStatus},
+};
+use nodemedic_kube::conditions;
+use serde_json::json;
+
+use crate::Result;
+
+pub fn condition(
+    s: &mut SelfNodeRemediationStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+) -> bool {
+    let list = s.conditions.get_or_insert_with(Vec::new);
+    conditions::set(
+        list,
+        conditions::Desired {
+            type_,
+            status,
+            reason,
+            message,
+        },
+        None,
+        now,
+    )
+}
+
+pub fn processing(
+    s: &mut SelfNodeRemediationStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    why: &str,
+) -> bool {
+    let list = s.conditions.get_or_insert_with(Vec::new);
+    let a = conditions::set_status(
+        list,
+        types::PROCESSING,
+        "True",
+        "RemediationStarted",
+        why.to_owned(),
+        None,
+        now,
+    );
+    let b = conditions::set_status(
+        list,
+        types::SUCCEEDED,
+        "Unknown",
+        "RemediationStarted",
+        why.to_owned(),
+        None,
+        now,
+    );
+    a | b
+}
+
+pub fn finished(
+    s: &mut SelfNodeRemediationStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    ok: bool,
+    reason: &str,
+    why: &str,
+) -> bool {
+    let list = s.conditions.get_or_insert_with(Vec::new);
+    let a = conditions::set_status(list, types::PROCESSING, "False", reason, why.to_owned(), None, now);
+    let b = conditions::set_status(
+        list,
+        types::SUCCEEDED,
+        conditions::status_str(ok),
+        reason,
+        why.to_owned(),
+        None,
+        now,
+    );
+    let error = (!ok).then(|| why.to_owned());
+    let c = s.last_error != error;
+    s.last_error = error;
+    a | b | c
+}
+
+/// Edits the status; writes it only when `edit` reports a change. Returns whether it wrote.
+pub async fn set_status(
+    api: &Api<SelfNodeRemediation>,
+    snr: &SelfNodeRemediation,
+    edit: impl FnOnce(&mut SelfNodeRemediationStatus, &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> bool,
+) -> Result<bool> {
+    let mut status = snr.status.clone().unwrap_or_default();
+    if !edit(&mut status, &nodemedic_kube::time::now()) {
+        return Ok(false);
+    }
+    let patch = json!({"metadata": {"resourceVersion": snr.resource_version()}, "status": status});
+    api.patch_status(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(true)
+}

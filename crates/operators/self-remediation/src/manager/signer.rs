@@ -1,0 +1,216 @@
+//! nodemedic's certificate signer (`nodemedic.medik8s.io/peer`): approves and signs a
+//! CertificateSigningRequest only when the requester is the very node the certificate would name.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::{
+    ByteString,
+    api::{certificates::v1::CertificateSigningRequest, core::v1::Node},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use nodemedic_kube::{events::Events, pki::Authority};
+use serde_json::json;
+use x509_parser::prelude::FromDer;
+
+use crate::{
+    identity::{SIGNER_NAME, pem_der},
+    manager::{Metrics, daemonset::SERVICE_ACCOUNT},
+};
+
+const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+const VALID_DAYS: i64 = 365;
+
+/// The node a request's author speaks for: a node identity (`system:node:<n>`), or the agent's
+/// service account with a token bound to a pod on node `n`.
+pub fn requester_node(csr: &CertificateSigningRequest, namespace: &str) -> Option<String> {
+    let user = csr.spec.username.as_deref()?;
+    if let Some(node) = user.strip_prefix("system:node:") {
+        return Some(node.to_owned());
+    }
+    if user == format!("system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}") {
+        let nodes = csr.spec.extra.as_ref()?.get(NODE_NAME_EXTRA)?;
+        return match nodes.as_slice() {
+            [node] => Some(node.clone()),
+            _ => None,
+        };
+    }
+    None
+}
+
+/// The names a PEM certificate request asks for: its common name and DNS names.
+pub fn requested_names(request_pem: &[u8]) -> Option<(String, Vec<String>)> {
+    use x509_parser::{
+        certification_request::X509CertificationRequest,
+        extensions::{GeneralName, ParsedExtension},
+    };
+    let der = pem_der(std::str::from_utf8(request_pem).ok()?)?;
+    let (_, request) = X509CertificationRequest::from_der(&der).ok()?;
+    let info = &request.certification_request_info;
+    let cn = info.subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    let mut dns = Vec::new();
+    for extension in request.requested_extensions().into_iter().flatten() {
+        if let ParsedExtension::SubjectAlternativeName(san) = extension {
+            dns.extend(san.general_names.iter().filter_map(|n| {
+                if let GeneralName::DNSName(d) = n {
+                    Some((*d).to_owned())
+                } else {
+                    None
+                }
+            }));
+        }
+    }
+    Some((cn, dns))
+}
+
+/// Whether to sign: `Ok(node)`, or why not.
+pub fn verdict(csr: &CertificateSigningRequest, namespace: &str) -> Result<String, String> {
+    let node = requester_node(csr, namespace).ok_or_else(|| {
+        format!(
+            "requested by {:?}, which is neither a node (system:node:<name>) nor the agent service account {namespace}/{SERVICE_ACCOUNT} with a node-bound token",
+            csr.spec.username
+        )
+    })?;
+    let (cn, dns) = requested_names(&csr.spec.request.0).ok_or("the request is not a PEM certificate request")?;
+    if cn != node || dns.iter().any(|d| *d != node) {
+        return Err(format!(
+            "node {node} asked for a certificate naming {cn} {dns:?}; it may only name itself"
+        ));
+    }
+    Ok(node)
+}
+
+fn settled(csr: &CertificateSigningRequest) -> (bool, bool) {
+    let status = csr.status.clone().unwrap_or_default();
+    let conditions = status.conditions.unwrap_or_default();
+    let approved = conditions.iter().any(|c| c.type_ == "Approved" && c.status == "True");
+    let refused = conditions
+        .iter()
+        .any(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True");
+    (approved, refused || status.certificate.is_some())
+}
+
+async fn handle(
+    client: &Client,
+    authority: &Authority,
+    namespace: &str,
+    csr: &CertificateSigningRequest,
+    metrics: &Metrics,
+    events: &Events,
+) -> crate::Result<()> {
+    if csr.spec.signer_name != SIGNER_NAME {
+        return Ok(());
+    }
+    let (approved, done) = settled(csr);
+    if done {
+        return Ok(());
+    }
+    let api = Api::<CertificateSigningRequest>::all(client.clone());
+    let name = csr.name_any();
+    let now = nodemedic_kube::time::now();
+    let checked = match verdict(csr, namespace) {
+        Ok(node) if Api::<Node>::all(client.clone()).get_opt(&node).await?.is_none() => {
+            Err(format!("node {node} does not exist"))
+        }
+        other => other,
+    };
+    let node = match checked {
+        Ok(node) => node,
+        Err(why) => {
+            tracing::warn!(csr = %name, %why, "denying a peer certificate request");
+            let denial = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "reason": "NotTheRequestingNode", "message": why, "lastUpdateTime": now}]}});
+            api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&denial))
+                .await?;
+            metrics.csr(false);
+            events
+                .warning(&nodemedic_kube::events::reference(csr), "CertificateDenied", why)
+                .await;
+            return Ok(());
+        }
+    };
+    if !approved {
+        let approval = json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "NodeVerified", "message": format!("requested by node {node} for itself"), "lastUpdateTime": now}]}});
+        api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&approval))
+            .await?;
+    }
+    let request = String::from_utf8_lossy(&csr.spec.request.0).into_owned();
+    let cert = authority
+        .sign_request(&request, &node, VALID_DAYS)
+        .map_err(|e| crate::Error::Certificate(e.to_string()))?;
+    let status = json!({"status": {"certificate": ByteString(cert.into_bytes())}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    metrics.csr(true);
+    tracing::info!(csr = %name, %node, "signed a peer certificate");
+    Ok(())
+}
+
+/// Signs requests as they come, until the process ends.
+pub async fn run(client: Client, authority: Arc<Authority>, namespace: String, metrics: Metrics, events: Events) {
+    let api = Api::<CertificateSigningRequest>::all(client.clone());
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(csr) => {
+                if let Err(error) = handle(&client, &authority, &namespace, &csr, &metrics, &events).await {
+                    tracing::warn!(%error, csr = %csr.name_any(), "could not settle a certificate request; retrying on its next change");
+                }
+            }
+            Err(error) => tracing::debug!(%error, "certificate request watch error; retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec;
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+
+    fn request(cn: &str, dns: &str, user: &str) -> CertificateSigningRequest {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.subject_alt_names = vec![SanType::DnsName(dns.try_into().expect("dns"))];
+        let pem = params.serialize_request(&key).and_then(|r| r.pem()).expect("csr");
+        CertificateSigningRequest {
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(pem.into_bytes()),
+                signer_name: SIGNER_NAME.into(),
+                username: Some(user.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_may_only_certify_itself() {
+        assert_eq!(
+            verdict(&request("node-1", "node-1", "system:node:node-1"), "ns"),
+            Ok("node-1".into())
+        );
+        assert!(
+            verdict(&request("node-2", "node-2", "system:node:node-1"), "ns")
+                .is_err_and(|e| e.contains("may only name itself"))
+        );
+        assert!(verdict(&request("node-1", "node-2", "system:node:node-1"), "ns").is_err());
+        assert!(verdict(&request("node-1", "node-1", "alice"), "ns").is_err_and(|e| e.contains("neither a node")));
+    }
+
+    #[test]
+    fn the_agent_service_account_speaks_for_the_node_its_token_is_bound_to() {
+        let mut csr = request("node-3", "node-3", "system:serviceaccount:ns:nodemedic-agent");
+        assert!(verdict(&csr, "ns").is_err(), "no node-bound token");
+        csr.spec.extra = Some([(NODE_NAME_EXTRA.to_owned(), vec!["node-3".to_owned()])].into());
+        assert_eq!(verdict(&csr, "ns"), Ok("node-3".into()));
+        assert!(verdict(&csr, "other").is_err(), "another namespace's account");
+    }
+}
