@@ -111,7 +111,7 @@ mod tests {
         };
         assert_eq!(
             t.safe_time().as_secs(),
-            197,
+            196,
             "(72 + 120) x 1.0202 + 1: {:?}",
             t.safe_time()
         );
