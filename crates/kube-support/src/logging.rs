@@ -5,7 +5,12 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`); JSON when `json` is set, for log
 /// pipelines. Safe to call twice (the second call does nothing).
 pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube_lease_manager=warn"));
+    init_with_default(json, "info,kube_lease_manager=warn");
+}
+
+/// Like [`init`], with `default` as the filter when `RUST_LOG` is unset.
+pub fn init_with_default(json: bool, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let registry = tracing_subscriber::registry().with(filter);
     let result = if json {
         registry

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod controller_cmd;
+mod demo_cmd;
 mod lab_cmd;
 
 #[derive(Parser)]
@@ -31,6 +32,8 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
+    /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
+    Demo,
     /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
     Lab {
         #[command(subcommand)]
@@ -46,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => agent(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
+        Command::Demo => demo_cmd::run(),
     }
 }
 

@@ -468,6 +468,18 @@ spec:
   names: {kind: PoisonPillRemediation, plural: poisonpillremediations}
   scope: Namespaced
   versions: [{name: v1alpha1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]
+---
+# What a third-party remediator ships so the health check may use its kinds (aggregated into
+# nodemedic-ext-remediation).
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: poison-pill-ext-remediation
+  labels: {rbac.ext-remediation/aggregate-to-ext-remediation: "true"}
+rules:
+- apiGroups: [medik8s.io]
+  resources: [poisonpillremediationtemplates, poisonpillremediations]
+  verbs: [get, list, watch, create, update, patch, delete]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,89 +4,19 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
-use nodemedic_api::self_remediation::{SelfNodeRemediation, SelfNodeRemediationConfig, phases};
-use nodemedic_lab::{Event, Lab, LabConfig, ProcessSpec, wait, workloads::STATEFULSET};
+use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
+use nodemedic_lab::{Event, Lab, LabConfig, wait};
 use serde_json::json;
 
-use crate::support::{NS, apply_seed, event_with, eventually, lab, list, start_controller};
+use crate::support::{NS, apply_seed, event_with, eventually, lab, list, scenario, start_controller};
+use scenario::node_of;
 
 const LONG: Duration = Duration::from_secs(120);
-
-/// The fast configuration every test here states: `L` = 2 × (1 s + 0.5 s) + 0.5 s + 0.5 s = 4 s;
-/// with the lab's 5 s watchdog, `T_safe` = (4 + 10) × 1.0202 + 1 ≈ 15.3 s. Registrations count as
-/// acceptors once older than `peerUpdateInterval` (30 s).
-const FAST_CONFIG: &str = r#"{"spec": {
-    "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
-    "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
-    "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
-const VIEW: Duration = Duration::from_secs(30);
-
-/// The seed config with the fast timings applied, as the manager reads it.
-async fn configure(lab: &Lab) -> SelfNodeRemediationConfig {
-    apply_seed(lab, "004-snr-config.yaml", |m| {
-        let fast: serde_json::Value = serde_json::from_str(FAST_CONFIG).expect("json");
-        json_patch::merge(m, &fast);
-    });
-    Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
-        .get("self-node-remediation-config")
-        .await
-        .expect("config")
-}
-
-/// Starts an agent in every node, each with its own node identity and lab watchdog.
-fn start_agents(lab: &Lab, config: &SelfNodeRemediationConfig) {
-    lab.apply_yaml(include_str!("../../../../deploy/rbac/agent.yaml"))
-        .expect("agent RBAC");
-    for node in lab.nodes() {
-        let kubeconfig = lab
-            .kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])
-            .expect("agent identity");
-        let ip = lab.node_ip(&node).expect("node ip");
-        let mut args = vec![
-            "agent".to_owned(),
-            format!("--node={node}"),
-            format!("--namespace={NS}"),
-            format!("--address={ip}"),
-            format!("--watchdog=lab:{}", lab.watchdog_path(&node).display()),
-            format!(
-                "--state-dir={}",
-                lab.dir().join("nodes").join(format!("{node}-agent")).display()
-            ),
-        ];
-        args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
-            &config.spec,
-        ));
-        let spec = ProcessSpec::new(env!("CARGO_BIN_EXE_nodemedic"), args)
-            .env("KUBECONFIG", kubeconfig.display().to_string())
-            .env("RUST_LOG", "info,kube=warn");
-        lab.add_node_process(&node, "agent", spec).expect("agent starts");
-    }
-}
-
-/// Waits until every agent is registered and its registration counts as an acceptor.
-async fn agents_settled(lab: &Lab) {
-    let client = lab.client();
-    let count = lab.nodes().len() as i32;
-    eventually("every agent registered", LONG, || async {
-        let config = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS)
-            .get("self-node-remediation-config")
-            .await
-            .ok()?;
-        (config.status?.registered_agents == Some(count)).then_some(())
-    })
-    .await;
-    let registered_at = jiff::Timestamp::now();
-    eventually("registrations older than the view bound", VIEW + LONG, || async {
-        (jiff::Timestamp::now().duration_since(registered_at) >= jiff::SignedDuration::try_from(VIEW).ok()?)
-            .then_some(())
-    })
-    .await;
-}
 
 /// A lab with nodemedic (controller + agents), the StatefulSet running and the seed health check
 /// watching (every node when the lab's nodes lack the seed's role labels); returns the pod's node.
@@ -97,24 +27,13 @@ async fn cluster(config: LabConfig) -> (Lab, String) {
         .any(|n| !n.labels.contains_key("node-role.kubernetes.io/master"));
     let lab = lab(config).await;
     let client = lab.client();
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some("vm".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace");
-    let config = configure(&lab).await;
+    let config = scenario::configure(&lab).await.expect("config");
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     start_controller(&lab, "controller", &[]);
-    start_agents(&lab, &config);
-    lab.apply_yaml(STATEFULSET).expect("statefulset");
+    scenario::start_agents(&lab, std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), &config).expect("agents");
+    scenario::deploy_workload(&lab).await.expect("workload");
     let node = node_of(&running_pod(&client, &[]).await);
-    agents_settled(&lab).await;
+    scenario::agents_settled(&lab).await.expect("agents settled");
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |m| {
         if every_node {
             m["spec"]["selector"] =
@@ -125,25 +44,9 @@ async fn cluster(config: LabConfig) -> (Lab, String) {
 }
 
 async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
-    eventually(
-        &format!("db-0 Running, not on {not_on:?}"),
-        Duration::from_secs(180),
-        || async {
-            let pod = Api::<Pod>::namespaced(client.clone(), "vm")
-                .get_opt("db-0")
-                .await
-                .ok()??;
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && pod.metadata.deletion_timestamp.is_none();
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone())?;
-            (running && !not_on.contains(&node.as_str())).then_some(pod)
-        },
-    )
-    .await
-}
-
-fn node_of(pod: &Pod) -> String {
-    pod.spec.as_ref().and_then(|s| s.node_name.clone()).expect("scheduled")
+    scenario::running_pod(client, not_on, Duration::from_secs(180))
+        .await
+        .expect("db-0 Running")
 }
 
 async fn snr(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
@@ -409,7 +312,7 @@ async fn manager_and_agent_restarts_mid_remediation_duplicate_nothing_and_lose_n
 async fn a_node_without_an_agent_cannot_be_self_remediated_and_says_so() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
-    configure(&lab).await;
+    scenario::configure(&lab).await.expect("config");
     start_controller(&lab, "controller", &[]);
     let remediation = json!({
         "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",

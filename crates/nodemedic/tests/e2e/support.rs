@@ -7,15 +7,11 @@ use std::{
     time::Duration,
 };
 
-use kube::{
-    Api, Client,
-    api::{ListParams, ObjectMeta, PostParams},
-};
-use nodemedic_lab::{Lab, LabConfig, ProcessSpec, seeds, wait};
+use kube::{Api, Client, api::ListParams};
+use nodemedic_lab::{Lab, LabConfig, wait};
 use serde::de::DeserializeOwned;
 
-/// The namespace nodemedic runs in (the seed documents' own, rewritten into).
-pub const NS: &str = "workload-availability";
+pub use nodemedic::scenario::{self, NS};
 
 pub fn logs() {
     static INIT: Once = Once::new();
@@ -38,26 +34,14 @@ pub async fn lab(config: LabConfig) -> Lab {
 }
 
 pub async fn create_namespace(client: &Client, name: &str) {
-    let ns = k8s_openapi::api::core::v1::Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match Api::all(client.clone()).create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("creating namespace {name}: {e}"),
-    }
+    scenario::create_namespace(client, name)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
 }
 
 /// Applies a seed manifest with its namespaces rewritten to [`NS`], after `edit`.
 pub fn apply_seed(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut manifest = seeds::in_namespace(seeds::load(file).expect("seed manifest"), NS);
-    edit(&mut manifest);
-    lab.apply_yaml(&seeds::yaml(&manifest))
-        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    scenario::apply_seed(lab, file, edit).unwrap_or_else(|e| panic!("{file}: {e}"));
 }
 
 pub fn free_port() -> u16 {
@@ -67,23 +51,19 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// Starts `nodemedic controller` on the host as lab process `name`; returns its metrics port.
+/// Starts `nodemedic controller` on the host as lab process `name` (see
+/// [`scenario::start_controller`]); returns its metrics port.
 pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
     let port = free_port();
-    let mut args = vec![
-        "controller".to_owned(),
-        "--metrics-bind".into(),
-        format!("127.0.0.1:{port}"),
-        "--identity".into(),
-        name.into(),
-        "--namespace".into(),
-        NS.into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let spec = ProcessSpec::new(env!("CARGO_BIN_EXE_nodemedic"), args)
-        .env("KUBECONFIG", lab.kubeconfig().display().to_string())
-        .env("RUST_LOG", "info,nodemedic_healthcheck=debug,kube=warn");
-    lab.add_host_process(name, spec).expect("controller starts");
+    scenario::start_controller(
+        lab,
+        std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")),
+        name,
+        port,
+        extra,
+        "info,nodemedic_healthcheck=debug,kube=warn",
+    )
+    .expect("controller starts");
     port
 }
 
