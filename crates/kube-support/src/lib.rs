@@ -12,5 +12,6 @@ pub mod node_lease;
 pub mod pki;
 pub mod taints;
 pub mod time;
+pub mod workloads;
 
 pub use client::{Error, Result};

@@ -32,13 +32,21 @@ impl Inner {
         Ok(after)
     }
 
-    /// Kills every process of the node, as pulling its power would.
+    /// Kills every process of the node, as pulling its power would. All under the process
+    /// lock, so a boot under way sees the new epoch and stays off, and no boot can start a
+    /// process or mark the node powered between the kill and the condition.
     pub fn power_off(&self, node: &str, cause: &str) -> Result<()> {
         self.index(node)?;
-        if let Ok(mut procs) = self.resources.processes.lock() {
-            for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
-                p.kill();
-            }
+        let mut procs = self
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        let power = procs.power.entry(node.to_owned()).or_default();
+        power.epoch += 1;
+        power.booting = None;
+        for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
+            p.kill();
         }
         // Anything else that runs in the namespace dies with the machine too.
         for pid in self.resources.net.pids(node) {
@@ -57,24 +65,42 @@ impl Inner {
         Ok(())
     }
 
-    /// Boots the node: after the boot delay, starts its processes again.
+    /// Boots the node: after the boot delay, starts its processes again. A second power-on
+    /// while a boot is under way does nothing (that boot starts them); a power-off during the
+    /// boot delay cancels it.
     pub async fn power_on(&self, node: &str, cause: &str) -> Result<()> {
         self.index(node)?;
-        tokio::time::sleep(self.config.timings.boot_delay).await;
-        {
+        let epoch = {
             let mut procs = self
                 .resources
                 .processes
                 .lock()
                 .map_err(|_| Error::Invalid("process table poisoned".into()))?;
-            if procs.closed {
+            let power = procs.power.entry(node.to_owned()).or_default();
+            if power.booting == Some(power.epoch) {
                 return Ok(());
             }
-            crate::lab::record_boot(&self.resources.dir, node)?;
-            for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
-                p.reap();
-                p.start()?;
-            }
+            power.booting = Some(power.epoch);
+            power.epoch
+        };
+        tokio::time::sleep(self.config.timings.boot_delay).await;
+        let mut procs = self
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        let power = procs.power.entry(node.to_owned()).or_default();
+        if power.epoch != epoch {
+            return Ok(());
+        }
+        power.booting = None;
+        if procs.closed {
+            return Ok(());
+        }
+        crate::lab::record_boot(&self.resources.dir, node)?;
+        for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
+            p.reap();
+            p.start()?;
         }
         self.timeline.record(Event::Power {
             node: node.to_owned(),
@@ -110,7 +136,8 @@ impl Lab {
         self.inner.power_off(node, "power-off")
     }
 
-    /// Starts the node's processes again after the boot delay (returns once they run).
+    /// Starts the node's processes again after the boot delay (returns once they run, or at
+    /// once when a boot is already under way).
     pub async fn power_on(&self, node: &str) -> Result<()> {
         self.inner.power_on(node, "power-on").await
     }

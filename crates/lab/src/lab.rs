@@ -44,7 +44,7 @@ use crate::{
 /// path printed).
 pub struct Lab {
     pub(crate) inner: Arc<Inner>,
-    tasks: Vec<JoinHandle<()>>,
+    pub(crate) tasks: Vec<JoinHandle<()>>,
     _lock: LabLock,
 }
 
@@ -82,6 +82,16 @@ pub(crate) struct Processes {
     /// Start order, so teardown can go in reverse.
     pub order: Vec<String>,
     pub closed: bool,
+    /// Each node's power epochs, kept under this lock with the processes they start and kill.
+    pub power: BTreeMap<String, PowerEpoch>,
+}
+
+/// A power-off starts a new epoch; a boot started in an older one must not start anything.
+#[derive(Default)]
+pub(crate) struct PowerEpoch {
+    pub epoch: u64,
+    /// The epoch a boot is under way in, if any.
+    pub booting: Option<u64>,
 }
 
 impl Resources {
@@ -156,6 +166,9 @@ async fn client_from(path: &Path) -> Result<Client> {
 impl Lab {
     pub async fn start(config: LabConfig) -> Result<Self> {
         let bins = preflight()?;
+        if config.bmcs.is_some() {
+            crate::bmc::preflight()?;
+        }
         let lock = LabLock::acquire().await?;
         lock::sweep();
 
@@ -293,15 +306,17 @@ impl Lab {
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
         tasks.push(inner.watchdogs.expiries(expired_tx));
         tasks.push(tokio::spawn(power_cycle_on_expiry(inner.clone(), expired_rx)));
-        let lab = Self {
+        let mut lab = Self {
             inner,
             tasks,
             _lock: lock,
         };
+        lab.start_bmcs()?;
 
         for node in &node_names {
             lab.wait_ready_status(node, "True", Duration::from_secs(60)).await?;
         }
+        lab.wait_bmcs().await?;
         // kube-controller-manager is working once it has created the default ServiceAccount.
         let sa = Api::<ServiceAccount>::namespaced(client, "default");
         wait::until(

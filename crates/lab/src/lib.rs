@@ -11,6 +11,7 @@
 //! ```
 
 mod binaries;
+mod bmc;
 mod cmd;
 mod control_plane;
 mod error;
@@ -33,6 +34,7 @@ pub mod workloads;
 use std::time::Duration;
 
 pub use binaries::{build_dir, version};
+pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use error::{Error, Result};
 pub use lab::{Lab, preflight};
 pub use nodes::NodeSpec;
@@ -90,6 +92,9 @@ pub struct LabConfig {
     pub persistent_volumes: usize,
     /// Run the lab's attacher, mount gate and volume reporting.
     pub storage: bool,
+    /// A Redfish and an IPMI BMC per node on the management bridge, whose power off and on
+    /// are the node's (see [`Lab::bmc`]).
+    pub bmcs: Option<BmcOptions>,
 }
 
 impl LabConfig {
@@ -99,6 +104,7 @@ impl LabConfig {
             timings: Timings::fast(),
             persistent_volumes: 8,
             storage: true,
+            bmcs: None,
         }
     }
 
@@ -118,6 +124,11 @@ impl LabConfig {
 
     pub fn with_timings(mut self, timings: Timings) -> Self {
         self.timings = timings;
+        self
+    }
+
+    pub fn with_bmcs(mut self, bmcs: BmcOptions) -> Self {
+        self.bmcs = Some(bmcs);
         self
     }
 }

@@ -46,6 +46,23 @@ impl Network {
         Ipv4Addr::new(10, 214, self.slot, 1)
     }
 
+    /// The BMC of the node with this index, on the management bridge.
+    pub fn bmc_ip(&self, index: usize) -> Result<Ipv4Addr> {
+        u8::try_from(101 + index)
+            .ok()
+            .filter(|last| *last < 255)
+            .map(|last| Ipv4Addr::new(10, 214, self.slot, last))
+            .ok_or_else(|| crate::Error::Invalid(format!("no BMC address for node number {index}")))
+    }
+
+    /// Gives the host the BMC's address on the management bridge, so a BMC emulator on the host
+    /// can listen there; it goes away with the bridge.
+    pub fn add_bmc_address(&self, index: usize) -> Result<Ipv4Addr> {
+        let ip = self.bmc_ip(index)?;
+        cmd::run("ip", &["addr", "add", &format!("{ip}/24"), "dev", &self.mgmt_bridge])?;
+        Ok(ip)
+    }
+
     pub fn netns(&self, node: &str) -> String {
         format!("nm{}-{node}", self.id)
     }

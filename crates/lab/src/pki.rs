@@ -62,6 +62,20 @@ impl LabPki {
         self.dir.join(name)
     }
 
+    /// A server certificate `<file>.crt`/`<file>.key` for `ip` (e.g. a BMC's); returns their paths.
+    pub fn issue_server(&self, file: &str, ip: Ipv4Addr) -> Result<(PathBuf, PathBuf)> {
+        let pem = self.ca.issue(&Leaf {
+            common_name: ip.to_string(),
+            ips: vec![IpAddr::V4(ip)],
+            server: true,
+            valid_days: 30,
+            ..Leaf::default()
+        })?;
+        self.write(&format!("{file}.crt"), &pem.cert)?;
+        self.write(&format!("{file}.key"), &pem.key)?;
+        Ok((self.path(&format!("{file}.crt")), self.path(&format!("{file}.key"))))
+    }
+
     /// A client certificate `<file>.crt`/`<file>.key` for `user` in `groups`.
     pub fn issue_client(&self, file: &str, user: &str, groups: &[&str]) -> Result<()> {
         let pem = self.ca.issue(&Leaf {

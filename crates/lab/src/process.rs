@@ -136,6 +136,13 @@ impl Supervised {
         let _ = std::fs::remove_file(&self.pid_file);
     }
 
+    /// Signals the whole group (e.g. SIGSTOP: a process that no longer answers).
+    pub fn signal(&self, signal: Signal) {
+        if let Some(child) = &self.child {
+            let _ = killpg(Pid::from_raw(child.id() as i32), signal);
+        }
+    }
+
     /// Reaps the child if it died on its own (a powered-off node's processes were killed by pid).
     pub fn reap(&mut self) {
         if let Some(child) = self.child.as_mut()

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 pub enum Operator {
     HealthCheck,
     SelfRemediation,
+    FenceAgents,
 }
 
 #[derive(Args, Debug)]
@@ -43,6 +44,9 @@ pub struct ControllerArgs {
         default_value = "ghcr.io/nodemedic/nodemedic:latest"
     )]
     pub agent_image: String,
+    /// Where the fence agents (fence_redfish, fence_ipmilan, ...) are installed.
+    #[arg(long, env = "NODEMEDIC_FENCE_AGENTS_DIR", default_value = nodemedic_fence_agents::agent::DEFAULT_DIR)]
+    pub fence_agents_dir: std::path::PathBuf,
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -72,6 +76,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let health_metrics = nodemedic_healthcheck::metrics::Metrics::register(&mut registry);
     let snr_metrics = nodemedic_self_remediation::manager::Metrics::register(&mut registry);
+    let far_metrics = nodemedic_fence_agents::controller::Metrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
@@ -119,6 +124,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| anyhow::anyhow!("self remediation: {e}"))
         });
+    }
+    if !args.disabled.contains(&Operator::FenceAgents) {
+        let agents = nodemedic_fence_agents::agent::Agents::new(&args.fence_agents_dir);
+        let run = nodemedic_fence_agents::controller::run(client.clone(), agents, far_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("fence agents: {e}")) });
     }
     match leadership {
         Some(mut leadership) => {

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod bmc;
 mod nodes;
 mod storage;
 mod teardown;

@@ -1,6 +1,6 @@
 //! A lab leaves nothing behind: not when dropped, not when its test panics.
 
-use nodemedic_lab::{Lab, LabConfig};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig};
 
 fn leftovers(id: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -40,8 +40,12 @@ fn leftovers(id: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_lab_removes_every_process_namespace_bridge_and_file() {
     crate::support::logs();
-    let lab = Lab::start(LabConfig::workers(2)).await.expect("lab starts");
+    // With BMCs (processes on the host, addresses on the management bridge), one of them hung.
+    let lab = Lab::start(LabConfig::workers(2).with_bmcs(BmcOptions::default()))
+        .await
+        .expect("lab starts");
     lab.partition(&["node-1"]).await.expect("partition");
+    lab.hang_bmc("node-2").await.expect("hang a BMC");
     let id = lab.id().to_owned();
     assert!(!leftovers(&id).is_empty(), "the probe sees a running lab");
     drop(lab);

@@ -1,5 +1,6 @@
 //! End-to-end tests of the `nodemedic` binary against lab clusters.
 
+mod fenceagents;
 mod healthcheck;
 mod lab_cli;
 mod selfremediation;

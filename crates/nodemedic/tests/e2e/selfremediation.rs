@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -13,7 +13,9 @@ use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
 use nodemedic_lab::{Event, Lab, LabConfig, wait};
 use serde_json::json;
 
-use crate::support::{NS, apply_seed, event_with, eventually, lab, list, scenario, start_controller};
+use crate::support::{
+    NS, apply_seed, assert_witness, event_with, eventually, lab, list, scenario, start_controller, taints,
+};
 use scenario::node_of;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -81,25 +83,6 @@ fn fenced(lab: &Lab) -> Vec<String> {
     nodes.sort();
     nodes.dedup();
     nodes
-}
-
-fn assert_witness(lab: &Lab) {
-    let violations = nodemedic_lab::witness::check(&lab.timeline().entries());
-    assert!(
-        violations.is_empty(),
-        "two writers: {violations:?}\n{}",
-        lab.timeline().render()
-    );
-}
-
-async fn taints(client: &Client, node: &str) -> Vec<String> {
-    let node = Api::<Node>::all(client.clone()).get(node).await.expect("node");
-    node.spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| format!("{}:{}", t.key, t.effect))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,3 +126,27 @@ pub async fn event_with(client: &Client, reason: &str, text: &str) -> Option<k8s
         .into_iter()
         .find(|e| e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(text)))
 }
+
+/// Fails the test, with the timeline, if a stateful pod ever ran twice.
+pub fn assert_witness(lab: &Lab) {
+    let violations = nodemedic_lab::witness::check(&lab.timeline().entries());
+    assert!(
+        violations.is_empty(),
+        "two writers: {violations:?}\n{}",
+        lab.timeline().render()
+    );
+}
+
+/// A node's taints as `key:effect`.
+pub async fn taints(client: &Client, node: &str) -> Vec<String> {
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(node)
+        .await
+        .expect("node");
+    node.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect()
+}

@@ -33,7 +33,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     // The identity comes first: a node whose agent cannot join the protocol is not armed (and is
     // not registered, so nothing will count on it fencing itself).
     let identity = credentials::obtain(&client, &args.namespace, &args.node, &args.state_dir).await;
-    let wd = watchdog::open(&args.watchdog, args.software_reboot)?;
+    let wd = watchdog::open(&args.watchdog, args.software_reboot, args.watchdog_timeout)?;
     let timing = Timing {
         licence: settings.licence(),
         watchdog: wd.timeout(),

@@ -33,6 +33,10 @@ pub struct AgentArgs {
     /// in a lab).
     #[arg(long, env = "IS_SOFTWARE_REBOOT_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
     pub software_reboot: bool,
+    /// The timeout to program into a real watchdog device (WDIOC_SETTIMEOUT); 0 keeps the
+    /// driver's own. The agent registers whatever the driver applied, so the safe time follows.
+    #[arg(long, env = "WATCHDOG_TIMEOUT", default_value = "0s", value_parser = duration)]
+    pub watchdog_timeout: Duration,
     #[arg(long, env = "API_CHECK_INTERVAL", default_value = "15s", value_parser = duration)]
     pub api_check_interval: Duration,
     #[arg(long, env = "API_SERVER_TIMEOUT", default_value = "5s", value_parser = duration)]

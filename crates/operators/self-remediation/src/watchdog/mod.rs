@@ -37,8 +37,9 @@ pub trait Watchdog: Send {
     fn describe(&self) -> String;
 }
 
-/// Opens the watchdog named by `spec`: `lab:<socket path>`, or a device path.
-pub fn open(spec: &str, software_reboot: bool) -> Result<Box<dyn Watchdog>, WatchdogError> {
+/// Opens the watchdog named by `spec`: `lab:<socket path>` (whose timeout the lab sets), or a
+/// device path, programmed with `timeout` unless it is zero.
+pub fn open(spec: &str, software_reboot: bool, timeout: Duration) -> Result<Box<dyn Watchdog>, WatchdogError> {
     match spec.strip_prefix("lab:") {
         Some(path) => Ok(Box::new(LabWatchdog::connect(path.into())?)),
         None => {
@@ -47,7 +48,7 @@ pub fn open(spec: &str, software_reboot: bool) -> Result<Box<dyn Watchdog>, Watc
             } else {
                 linux::Reboot::Refused
             };
-            Ok(Box::new(LinuxWatchdog::open(spec.into(), reboot, Duration::ZERO)?))
+            Ok(Box::new(LinuxWatchdog::open(spec.into(), reboot, timeout)?))
         }
     }
 }

@@ -2,17 +2,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::{
-    coordination::v1::Lease,
-    core::v1::{Node, Pod},
-    storage::v1::VolumeAttachment,
-};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, ResourceExt, api::ListParams};
 use nodemedic_api::{
     names::{annotations, finalizers, labels, taints as keys},
     self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
-use nodemedic_kube::taints;
+use nodemedic_kube::{taints, workloads};
 
 use super::Context;
 use crate::{
@@ -89,8 +85,8 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
     let phase = Phase::parse(snr.status.as_ref().and_then(|s| s.phase.as_deref()));
     let (pods_left, attachments_left) = if phase >= Phase::RebootCompleted {
         (
-            workload_pods(ctx, &node_name).await?.len(),
-            attachments(ctx, &node_name).await?.len(),
+            workloads::pods(&ctx.client, &node_name).await?.len(),
+            workloads::attachments(&ctx.client, &node_name).await?.len(),
         )
     } else {
         (0, 0)
@@ -133,24 +129,4 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         safe_time,
         adjusted_from,
     })
-}
-
-/// Pods bound to the node, except DaemonSet pods (their controller puts them straight back and
-/// they belong to the node, not to a workload that could run twice).
-pub async fn workload_pods(ctx: &Context, node: &str) -> Result<Vec<Pod>> {
-    let pods = Api::<Pod>::all(ctx.client.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
-    Ok(pods
-        .items
-        .into_iter()
-        .filter(|p| !p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
-        .collect())
-}
-
-pub async fn attachments(ctx: &Context, node: &str) -> Result<Vec<VolumeAttachment>> {
-    let all = Api::<VolumeAttachment>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?;
-    Ok(all.items.into_iter().filter(|va| va.spec.node_name == node).collect())
 }

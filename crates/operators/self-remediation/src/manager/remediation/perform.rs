@@ -2,25 +2,22 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    storage::v1::VolumeAttachment,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
     runtime::controller::Action,
 };
 use nodemedic_api::{
     names::{conditions as types, finalizers, labels, taints as keys},
     self_remediation::{RemediationStrategy, SelfNodeRemediation},
 };
-use nodemedic_kube::taints;
+use nodemedic_kube::{taints, workloads};
 use serde_json::json;
 
 use super::{
     Context,
-    observe::{Observed, attachments, workload_pods},
+    observe::Observed,
     status::{condition, finished, processing, set_status},
 };
 use crate::{
@@ -256,15 +253,8 @@ pub async fn perform(
                 .await;
         }
         Step::DeletePods => {
-            let pods = workload_pods(ctx, node).await?;
-            let force = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..Default::default()
-            };
-            for pod in &pods {
-                let api = Api::<Pod>::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
-                delete_if_present(&api, &pod.name_any(), &force).await?;
-            }
+            let pods = workloads::pods(&ctx.client, node).await?;
+            workloads::force_delete_pods(&ctx.client, &pods).await?;
             events
                 .normal(
                     &on,
@@ -274,11 +264,8 @@ pub async fn perform(
                 .await;
         }
         Step::DeleteAttachments => {
-            let api = Api::<VolumeAttachment>::all(ctx.client.clone());
-            let vas = attachments(ctx, node).await?;
-            for va in &vas {
-                delete_if_present(&api, &va.name_any(), &DeleteParams::default()).await?;
-            }
+            let vas = workloads::attachments(&ctx.client, node).await?;
+            workloads::delete_attachments(&ctx.client, &vas).await?;
             events
                 .normal(
                     &on,
@@ -315,15 +302,4 @@ pub async fn perform(
         }
     }
     Ok(None)
-}
-
-async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }

@@ -1,0 +1,62 @@
+//! A fenced node's workloads: the pods bound to it and the volume attachments naming it, and their
+//! release once the node is provably off. Shared by every remediator.
+
+use k8s_openapi::api::{core::v1::Pod, storage::v1::VolumeAttachment};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams},
+};
+
+use crate::Result;
+
+/// Pods bound to the node, except DaemonSet pods (their controller puts them straight back and
+/// they belong to the node, not to a workload that could run twice).
+pub async fn pods(client: &Client, node: &str) -> Result<Vec<Pod>> {
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| !p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
+        .collect())
+}
+
+pub async fn attachments(client: &Client, node: &str) -> Result<Vec<VolumeAttachment>> {
+    let all = Api::<VolumeAttachment>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(all.items.into_iter().filter(|va| va.spec.node_name == node).collect())
+}
+
+/// Force-deletes the pods (grace 0: the node that would honour a grace period is off).
+pub async fn force_delete_pods(client: &Client, pods: &[Pod]) -> Result<()> {
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for pod in pods {
+        let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        delete_if_present(&api, &pod.name_any(), &force).await?;
+    }
+    Ok(())
+}
+
+pub async fn delete_attachments(client: &Client, attachments: &[VolumeAttachment]) -> Result<()> {
+    let api = Api::<VolumeAttachment>::all(client.clone());
+    for va in attachments {
+        delete_if_present(&api, &va.name_any(), &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,510 @@
+//! Fence Agents Remediation end to end: the real fence agents (Debian fence-agents) against the
+//! lab's BMC emulators (sushy-tools Redfish over TLS, ipmi_sim), whose power off really kills the
+//! node; a one-replica StatefulSet with a ReadWriteOnce volume; the at-most-one witness.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, ResourceExt, api::PostParams};
+use nodemedic_api::{
+    fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate},
+    names::conditions as types,
+};
+use nodemedic_kube::conditions;
+use nodemedic_lab::{BmcOptions, Event, Lab, LabConfig, PowerDelays};
+use serde_json::{Value, json};
+
+use crate::support::{
+    NS, apply_seed, assert_witness, eventually, lab, list, metrics, sample, scenario, start_controller, taints,
+};
+use scenario::node_of;
+
+const LONG: Duration = Duration::from_secs(180);
+
+/// Every version of every FenceAgentsRemediation the API server showed, so a test sees a state
+/// even when the health check deletes the object a moment later.
+#[derive(Clone, Default)]
+struct History(Arc<Mutex<Vec<FenceAgentsRemediation>>>);
+
+impl History {
+    fn record(client: &Client) -> Self {
+        let history = Self::default();
+        let seen = history.clone();
+        let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).touched_objects());
+            while let Some(item) = stream.next().await {
+                if let (Ok(far), Ok(mut all)) = (item, seen.0.lock()) {
+                    all.push(far);
+                }
+            }
+        });
+        history
+    }
+
+    fn summary(&self) -> Vec<String> {
+        let Ok(all) = self.0.lock() else { return Vec::new() };
+        all.iter()
+            .map(|f| {
+                format!(
+                    "{} {:?} {:?}",
+                    f.name_any(),
+                    f.annotations(),
+                    condition(f, types::SUCCEEDED)
+                )
+            })
+            .collect()
+    }
+
+    fn find(&self, matches: impl Fn(&FenceAgentsRemediation) -> bool) -> Option<FenceAgentsRemediation> {
+        self.0.lock().ok()?.iter().find(|f| matches(f)).cloned()
+    }
+}
+const PASSWORD: &str = "n0tPassword";
+
+/// Node -> its BMC's address.
+fn bmc_ips(lab: &Lab) -> serde_json::Map<String, Value> {
+    lab.nodes()
+        .into_iter()
+        .map(|n| {
+            let ip = lab.bmc(&n).expect("bmc").ip.to_string();
+            (n, json!(ip))
+        })
+        .collect()
+}
+
+/// The seed template, adapted to the lab as the seed README allows: the BMC address (`--ip` per
+/// node instead of `--hostname` on a DNS name) and TLS trust (`--ssl-insecure`).
+fn adapt_template(lab: &Lab) -> impl FnOnce(&mut Value) + '_ {
+    move |m: &mut Value| {
+        let spec = &mut m["spec"]["template"]["spec"];
+        let shared = spec["sharedparameters"].as_object_mut().expect("sharedparameters");
+        shared.remove("--hostname");
+        shared.insert("--ssl-insecure".into(), json!(""));
+        spec["nodeparameters"] = json!({ "--ip": bmc_ips(lab) });
+    }
+}
+
+/// A seed lab with BMCs, nodemedic's controller (health check and fence agents), the seed FAR
+/// secret and the workload; returns the pod's node.
+async fn cluster(delays: PowerDelays) -> (Lab, String, u16, History) {
+    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions {
+        delays,
+        ..BmcOptions::default()
+    }))
+    .await;
+    apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
+    let history = History::record(&lab.client());
+    let port = start_controller(&lab, "controller", &["--disable=self-remediation"]);
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let pod = running_pod(&lab.client(), &[]).await;
+    (lab, node_of(&pod), port, history)
+}
+
+async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
+    scenario::running_pod(client, not_on, LONG).await.expect("db-0 Running")
+}
+
+fn node_is(r: &FenceAgentsRemediation, node: &str) -> bool {
+    r.annotations()
+        .get("remediation.medik8s.io/node-name")
+        .map(String::as_str)
+        .unwrap_or(&r.name_any())
+        == node
+}
+
+async fn far(client: &Client, node: &str) -> Option<FenceAgentsRemediation> {
+    list::<FenceAgentsRemediation>(client, NS)
+        .await
+        .into_iter()
+        .find(|r| node_is(r, node))
+}
+
+fn condition(far: &FenceAgentsRemediation, type_: &str) -> Option<(String, String, String)> {
+    let list = far.status.as_ref()?.conditions.as_ref()?;
+    conditions::find(list, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn finished(history: &History, node: &str, status: &str) -> FenceAgentsRemediation {
+    eventually(
+        &format!("{node}'s FenceAgentsRemediation Succeeded={status}"),
+        LONG,
+        || async {
+            history.find(|r| node_is(r, node) && condition(r, types::SUCCEEDED).is_some_and(|c| c.0 == status))
+        },
+    )
+    .await
+}
+
+fn bmc_power(lab: &Lab, node: &str) -> Vec<bool> {
+    lab.timeline()
+        .entries()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::Power { node: n, on, cause } if n == node && cause == "bmc" => Some(on),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Crash the pod's node; the FAR fences it through its BMC, db-0 runs elsewhere, the node is
+/// powered on, and the health check then deletes the FAR and every taint goes.
+async fn crash_and_recover(lab: &Lab, a: &str, history: &History) {
+    let client = lab.client();
+    let crashed = jiff::Timestamp::now();
+    lab.crash(a).await.expect("crash");
+    let moved = running_pod(&client, &[a]).await;
+    println!(
+        "crash of {a} -> db-0 Running on {} in {:.1}s",
+        node_of(&moved),
+        jiff::Timestamp::now().duration_since(crashed).as_secs_f64()
+    );
+    let done = finished(history, a, "True").await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.step.as_deref(), Some("Done"));
+    assert_eq!(
+        condition(&done, types::FENCE_AGENT_ACTION_SUCCEEDED)
+            .map(|c| c.0)
+            .as_deref(),
+        Some("True")
+    );
+    // The BMC answers "on" at once; the node boots after the lab's boot delay.
+    eventually(&format!("the BMC powered {a} off, then on"), LONG, || async {
+        (bmc_power(lab, a) == [false, true]).then_some(())
+    })
+    .await;
+    assert_witness(lab);
+    eventually(&format!("{a} Ready again"), LONG, || async {
+        lab.wait_ready_status(a, "True", Duration::from_secs(1)).await.ok()
+    })
+    .await;
+    eventually(
+        "the FAR deleted and every taint gone once the node is healthy",
+        LONG,
+        || async {
+            let t = taints(&client, a).await;
+            (far(&client, a).await.is_none()
+                && !t.iter().any(|t| {
+                    t.starts_with("remediation.medik8s.io/") || t.starts_with("node.kubernetes.io/out-of-service")
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenario_fence_redfish_with_a_slow_bmc_fences_the_crashed_node_and_brings_it_back() {
+    let (lab, a, port, history) = cluster(PowerDelays::Realistic).await;
+    apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
+    apply_seed(&lab, "002-nhc-far-3node.yaml", |_| {});
+    crash_and_recover(&lab, &a, &history).await;
+    let text = metrics(port).expect("metrics");
+    assert!(
+        sample(
+            &text,
+            "nodemedic_fence_agent_attempts_total{agent=\"fence_redfish\",action=\"off\",result=\"success\"}"
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
+}
+
+/// The fence_ipmilan template users write for ipmi BMCs (ResourceDeletion strategy).
+fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
+    let ips = bmc_ips(lab);
+    json!({
+        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+        "kind": "FenceAgentsRemediationTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"template": {"spec": {
+            "agent": "fence_ipmilan",
+            "sharedparameters": {"--username": "ansible", "--lanplus": "", "--cipher": "3", "--ipport": "623"},
+            "nodeparameters": {"--ip": ips},
+            "sharedSecretName": secret,
+            "retrycount": 2,
+            "retryinterval": "1s",
+            "timeout": "20s",
+            "remediationStrategy": "ResourceDeletion"
+        }}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_back() {
+    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    lab.apply_yaml(&ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc").to_string())
+        .expect("template");
+    apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
+        m["spec"]["remediationTemplate"]["name"] = json!("ipmi");
+    });
+    crash_and_recover(&lab, &a, &history).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_check_escalates() {
+    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    let client = lab.client();
+    lab.apply_yaml(
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wrong", "namespace": NS},
+                "stringData": {"--password": "Wr0ngPassw0rd"}})
+        .to_string(),
+    )
+    .expect("secret");
+    lab.apply_yaml(&ipmi_template(&lab, "ipmi-wrong", "wrong").to_string())
+        .expect("template");
+    lab.apply_yaml(&ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc").to_string())
+        .expect("template");
+    apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
+        let spec = m["spec"].as_object_mut().expect("spec");
+        let reference = spec.remove("remediationTemplate").expect("template");
+        let mut wrong = reference.clone();
+        wrong["name"] = json!("ipmi-wrong");
+        let mut right = reference;
+        right["name"] = json!("ipmi");
+        spec.insert(
+            "escalatingRemediations".into(),
+            json!([{"remediationTemplate": wrong, "order": 0, "timeout": "120s"},
+                   {"remediationTemplate": right, "order": 1, "timeout": "120s"}]),
+        );
+    });
+    lab.crash(&a).await.expect("crash");
+    let failed = finished(&history, &a, "False").await;
+    let (_, reason, message) = condition(&failed, types::SUCCEEDED).expect("Succeeded");
+    assert_eq!(reason, "FenceAgentFailed");
+    assert!(message.contains("exited 1"), "{message}");
+    let status = failed.status.clone().expect("status");
+    assert_eq!(status.attempts, Some(2));
+    let everything = serde_json::to_string(&failed).expect("json");
+    assert!(
+        !everything.contains("Wr0ngPassw0rd"),
+        "the password leaked: {everything}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("events");
+    assert!(
+        !serde_json::to_string(&events.items)
+            .expect("json")
+            .contains("Wr0ngPassw0rd"),
+        "the password leaked into an event"
+    );
+    // The health check moves on to the next template, which fences the node.
+    let moved = running_pod(&client, &[&a]).await;
+    println!("escalated: db-0 Running on {}", node_of(&moved));
+    eventually(&format!("the BMC to power {a} off, then on"), LONG, || async {
+        (bmc_power(&lab, &a) == [false, true]).then_some(())
+    })
+    .await;
+    let escalated = history
+        .find(|r| {
+            r.annotations()
+                .get("remediation.medik8s.io/template-name")
+                .map(String::as_str)
+                == Some("ipmi")
+        })
+        .unwrap_or_else(|| panic!("no FAR from template ipmi in {:?}", history.summary()));
+    assert_eq!(
+        finished(&history, &a, "True")
+            .await
+            .annotations()
+            .get("remediation.medik8s.io/template-name")
+            .map(String::as_str),
+        Some("ipmi")
+    );
+    assert!(escalated.name_any() != failed.name_any());
+    assert_witness(&lab);
+    let log = std::fs::read_to_string(lab.log_path("controller")).unwrap_or_default();
+    assert!(
+        !log.contains("Wr0ngPassw0rd"),
+        "the password is in the controller's log"
+    );
+}
+
+fn remediation(name: &str, node: &str, spec: Value) -> FenceAgentsRemediation {
+    serde_json::from_value(json!({
+        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+        "kind": "FenceAgentsRemediation",
+        "metadata": {"name": name, "namespace": NS, "annotations": {"remediation.medik8s.io/node-name": node}},
+        "spec": spec,
+    }))
+    .expect("remediation")
+}
+
+/// An unanswering BMC and every configuration mistake, on one lab.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_are_reported_without_a_run() {
+    let (lab, a, port, history) = cluster(PowerDelays::None).await;
+    let client = lab.client();
+    let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
+    let bmc = lab.bmc(&a).expect("bmc");
+    let redfish = |node: &str, extra: Value| {
+        let mut spec = json!({
+            "agent": "fence_redfish",
+            "sharedparameters": {"--username": "ansible", "--ssl-insecure": "", "--systems-uri": "/redfish/v1/Systems/1"},
+            "nodeparameters": {"--ip": {node: bmc.ip.to_string()}},
+            "sharedSecretName": "fence-agents-credentials-shared-sm-bmc",
+            "retrycount": 2, "retryinterval": "2s", "timeout": "3s"
+        });
+        json_patch::merge(&mut spec, &extra);
+        spec
+    };
+
+    // A BMC that does not answer: two attempts, each killed at 3 s, 2 s apart, then failure.
+    lab.hang_bmc(&a).await.expect("hang");
+    let started = std::time::Instant::now();
+    api.create(&PostParams::default(), &remediation("hung", &a, redfish(&a, json!({}))))
+        .await
+        .expect("create");
+    let hung = finished(&history, &a, "False").await;
+    let took = started.elapsed();
+    let (_, reason, message) = condition(&hung, types::SUCCEEDED).expect("Succeeded");
+    assert_eq!(reason, "FenceAgentTimedOut", "{message}");
+    assert_eq!(hung.status.as_ref().and_then(|s| s.attempts), Some(2));
+    assert!(
+        took >= Duration::from_secs(8),
+        "2 x 3 s timeout + 2 s interval, took {took:?}"
+    );
+    let text = metrics(port).expect("metrics");
+    assert_eq!(
+        sample(
+            &text,
+            "nodemedic_fence_agent_attempts_total{agent=\"fence_redfish\",action=\"off\",result=\"timeout\"}"
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    let leftovers = std::process::Command::new("pgrep")
+        .args(["-f", "fence_redfish"])
+        .output()
+        .expect("pgrep");
+    assert!(
+        leftovers.stdout.is_empty(),
+        "agents left running: {}",
+        String::from_utf8_lossy(&leftovers.stdout)
+    );
+    api.delete("hung", &Default::default()).await.expect("delete");
+    eventually("the hung FAR gone, its taint removed", LONG, || async {
+        (far(&client, &a).await.is_none()
+            && !taints(&client, &a)
+                .await
+                .iter()
+                .any(|t| t.starts_with("remediation.medik8s.io/")))
+        .then_some(())
+    })
+    .await;
+    lab.resume_bmc(&a).await.expect("resume");
+
+    // Configuration mistakes: each a clear error, no agent run, no taint.
+    let b = lab.nodes().into_iter().find(|n| *n != a).expect("another node");
+    lab.apply_yaml(
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "with-ip", "namespace": NS},
+                "stringData": {"--password": PASSWORD, "--ip": "10.0.0.1"}})
+        .to_string(),
+    )
+    .expect("secret");
+    let cases = [
+        (
+            "missing-secret",
+            json!({"sharedSecretName": "nope"}),
+            "Secret nope (named by sharedSecretName) does not exist",
+        ),
+        (
+            "unknown-agent",
+            json!({"agent": "fence_nonexistent"}),
+            "fence agent fence_nonexistent is not installed",
+        ),
+        (
+            "unknown-option",
+            json!({"sharedparameters": {"--hostname": "bmc"}}),
+            "fence_redfish has no option --hostname; did you mean --ip?",
+        ),
+        (
+            "duplicate",
+            json!({"sharedSecretName": "with-ip"}),
+            "--ip is set both in the spec and in a secret",
+        ),
+        (
+            "nothing-node-specific",
+            json!({"nodeparameters": null}),
+            "no parameter is node-specific",
+        ),
+    ];
+    for (name, extra, expected) in cases {
+        api.create(&PostParams::default(), &remediation(name, &b, redfish(&b, extra)))
+            .await
+            .expect("create");
+        let failed = eventually(&format!("{name}: Succeeded=False"), LONG, || async {
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| condition(r, types::SUCCEEDED).is_some_and(|c| c.0 == "False"))
+        })
+        .await;
+        let (_, reason, message) = condition(&failed, types::SUCCEEDED).expect("Succeeded");
+        assert_eq!(reason, "InvalidParameters", "{name}: {message}");
+        assert!(message.contains(expected), "{name}: {message}");
+        assert_eq!(
+            failed.status.as_ref().and_then(|s| s.attempts),
+            None,
+            "{name}: an agent ran"
+        );
+        assert!(
+            !taints(&client, &b)
+                .await
+                .iter()
+                .any(|t| t.starts_with("remediation.medik8s.io/")),
+            "{name}"
+        );
+        api.delete(name, &Default::default()).await.expect("delete");
+        eventually(&format!("{name} deleted"), LONG, || async {
+            api.get_opt(name).await.ok().flatten().is_none().then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        bmc_power(&lab, &b),
+        Vec::<bool>::new(),
+        "no configuration mistake reached a BMC"
+    );
+
+    // The seed template as written (with --hostname) is accepted by the API server and says what
+    // is wrong; adapted, its credentials check passes for every node.
+    let templates = Api::<FenceAgentsRemediationTemplate>::namespaced(client.clone(), NS);
+    apply_seed(&lab, "002-far-template.yaml", |_| {});
+    let template_condition = |type_: &'static str, status: &'static str| {
+        let templates = templates.clone();
+        async move {
+            let t = templates.get_opt("famt-3node").await.ok().flatten()?;
+            let c = conditions::find(t.status.as_ref()?.conditions.as_ref()?, type_)?.clone();
+            (c.status == status && c.observed_generation == t.metadata.generation).then_some((t, c))
+        }
+    };
+    let (_, c) = eventually("the seed template's ParametersValid=False", LONG, || {
+        template_condition(types::PARAMETERS_VALID, "False")
+    })
+    .await;
+    assert!(
+        c.message
+            .contains("fence_redfish has no option --hostname; did you mean --ip?"),
+        "{}",
+        c.message
+    );
+    apply_seed(&lab, "002-far-template.yaml", |m| {
+        adapt_template(&lab)(m);
+        m["spec"]["statusValidationSample"] = json!("100%");
+    });
+    let (t, _) = eventually("the adapted template's credentials validated", LONG, || {
+        template_condition(types::FENCE_AGENT_STATUS_VALIDATION_SUCCEEDED, "True")
+    })
+    .await;
+    assert_eq!(t.status.and_then(|s| s.validation_passed).map(|p| p.len()), Some(3));
+}

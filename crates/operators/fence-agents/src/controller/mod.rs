@@ -1,0 +1,69 @@
+//! The Kubernetes side of Fence Agents Remediation: the remediation and template reconcilers,
+//! the background agent runs, metrics.
+
+mod metrics;
+pub mod options;
+mod remediation;
+mod runs;
+mod status;
+mod template;
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    runtime::{Controller, controller::Action, watcher},
+};
+use nodemedic_api::fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate};
+use nodemedic_kube::events::Events;
+
+pub use self::metrics::Metrics;
+use crate::{Error, Result, agent::Agents};
+
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    pub metrics: Metrics,
+    pub agents: Agents,
+    runs: runs::Runs,
+}
+
+/// Runs both reconcilers until one stops.
+pub async fn run(client: Client, agents: Agents, metrics: Metrics, events: Events) -> Result<()> {
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        events,
+        metrics,
+        agents,
+        runs: runs::Runs::default(),
+    });
+    let remediations = Controller::new(
+        Api::<FenceAgentsRemediation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(remediation::reconcile, error_policy, ctx.clone())
+    .for_each(|_| async {});
+    let templates = Controller::new(
+        Api::<FenceAgentsRemediationTemplate>::all(client),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(template::reconcile, error_policy, ctx)
+    .for_each(|_| async {});
+    tracing::info!("fence agents remediation running");
+    tokio::join!(remediations, templates);
+    Ok(())
+}
+
+fn error_policy<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .errors
+        .get_or_create(&metrics::ResultLabels {
+            result: error.kind().to_owned(),
+        })
+        .inc();
+    tracing::warn!(%error, "fence agents reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}

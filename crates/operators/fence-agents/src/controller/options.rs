@@ -1,0 +1,99 @@
+//! Gathers one node's fence-agent options from the spec and its Secrets, and checks them against
+//! the agent's metadata. Configuration mistakes come back as a message for the status (the outer
+//! `Result` is for API failures, which are retried).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+use nodemedic_api::fence_agents::{DEFAULT_SHARED_SECRET_NAME, FenceAgentsRemediationSpec};
+
+use crate::{
+    Result,
+    agent::Agents,
+    decide::{
+        metadata::Metadata,
+        parameters::{self, Options, Sources},
+    },
+};
+
+pub struct Checked {
+    pub options: Options,
+    pub metadata: Arc<Metadata>,
+}
+
+pub async fn for_node(
+    client: &Client,
+    agents: &Agents,
+    namespace: &str,
+    spec: &FenceAgentsRemediationSpec,
+    node: &str,
+) -> Result<Result<Checked, String>> {
+    let metadata = match agents.metadata(&spec.agent).await {
+        Ok(m) => m,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    let shared_secret = match &spec.shared_secret_name {
+        Some(name) => match read(&secrets, name).await? {
+            Some(values) => values,
+            None => return Ok(Err(missing(name, namespace, "sharedSecretName"))),
+        },
+        // medik8s's old default applies only when that Secret exists.
+        None => read(&secrets, DEFAULT_SHARED_SECRET_NAME).await?.unwrap_or_default(),
+    };
+    let node_secret = match spec.node_secret_names.get(node) {
+        Some(name) => match read(&secrets, name).await? {
+            Some(values) => values,
+            None => return Ok(Err(missing(name, namespace, &format!("nodeSecretNames[{node}]")))),
+        },
+        None => BTreeMap::new(),
+    };
+    let sources = Sources {
+        node,
+        shared: spec.sharedparameters.clone(),
+        per_node: spec.nodeparameters.clone(),
+        shared_secret,
+        node_secret,
+    };
+    let checked = parameters::build(&sources).and_then(|options| {
+        parameters::check(&options, &metadata)?;
+        Ok(options)
+    });
+    Ok(checked
+        .map(|options| Checked { options, metadata })
+        .map_err(|e| e.to_string()))
+}
+
+fn missing(name: &str, namespace: &str, field: &str) -> String {
+    format!(
+        "Secret {name} (named by {field}) does not exist in namespace {namespace}: create it with the agent's secret options as keys (e.g. --password)"
+    )
+}
+
+async fn read(secrets: &Api<Secret>, name: &str) -> Result<Option<BTreeMap<String, String>>> {
+    let Some(secret) = secrets.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let mut values: BTreeMap<String, String> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+        .collect();
+    values.extend(secret.string_data.unwrap_or_default());
+    Ok(Some(values))
+}
+
+/// The nodes a spec names (in nodeparameters or nodeSecretNames), sorted.
+pub fn named_nodes(spec: &FenceAgentsRemediationSpec) -> Vec<String> {
+    let mut nodes: Vec<String> = spec
+        .nodeparameters
+        .values()
+        .flat_map(|per_node| per_node.keys().cloned())
+        .chain(spec.node_secret_names.keys().cloned())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}

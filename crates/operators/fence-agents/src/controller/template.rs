@@ -1,0 +1,205 @@
+//! The FenceAgentsRemediationTemplate reconciler: checks the template's parameters for every node
+//! it names (ParametersValid), and on each new generation checks the credentials of a sample of
+//! those nodes with `--action=status` (FenceAgentStatusValidationSucceeded), so a wrong password
+//! shows up before a node fails rather than after.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::controller::Action,
+};
+use nodemedic_api::{
+    fence_agents::{FenceAgentsRemediationTemplate, FenceAgentsRemediationTemplateStatus},
+    names::{annotations, conditions as types},
+};
+use nodemedic_kube::conditions;
+use serde_json::json;
+
+use super::{Context, options};
+use crate::{Error, Result, decide::parameters, decide::validation};
+
+const STATUS_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
+/// Stands for "any node" when a template names none.
+const ANY_NODE: &str = "any-node";
+
+pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = template
+        .namespace()
+        .ok_or_else(|| Error::Unnamespaced(template.name_any()))?;
+    let api = Api::<FenceAgentsRemediationTemplate>::namespaced(ctx.client.clone(), &namespace);
+    if !template
+        .annotations()
+        .contains_key(annotations::MULTIPLE_TEMPLATES_SUPPORT)
+    {
+        // What medik8s's mutating webhook does: a health check may escalate through several FAR
+        // templates, since each remediation is named apart from its node.
+        let patch = json!({"metadata": {"annotations": {annotations::MULTIPLE_TEMPLATES_SUPPORT: "true"}}});
+        api.patch(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let spec = &template.spec.template.spec;
+    let generation = template.metadata.generation;
+    let named = options::named_nodes(spec);
+    let on = nodemedic_kube::events::reference(template.as_ref());
+
+    let mut problems = BTreeMap::new();
+    let mut checked = BTreeMap::new();
+    let nodes = if named.is_empty() {
+        vec![ANY_NODE.to_owned()]
+    } else {
+        named.clone()
+    };
+    for node in &nodes {
+        match options::for_node(&ctx.client, &ctx.agents, &namespace, spec, node).await? {
+            Ok(c) => {
+                checked.insert(node.clone(), c);
+            }
+            Err(why) => {
+                problems.insert(node.clone(), why);
+            }
+        }
+    }
+    let parameters_message = match problems.iter().next() {
+        None => format!("{} accepts the parameters for {}", spec.agent, nodes.join(", ")),
+        Some((node, why)) if named.is_empty() => format!("{why} (checked for {node})"),
+        Some((node, why)) => format!("node {node}: {why}"),
+    };
+
+    let observed = template
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            conditions::find(c, types::FENCE_AGENT_STATUS_VALIDATION_SUCCEEDED).and_then(|c| c.observed_generation)
+        });
+    let sample = validation::sample(&named, template.spec.status_validation_sample.as_ref());
+    let validation = if observed == generation && observed.is_some() {
+        None
+    } else {
+        Some(validate(&ctx, spec, &checked, sample.clone()).await)
+    };
+    if validation.is_some() && validation::exceeds(named.len(), template.spec.status_validation_sample.as_ref()) {
+        ctx.events
+            .warning(
+                &on,
+                "StatusValidationSampleExceedsNodes",
+                format!(
+                    "statusValidationSample asks for more than the {} nodes the template names",
+                    named.len()
+                ),
+            )
+            .await;
+    }
+
+    let mut status = template.status.clone().unwrap_or_default();
+    let now = nodemedic_kube::time::now();
+    let list = status.conditions.get_or_insert_with(Vec::new);
+    let valid = problems.is_empty();
+    let mut changed = conditions::set_status(
+        list,
+        types::PARAMETERS_VALID,
+        conditions::status_str(valid),
+        if valid { "ParametersValid" } else { "InvalidParameters" },
+        parameters_message.clone(),
+        generation,
+        &now,
+    );
+    if !valid {
+        ctx.events.warning(&on, "InvalidParameters", parameters_message).await;
+    }
+    if let Some((passed, failed, summary)) = validation {
+        let ok = failed.is_empty();
+        conditions::set_status(
+            list,
+            types::FENCE_AGENT_STATUS_VALIDATION_SUCCEEDED,
+            conditions::status_str(ok),
+            if ok { "ValidationSucceeded" } else { "ValidationFailed" },
+            summary,
+            generation,
+            &now,
+        );
+        status.validation_passed = Some(passed.into_iter().map(|n| (n, now.clone())).collect());
+        status.validation_failed = Some(failed);
+        // A new generation's results are written even when they equal the last ones.
+        changed = true;
+    }
+    if changed {
+        write(&api, &template, &status).await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+type Validation = (Vec<String>, BTreeMap<String, String>, String);
+
+/// Runs `--action=status` once for each sampled node; exit 0 (on) or 2 (off) means the BMC
+/// answered and accepted the credentials.
+async fn validate(
+    ctx: &Context,
+    spec: &nodemedic_api::fence_agents::FenceAgentsRemediationSpec,
+    checked: &BTreeMap<String, options::Checked>,
+    sample: Result<Vec<String>, String>,
+) -> Validation {
+    let sample = match sample {
+        Ok(s) => s,
+        Err(why) => return (Vec::new(), BTreeMap::new(), why),
+    };
+    if sample.is_empty() {
+        return (Vec::new(), BTreeMap::new(), "no status validation requested".into());
+    }
+    let (mut passed, mut failed) = (Vec::new(), BTreeMap::new());
+    for node in &sample {
+        let Some(c) = checked.get(node) else {
+            failed.insert(node.clone(), "its parameters are invalid (see ParametersValid)".into());
+            continue;
+        };
+        let stdin = parameters::stdin(&c.options, &c.metadata, "status");
+        let secrets = c
+            .options
+            .secret
+            .iter()
+            .filter_map(|k| c.options.values.get(k).cloned())
+            .collect();
+        let attempt = ctx
+            .agents
+            .attempt(&spec.agent, &stdin, &secrets, STATUS_CHECK_TIMEOUT)
+            .await;
+        match attempt.exit_code {
+            Some(0 | 2) => passed.push(node.clone()),
+            code => {
+                let why = match code {
+                    Some(code) => format!("exit {code}: {}", attempt.message),
+                    None => attempt.message,
+                };
+                failed.insert(node.clone(), why);
+            }
+        }
+    }
+    let summary = if failed.is_empty() {
+        format!("{} answered --action=status for {}", spec.agent, passed.join(", "))
+    } else {
+        let (node, why) = failed
+            .iter()
+            .next()
+            .map(|(n, w)| (n.clone(), w.clone()))
+            .unwrap_or_default();
+        format!(
+            "{} of {} nodes failed --action=status; {node}: {why}",
+            failed.len(),
+            sample.len()
+        )
+    };
+    (passed, failed, summary)
+}
+
+async fn write(
+    api: &Api<FenceAgentsRemediationTemplate>,
+    template: &FenceAgentsRemediationTemplate,
+    status: &FenceAgentsRemediationTemplateStatus,
+) -> Result<()> {
+    let patch = json!({"metadata": {"resourceVersion": template.resource_version()}, "status": status});
+    api.patch_status(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
