@@ -20,7 +20,7 @@ use crate::support::{NS, apply_seed, event_with, eventually, lab, list, metrics,
 
 const LONG: Duration = Duration::from_secs(90);
 /// No remediator runs here: the remediation objects themselves are what is checked.
-const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation"];
+const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation", "--disable", "fence-agents"];
 
 async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
     Api::<NodeHealthCheck>::all(client.clone())

@@ -1,0 +1,217 @@
+//! The next step of a NodeMaintenance. Order matters: nothing is drained before the node lease is
+//! ours (so the health check cannot remediate a node mid-drain, nor maintenance start on a node
+//! being remediated) and before the node is cordoned (so evicted pods do not land on it again).
+
+use super::quorum::Verdict;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lease {
+    Ours,
+    Free,
+    HeldBy(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    NotStarted,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    pub deleting: bool,
+    pub phase: Phase,
+    pub node_exists: bool,
+    /// Another live NodeMaintenance for the same node, created earlier.
+    pub earlier_for_node: Option<String>,
+    pub quorum: Verdict,
+    pub has_finalizer: bool,
+    pub lease: Lease,
+    /// Consecutive failures to take or renew the lease once the drain began.
+    pub lease_errors: u32,
+    pub labelled: bool,
+    pub tainted: bool,
+    pub cordoned: bool,
+    /// Pods the drain still has to see gone.
+    pub pending: usize,
+    pub drain_timed_out: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Give the node back: uncordon, remove taints and label, release the lease, drop the finalizer.
+    Cleanup,
+    Idle,
+    Fail(String),
+    AddFinalizer,
+    /// Record phase Running and the pods selected for the drain.
+    Start,
+    AcquireLease,
+    /// The health check holds the node's lease: wait (and say so).
+    WaitForLease(String),
+    Label,
+    Taint,
+    Cordon,
+    /// Evict (or delete) what is left, then look again.
+    Drain,
+    Succeed,
+}
+
+/// medik8s gives up after more than three lease failures.
+pub const MAX_LEASE_ERRORS: u32 = 3;
+
+pub fn next(f: &Facts) -> Step {
+    if f.deleting {
+        return Step::Cleanup;
+    }
+    if matches!(f.phase, Phase::Succeeded | Phase::Failed) {
+        return Step::Idle;
+    }
+    if !f.node_exists {
+        return Step::Fail(
+            "the node does not exist: check spec.nodeName (it is immutable: create a new NodeMaintenance)".into(),
+        );
+    }
+    if f.phase == Phase::NotStarted {
+        if let Some(other) = &f.earlier_for_node {
+            return Step::Fail(format!(
+                "NodeMaintenance {other} already covers this node: delete one of them"
+            ));
+        }
+        if let Verdict::Refused { healthy_after, members } = f.quorum {
+            return Step::Fail(super::quorum::refusal("this node", healthy_after, members));
+        }
+    }
+    if !f.has_finalizer {
+        return Step::AddFinalizer;
+    }
+    if f.phase == Phase::NotStarted {
+        return Step::Start;
+    }
+    if f.lease_errors > MAX_LEASE_ERRORS {
+        return Step::Fail(format!(
+            "the node lease could not be taken or renewed {} times in a row",
+            f.lease_errors
+        ));
+    }
+    match &f.lease {
+        Lease::Ours => {}
+        Lease::Free => return Step::AcquireLease,
+        Lease::HeldBy(holder) => return Step::WaitForLease(holder.clone()),
+    }
+    if !f.labelled {
+        return Step::Label;
+    }
+    if !f.tainted {
+        return Step::Taint;
+    }
+    if !f.cordoned {
+        return Step::Cordon;
+    }
+    if f.pending == 0 {
+        return Step::Succeed;
+    }
+    if f.drain_timed_out {
+        return Step::Fail(format!(
+            "the drain timed out with {} pods left (see blockingPods)",
+            f.pending
+        ));
+    }
+    Step::Drain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn facts() -> Facts {
+        Facts {
+            deleting: false,
+            phase: Phase::NotStarted,
+            node_exists: true,
+            earlier_for_node: None,
+            quorum: Verdict::NotAMember,
+            has_finalizer: false,
+            lease: Lease::Free,
+            lease_errors: 0,
+            labelled: false,
+            tainted: false,
+            cordoned: false,
+            pending: 2,
+            drain_timed_out: false,
+        }
+    }
+
+    fn drive(mut f: Facts) -> Vec<Step> {
+        let mut seen = Vec::new();
+        for _ in 0..30 {
+            let step = next(&f);
+            seen.push(step.clone());
+            match step {
+                Step::Cleanup | Step::Idle | Step::WaitForLease(_) => break,
+                Step::Fail(_) => f.phase = Phase::Failed,
+                Step::AddFinalizer => f.has_finalizer = true,
+                Step::Start => f.phase = Phase::Running,
+                Step::AcquireLease => f.lease = Lease::Ours,
+                Step::Label => f.labelled = true,
+                Step::Taint => f.tainted = true,
+                Step::Cordon => f.cordoned = true,
+                Step::Drain => f.pending -= 1,
+                Step::Succeed => f.phase = Phase::Succeeded,
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn lease_label_taint_cordon_then_drain() {
+        let seen = drive(facts());
+        let at = |s: &Step| seen.iter().position(|x| x == s).expect("step taken");
+        assert!(at(&Step::AcquireLease) < at(&Step::Label));
+        assert!(at(&Step::Taint) < at(&Step::Cordon));
+        assert!(at(&Step::Cordon) < at(&Step::Drain));
+        assert_eq!(seen.iter().rev().nth(1), Some(&Step::Succeed));
+    }
+
+    #[test]
+    fn a_held_lease_waits_and_a_refused_quorum_fails_before_anything() {
+        let held = drive(Facts {
+            lease: Lease::HeldBy("node-healthcheck".into()),
+            ..facts()
+        });
+        assert_eq!(held.last(), Some(&Step::WaitForLease("node-healthcheck".into())));
+        assert!(!held.contains(&Step::Drain));
+        let refused = drive(Facts {
+            quorum: Verdict::Refused {
+                healthy_after: 1,
+                members: 3,
+            },
+            ..facts()
+        });
+        assert!(matches!(refused[0], Step::Fail(_)));
+    }
+
+    proptest! {
+        /// Nothing is drained without the lease, the taints and the cordon.
+        #[test]
+        fn no_drain_unprotected(
+            deleting in any::<bool>(), exists in any::<bool>(), fin in any::<bool>(),
+            lease in prop_oneof![Just(Lease::Ours), Just(Lease::Free), Just(Lease::HeldBy("x".into()))],
+            labelled in any::<bool>(), tainted in any::<bool>(), cordoned in any::<bool>(),
+            pending in 0usize..3, timed_out in any::<bool>(), errors in 0u32..6, started in any::<bool>(),
+        ) {
+            let f = Facts {
+                deleting, node_exists: exists, has_finalizer: fin, lease: lease.clone(), labelled, tainted, cordoned,
+                pending, drain_timed_out: timed_out, lease_errors: errors,
+                phase: if started { Phase::Running } else { Phase::NotStarted },
+                ..facts()
+            };
+            if next(&f) == Step::Drain {
+                prop_assert!(lease == Lease::Ours && labelled && tainted && cordoned && fin && !deleting);
+            }
+        }
+    }
+}
