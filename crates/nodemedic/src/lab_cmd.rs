@@ -89,6 +89,10 @@ pub struct UpArgs {
     /// Kubernetes' default failure timings (node-monitor grace 50 s) instead of the fast ones.
     #[arg(long)]
     pub default_timings: bool,
+    /// Give every node a BMC (Redfish over TLS on :443 and IPMI on :623 at its BMC address,
+    /// user ansible, password n0tPassword), for the fence agents.
+    #[arg(long)]
+    pub bmcs: bool,
 }
 
 impl UpArgs {
@@ -108,7 +112,12 @@ impl UpArgs {
         } else {
             Timings::fast()
         };
-        LabConfig::new(nodes).with_timings(timings)
+        let config = LabConfig::new(nodes).with_timings(timings);
+        if self.bmcs {
+            config.with_bmcs(nodemedic_lab::BmcOptions::default())
+        } else {
+            config
+        }
     }
 }
 
@@ -376,8 +385,9 @@ async fn status(lab: &Lab) -> String {
             })
             .unwrap_or_else(|| "?".into());
         let ip = lab.node_ip(&name).map(|i| i.to_string()).unwrap_or_default();
+        let bmc = lab.bmc(&name).map(|b| format!(" bmc {}", b.ip)).unwrap_or_default();
         out.push_str(&format!(
-            "{name:<10} {:<8} {:<8} {network:<12} {ready:<10} {ip}\n",
+            "{name:<10} {:<8} {:<8} {network:<12} {ready:<10} {ip}{bmc}\n",
             if c.powered { "on" } else { "off" },
             c.frozen
         ));

@@ -21,7 +21,8 @@ use nodemedic_lab::{BmcOptions, Event, Lab, LabConfig, PowerDelays};
 use serde_json::{Value, json};
 
 use crate::support::{
-    NS, apply_seed, assert_witness, eventually, lab, list, metrics, sample, scenario, start_controller, taints,
+    NS, apply_seed, assert_witness, event_with, eventually, lab, list, metrics, sample, scenario, start_controller,
+    taints,
 };
 use scenario::node_of;
 
@@ -29,27 +30,36 @@ const LONG: Duration = Duration::from_secs(180);
 
 /// Every version of every FenceAgentsRemediation the API server showed, so a test sees a state
 /// even when the health check deletes the object a moment later.
-#[derive(Clone, Default)]
-struct History(Arc<Mutex<Vec<FenceAgentsRemediation>>>);
+struct History {
+    seen: Arc<Mutex<Vec<FenceAgentsRemediation>>>,
+    watch: tokio::task::AbortHandle,
+}
 
 impl History {
     fn record(client: &Client) -> Self {
-        let history = Self::default();
-        let seen = history.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
         let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).touched_objects());
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .touched_objects()
+            );
             while let Some(item) = stream.next().await {
-                if let (Ok(far), Ok(mut all)) = (item, seen.0.lock()) {
+                if let (Ok(far), Ok(mut all)) = (item, into.lock()) {
                     all.push(far);
                 }
             }
         });
-        history
+        Self {
+            seen,
+            watch: task.abort_handle(),
+        }
     }
 
     fn summary(&self) -> Vec<String> {
-        let Ok(all) = self.0.lock() else { return Vec::new() };
+        let Ok(all) = self.seen.lock() else { return Vec::new() };
         all.iter()
             .map(|f| {
                 format!(
@@ -63,7 +73,7 @@ impl History {
     }
 
     fn find(&self, matches: impl Fn(&FenceAgentsRemediation) -> bool) -> Option<FenceAgentsRemediation> {
-        self.0.lock().ok()?.iter().find(|f| matches(f)).cloned()
+        self.seen.lock().ok()?.iter().find(|f| matches(f)).cloned()
     }
 }
 const PASSWORD: &str = "n0tPassword";
@@ -109,6 +119,14 @@ async fn cluster(delays: PowerDelays) -> (Lab, String, u16, History) {
 
 async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
     scenario::running_pod(client, not_on, LONG).await.expect("db-0 Running")
+}
+
+/// The watch ends with the test, before its lab goes away (a watch on a vanished API server
+/// would retry forever).
+impl Drop for History {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
 }
 
 fn node_is(r: &FenceAgentsRemediation, node: &str) -> bool {
@@ -286,6 +304,11 @@ async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_
         !everything.contains("Wr0ngPassw0rd"),
         "the password leaked: {everything}"
     );
+    // Repeats of an event become a series (kube's recorder): the first attempt's note stays.
+    eventually("an event for the failed attempts", LONG, || async {
+        event_with(&client, "FenceAgentAttemptFailed", "attempt 1 of 2").await
+    })
+    .await;
     let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
         .list(&Default::default())
         .await

@@ -6,6 +6,9 @@ pub enum Error {
     Support(#[from] nodemedic_kube::Error),
     #[error("{0} has no namespace")]
     Unnamespaced(String),
+    /// Running the agent itself failed (not its configuration): retried.
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
 }
 
 impl Error {
@@ -15,6 +18,7 @@ impl Error {
             Self::Kube(_) => "kube",
             Self::Support(_) => "support",
             Self::Unnamespaced(_) => "unnamespaced",
+            Self::Agent(_) => "agent",
         }
     }
 }

@@ -10,7 +10,7 @@ use nodemedic_api::fence_agents::{DEFAULT_SHARED_SECRET_NAME, FenceAgentsRemedia
 
 use crate::{
     Result,
-    agent::Agents,
+    agent::{AgentError, Agents},
     decide::{
         metadata::Metadata,
         parameters::{self, Options, Sources},
@@ -31,7 +31,9 @@ pub async fn for_node(
 ) -> Result<Result<Checked, String>> {
     let metadata = match agents.metadata(&spec.agent).await {
         Ok(m) => m,
-        Err(e) => return Ok(Err(e.to_string())),
+        Err(e @ AgentError::NotInstalled { .. }) => return Ok(Err(e.to_string())),
+        // A slow or failing `-o metadata` is no configuration mistake: retry.
+        Err(e) => return Err(e.into()),
     };
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let shared_secret = match &spec.shared_secret_name {

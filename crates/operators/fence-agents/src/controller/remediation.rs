@@ -19,7 +19,7 @@ use serde_json::json;
 use super::{
     Context, options,
     runs::Job,
-    status::{set_step, write},
+    status::{set_failed, set_step, write},
 };
 use crate::{
     Error, Result,
@@ -39,7 +39,7 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
         };
         let node = node_name(&current);
         let uid = current.uid().unwrap_or_default();
-        let step = Step::parse(current.status.as_ref().and_then(|s| s.step.as_deref()));
+        let step = current_step(&current);
         let deleting = current.metadata.deletion_timestamp.is_some();
         let live = !deleting && !step.finished();
         let node_object = Api::<Node>::all(ctx.client.clone()).get_opt(&node).await?;
@@ -122,8 +122,8 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
             Decision::AddFinalizer => {
                 let mut all = current.finalizers().to_vec();
                 all.push(finalizers::FAR.to_owned());
-                patch_finalizers(&api, &current, all).await?;
-                write(&api, &current, |s, now| {
+                let updated = patch_finalizers(&api, &current, all).await?;
+                write(&api, &updated, |s, now| {
                     set_step(
                         s,
                         now,
@@ -178,6 +178,8 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
                         interval: spec.retryinterval.duration().unwrap_or(Duration::from_secs(5)),
                         timeout: spec.timeout.duration().unwrap_or(Duration::from_secs(60)),
                         recorded: current.status.as_ref().and_then(|s| s.attempts).unwrap_or(0),
+                        events: ctx.events.clone(),
+                        on: on.clone(),
                     },
                     ctx.agents.clone(),
                     ctx.metrics.clone(),
@@ -197,9 +199,10 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
                 return Ok(Action::requeue(Duration::from_secs(10)));
             }
             Decision::Advance(next) => {
-                ctx.runs.cancel(&uid);
                 let (reason, message) = advance_reason(next, &node, facts.parameters.unwrap_or(FenceAction::Reboot));
+                // Written first: a failed write must not lose the run's result.
                 write(&api, &current, |s, now| set_step(s, now, next, reason, &message)).await?;
+                ctx.runs.cancel(&uid);
                 events.normal(&on, reason, message).await;
                 if matches!(next, Step::PoweringOn | Step::Done)
                     && step == Step::RecoveringWorkloads
@@ -227,28 +230,44 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
                     .await;
             }
             Decision::DeleteWorkloads => {
+                // Pods are force-deleted even when already terminating: the node that would
+                // finish a graceful deletion is off.
                 workloads::force_delete_pods(&ctx.client, &pods).await?;
-                if current.spec.remediation_strategy == FenceRemediationStrategy::ResourceDeletion {
-                    workloads::delete_attachments(&ctx.client, &attachments).await?;
+                let fresh: Vec<_> = attachments
+                    .into_iter()
+                    .filter(|va| va.metadata.deletion_timestamp.is_none())
+                    .collect();
+                let strategy = current.spec.remediation_strategy;
+                if strategy == FenceRemediationStrategy::ResourceDeletion {
+                    workloads::delete_attachments(&ctx.client, &fresh).await?;
                 }
-                events
-                    .normal(
-                        &on,
-                        "DeleteResources",
-                        format!(
-                            "{node} is powered off: deleted {} pods and {} volume attachments",
-                            pods.len(),
-                            attachments.len()
-                        ),
-                    )
-                    .await;
+                if step_changed_something(&pods, &fresh, strategy) {
+                    events
+                        .normal(
+                            &on,
+                            "DeleteResources",
+                            format!(
+                                "{node} is powered off: deleted {} pods and {} volume attachments",
+                                pods.len(),
+                                if strategy == FenceRemediationStrategy::ResourceDeletion {
+                                    fresh.len()
+                                } else {
+                                    0
+                                }
+                            ),
+                        )
+                        .await;
+                }
+                // What is left finishes deleting on its own (finalizers, the attach-detach
+                // controller); look again shortly rather than spin.
+                return Ok(Action::requeue(Duration::from_secs(2)));
             }
             Decision::Fail { reason, message } => {
-                ctx.runs.cancel(&uid);
                 write(&api, &current, |s, now| {
-                    set_step(s, now, Step::Failed, reason.as_str(), &message)
+                    set_failed(s, now, step, reason.as_str(), &message)
                 })
                 .await?;
+                ctx.runs.cancel(&uid);
                 events.warning(&on, reason.as_str(), message.clone()).await;
                 tracing::warn!(remediation = %name, %node, reason = reason.as_str(), %message, "fence agents remediation failed");
                 ctx.metrics.finished(reason.as_str());
@@ -282,6 +301,32 @@ fn advance_reason(next: Step, node: &str, action: FenceAction) -> (&'static str,
     }
 }
 
+fn current_step(far: &FenceAgentsRemediation) -> Step {
+    let status = far.status.as_ref();
+    if let Some(step) = status.and_then(|s| s.step.as_deref()) {
+        return Step::parse(Some(step));
+    }
+    let condition = |type_| {
+        status
+            .and_then(|s| s.conditions.as_deref())
+            .and_then(|c| nodemedic_kube::conditions::find(c, type_))
+            .map(|c| c.status.as_str())
+    };
+    Step::from_conditions(
+        condition(nodemedic_api::names::conditions::SUCCEEDED),
+        condition(nodemedic_api::names::conditions::FENCE_AGENT_ACTION_SUCCEEDED),
+    )
+}
+
+fn step_changed_something(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    attachments: &[k8s_openapi::api::storage::v1::VolumeAttachment],
+    strategy: FenceRemediationStrategy,
+) -> bool {
+    pods.iter().any(|p| p.metadata.deletion_timestamp.is_none())
+        || (strategy == FenceRemediationStrategy::ResourceDeletion && !attachments.is_empty())
+}
+
 /// medik8s: the node-name annotation, else the CR's name.
 pub fn node_name(far: &FenceAgentsRemediation) -> String {
     far.annotations()
@@ -294,9 +339,9 @@ async fn patch_finalizers(
     api: &Api<FenceAgentsRemediation>,
     far: &FenceAgentsRemediation,
     all: Vec<String>,
-) -> Result<()> {
+) -> Result<FenceAgentsRemediation> {
     let patch = json!({"metadata": {"resourceVersion": far.resource_version(), "finalizers": all}});
-    api.patch(&far.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
+    Ok(api
+        .patch(&far.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?)
 }

@@ -47,6 +47,8 @@ pub struct Job {
     pub timeout: Duration,
     /// Attempts already recorded in the status (a run continues the count).
     pub recorded: i32,
+    pub events: nodemedic_kube::events::Events,
+    pub on: k8s_openapi::api::core::v1::ObjectReference,
 }
 
 impl Runs {
@@ -114,6 +116,15 @@ async fn run(job: &Job, agents: &Agents, metrics: &Metrics, runs: &Runs, uid: &s
             exit_code = ?attempt.exit_code, timed_out = attempt.timed_out, message = %attempt.message,
             "fence agent attempt"
         );
+        if !ok {
+            job.events
+                .warning(
+                    &job.on,
+                    "FenceAgentAttemptFailed",
+                    format!("attempt {n} of {attempts}: {}", explain(job, &attempt)),
+                )
+                .await;
+        }
         if ok {
             runs.finish(uid, job.step, RunOutcome::Succeeded);
         } else if n == attempts {

@@ -54,3 +54,28 @@ pub async fn write(
         .await?;
     Ok(true)
 }
+
+/// The Failed step; FenceAgentActionSucceeded turns False only when the power was never
+/// confirmed off.
+pub fn set_failed(
+    s: &mut FenceAgentsRemediationStatus,
+    now: &Time,
+    from: fencing::Step,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let mut changed = set_step(s, now, fencing::Step::Failed, reason, message);
+    if matches!(from, fencing::Step::PoweringOff | fencing::Step::ConfirmingOff) {
+        let list = s.conditions.get_or_insert_with(Vec::new);
+        changed |= conditions::set_status(
+            list,
+            types::FENCE_AGENT_ACTION_SUCCEEDED,
+            "False",
+            reason,
+            message.to_owned(),
+            None,
+            now,
+        );
+    }
+    changed
+}

@@ -38,6 +38,8 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
         let patch = json!({"metadata": {"annotations": {annotations::MULTIPLE_TEMPLATES_SUPPORT: "true"}}});
         api.patch(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        // The patch is a new version: its watch event brings the reconcile that validates.
+        return Ok(Action::await_change());
     }
     let spec = &template.spec.template.spec;
     let generation = template.metadata.generation;
@@ -97,7 +99,7 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
     let now = nodemedic_kube::time::now();
     let list = status.conditions.get_or_insert_with(Vec::new);
     let valid = problems.is_empty();
-    let mut changed = conditions::set_status(
+    let parameters_changed = conditions::set_status(
         list,
         types::PARAMETERS_VALID,
         conditions::status_str(valid),
@@ -106,11 +108,11 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
         generation,
         &now,
     );
-    if !valid {
+    let mut changed = parameters_changed;
+    if !valid && parameters_changed {
         ctx.events.warning(&on, "InvalidParameters", parameters_message).await;
     }
-    if let Some((passed, failed, summary)) = validation {
-        let ok = failed.is_empty();
+    if let Some((passed, failed, summary, ok)) = validation {
         conditions::set_status(
             list,
             types::FENCE_AGENT_STATUS_VALIDATION_SUCCEEDED,
@@ -131,7 +133,8 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-type Validation = (Vec<String>, BTreeMap<String, String>, String);
+/// Passed nodes, failed nodes with why, a summary, and whether validation succeeded.
+type Validation = (Vec<String>, BTreeMap<String, String>, String, bool);
 
 /// Runs `--action=status` once for each sampled node; exit 0 (on) or 2 (off) means the BMC
 /// answered and accepted the credentials.
@@ -143,10 +146,15 @@ async fn validate(
 ) -> Validation {
     let sample = match sample {
         Ok(s) => s,
-        Err(why) => return (Vec::new(), BTreeMap::new(), why),
+        Err(why) => return (Vec::new(), BTreeMap::new(), why, false),
     };
     if sample.is_empty() {
-        return (Vec::new(), BTreeMap::new(), "no status validation requested".into());
+        return (
+            Vec::new(),
+            BTreeMap::new(),
+            "no status validation requested".into(),
+            true,
+        );
     }
     let (mut passed, mut failed) = (Vec::new(), BTreeMap::new());
     for node in &sample {
@@ -190,7 +198,8 @@ async fn validate(
             sample.len()
         )
     };
-    (passed, failed, summary)
+    let ok = failed.is_empty();
+    (passed, failed, summary, ok)
 }
 
 async fn write(

@@ -29,7 +29,7 @@ impl Step {
         }
     }
 
-    /// Unknown or absent: the start.
+    /// Absent or unknown: the start.
     pub fn parse(s: Option<&str>) -> Step {
         match s {
             Some("ConfirmingOff") => Step::ConfirmingOff,
@@ -37,6 +37,17 @@ impl Step {
             Some("PoweringOn") => Step::PoweringOn,
             Some("Done") => Step::Done,
             Some("Failed") => Step::Failed,
+            _ => Step::PoweringOff,
+        }
+    }
+
+    /// A CR with no `status.step` (one medik8s made, before a switch to nodemedic): where its
+    /// conditions say it is, so a finished or fenced remediation is not fenced again.
+    pub fn from_conditions(succeeded: Option<&str>, action_succeeded: Option<&str>) -> Step {
+        match (succeeded, action_succeeded) {
+            (Some("True"), _) => Step::Done,
+            (Some("False"), _) => Step::Failed,
+            (_, Some("True")) => Step::RecoveringWorkloads,
             _ => Step::PoweringOff,
         }
     }
@@ -149,7 +160,9 @@ pub fn next(f: &Facts) -> Decision {
     if f.step.finished() {
         return Decision::Idle;
     }
-    if f.timed_out_by_health_check {
+    // Once the power is confirmed off the fence has happened: finish releasing and powering on
+    // even if the health check gave up meanwhile, rather than strand the node powered off.
+    if f.timed_out_by_health_check && !matches!(f.step, Step::RecoveringWorkloads | Step::PoweringOn) {
         return fail(
             FailureReason::InterruptedByHealthCheck,
             "the NodeHealthCheck timed this remediation out".into(),
@@ -229,7 +242,9 @@ pub fn conditions(step: Step) -> [Option<&'static str>; 3] {
         Step::PoweringOff | Step::ConfirmingOff => [Some("True"), Some("Unknown"), Some("Unknown")],
         Step::RecoveringWorkloads | Step::PoweringOn => [Some("True"), Some("True"), Some("Unknown")],
         Step::Done => [Some("False"), Some("True"), Some("True")],
-        Step::Failed => [Some("False"), Some("False"), Some("False")],
+        // FenceAgentActionSucceeded keeps what it was: a failure after the power was confirmed
+        // off does not undo the fence (the reconciler sets it False for earlier failures).
+        Step::Failed => [Some("False"), None, Some("False")],
     }
 }
 
@@ -372,6 +387,27 @@ mod tests {
     }
 
     #[test]
+    fn a_health_check_timeout_after_the_fence_still_powers_the_node_on() {
+        let f = Facts {
+            timed_out_by_health_check: true,
+            step: Step::PoweringOn,
+            ..facts()
+        };
+        assert_eq!(next(&f), Decision::Run(Step::PoweringOn));
+        let before = Facts {
+            timed_out_by_health_check: true,
+            ..facts()
+        };
+        assert!(matches!(
+            next(&before),
+            Decision::Fail {
+                reason: FailureReason::InterruptedByHealthCheck,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn a_stale_result_reruns_the_current_step() {
         let f = Facts {
             step: Step::PoweringOn,
@@ -464,7 +500,9 @@ mod tests {
                 }
                 Decision::Run(step) => {
                     prop_assert!(f.has_finalizer && f.has_remediation_taint && f.parameters.is_ok());
-                    prop_assert!(!f.deleting && !f.timed_out_by_health_check);
+                    prop_assert!(!f.deleting);
+                    // After the fence only the power-on may still run once the health check gave up.
+                    prop_assert!(!f.timed_out_by_health_check || step == Step::PoweringOn);
                     prop_assert_eq!(step, f.step);
                 }
                 Decision::Advance(Step::PoweringOn) => {

@@ -24,7 +24,7 @@ impl Action {
 }
 
 /// Where one node's options come from.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Sources<'a> {
     pub node: &'a str,
     pub shared: BTreeMap<String, String>,
@@ -35,7 +35,7 @@ pub struct Sources<'a> {
 }
 
 /// The options for one run: long option (without `--`) → value, and which came from secrets.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Options {
     pub action: Action,
     pub values: BTreeMap<String, String>,
@@ -52,6 +52,12 @@ pub enum ParameterError {
     NothingNodeSpecific,
     #[error("--action={0} is not supported: use reboot or off")]
     Action(String),
+    #[error(
+        "--{0} cannot come from a secret or --option: nodemedic sets the action of each step; put --action in the spec"
+    )]
+    Reserved(String),
+    #[error("the value of --{0} spans several lines: remove the line break")]
+    Multiline(String),
     #[error("{agent} has no option --{name}{}", .suggestion.as_ref().map(|s| format!("; did you mean --{s}?")).unwrap_or_default())]
     Unknown {
         agent: String,
@@ -71,6 +77,10 @@ fn render(value: &str, node: &str) -> (String, bool) {
     )
 }
 
+fn looks_secret(name: &str) -> bool {
+    ["passw", "token", "secret"].iter().any(|s| name.contains(s))
+}
+
 /// Merges the sources for `sources.node`.
 pub fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
     let mut values = BTreeMap::new();
@@ -88,9 +98,23 @@ pub fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
     }
     let mut secrets = BTreeMap::new();
     for (key, value) in sources.shared_secret.iter().chain(&sources.node_secret) {
-        let (value, templated) = render(value, sources.node);
+        // A secret written with `echo` ends in a newline the agent would strip anyway.
+        let (value, templated) = render(value.trim_end_matches(['\r', '\n']), sources.node);
         node_specific |= templated;
         secrets.insert(option_name(key), value);
+    }
+    // The agent reads one option per line and keeps the last action it reads: neither a line
+    // break in a value nor an action from a secret may change what a step does.
+    if let Some(name) = secrets
+        .keys()
+        .chain(values.keys())
+        .find(|k| *k == "option")
+        .or_else(|| secrets.keys().find(|k| *k == "action"))
+    {
+        return Err(ParameterError::Reserved(name.clone()));
+    }
+    if let Some((name, _)) = values.iter().chain(&secrets).find(|(_, v)| v.contains(['\r', '\n'])) {
+        return Err(ParameterError::Multiline(name.clone()));
     }
     node_specific |= !sources.node_secret.is_empty();
     if let Some(name) = secrets.keys().find(|k| values.contains_key(*k)) {
@@ -106,7 +130,12 @@ pub fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
         Some("off") => Action::Off,
         Some(other) => return Err(ParameterError::Action(other.to_owned())),
     };
-    let secret = secrets.keys().cloned().collect();
+    // Older templates keep passwords in the spec: they are secrets all the same.
+    let secret = secrets
+        .keys()
+        .chain(values.keys().filter(|k| looks_secret(k)))
+        .cloned()
+        .collect();
     values.extend(secrets);
     Ok(Options { action, values, secret })
 }
@@ -140,6 +169,13 @@ pub fn stdin(options: &Options, meta: &Metadata, action: &str) -> String {
 }
 
 /// The options with secret values masked, for status, events and logs.
+/// Debug output masks secrets too, so no `{:?}` can print one.
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&describe(self))
+    }
+}
+
 pub fn describe(options: &Options) -> String {
     let shown: Vec<String> = options
         .values
@@ -231,6 +267,27 @@ mod tests {
         let mut action = seed("n");
         action.shared.insert("--action".into(), "on".into());
         assert_eq!(build(&action), Err(ParameterError::Action("on".into())));
+        let mut from_secret = seed("n");
+        from_secret.shared_secret.insert("--action".into(), "reboot".into());
+        assert_eq!(build(&from_secret), Err(ParameterError::Reserved("action".into())));
+        let mut injected = seed("n");
+        injected
+            .shared_secret
+            .insert("--password".into(), "pw\naction=reboot".into());
+        assert_eq!(build(&injected), Err(ParameterError::Multiline("password".into())));
+    }
+
+    #[test]
+    fn a_trailing_newline_is_dropped_and_spec_passwords_are_secrets_too() {
+        let mut sources = seed("n");
+        sources.shared_secret.insert("--password".into(), "pw\n".into());
+        assert_eq!(build(&sources).expect("valid").values["password"], "pw");
+        let mut in_spec = seed("n");
+        in_spec.shared_secret.clear();
+        in_spec.shared.insert("--password".into(), "hunter2".into());
+        let options = build(&in_spec).expect("valid");
+        assert!(options.secret.contains("password"));
+        assert!(!format!("{options:?} {}", describe(&options)).contains("hunter2"));
     }
 
     proptest! {
