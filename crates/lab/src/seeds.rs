@@ -1,4 +1,4 @@
-//! The seed manifests (`../shared/fixtures/seed-manifests` beside the repository), as tests
+//! The seed manifests (the repository's copy of `../shared/fixtures/seed-manifests`), as tests
 //! apply them: namespaces rewritten to one, nothing else.
 
 use std::path::PathBuf;
@@ -7,18 +7,16 @@ use serde_json::Value;
 
 use crate::{Error, Result, error::io};
 
+/// The repository's copy of the seed manifests (`fixtures/seed-manifests`, checked identical to
+/// the shared originals by the api crate's tests), or `$NODEMEDIC_SHARED_DIR/fixtures/seed-manifests`.
 pub fn dir() -> Result<PathBuf> {
-    let shared = std::env::var_os("NODEMEDIC_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let dir = shared.join("fixtures/seed-manifests");
+    let dir = std::env::var_os("NODEMEDIC_SHARED_DIR")
+        .map(|shared| PathBuf::from(shared).join("fixtures/seed-manifests"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/seed-manifests"));
     if dir.is_dir() {
         Ok(dir)
     } else {
-        Err(Error::Invalid(format!(
-            "seed manifests not found at {}: the project expects the shared/ folder beside its root (or set NODEMEDIC_SHARED_DIR)",
-            dir.display()
-        )))
+        Err(Error::Invalid(format!("seed manifests not found at {}", dir.display())))
     }
 }
 

@@ -11,17 +11,12 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `../shared/fixtures/seed-manifests` beside the repository (or `NODEMEDIC_SHARED_DIR`).
+/// The seed manifests: the repository's copy (`fixtures/seed-manifests`, kept identical to
+/// `../shared/fixtures/seed-manifests` by `seed_roundtrip`), or `$NODEMEDIC_SHARED_DIR/fixtures/seed-manifests`.
 pub fn seed_manifest_dir() -> PathBuf {
-    let shared = std::env::var_os("NODEMEDIC_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let dir = shared.join("fixtures/seed-manifests");
-    assert!(
-        dir.is_dir(),
-        "seed manifests not found at {}: the project expects the shared/ folder beside its root \
-         (or set NODEMEDIC_SHARED_DIR)",
-        dir.display()
-    );
+    let dir = std::env::var_os("NODEMEDIC_SHARED_DIR")
+        .map(|shared| PathBuf::from(shared).join("fixtures/seed-manifests"))
+        .unwrap_or_else(|| repo_root().join("fixtures/seed-manifests"));
+    assert!(dir.is_dir(), "seed manifests not found at {}", dir.display());
     dir
 }

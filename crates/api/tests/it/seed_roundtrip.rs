@@ -90,3 +90,26 @@ fn seed_values_arrive_in_the_typed_fields() {
     assert_eq!(config.spec.safe_time_to_assume_node_rebooted_seconds, Some(180));
     assert_eq!(config.spec.peer_update_interval.as_str(), "15m");
 }
+
+/// The repository's copy of the seed manifests is the shared originals, byte for byte (checked
+/// wherever the shared folder sits beside the repository).
+#[test]
+fn the_repository_copy_of_the_seeds_is_the_shared_original() {
+    let shared = crate::repo_root().join("../shared/fixtures/seed-manifests");
+    let Ok(entries) = std::fs::read_dir(&shared) else {
+        eprintln!("no {} beside the repository: nothing to compare", shared.display());
+        return;
+    };
+    let copy = crate::repo_root().join("fixtures/seed-manifests");
+    for entry in entries {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name");
+        assert_eq!(
+            std::fs::read(&path).expect("original"),
+            std::fs::read(copy.join(name)).unwrap_or_default(),
+            "fixtures/seed-manifests/{} differs from {}: copy it again",
+            name.to_string_lossy(),
+            path.display()
+        );
+    }
+}

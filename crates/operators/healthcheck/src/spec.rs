@@ -116,7 +116,7 @@ mod tests {
 
     fn seed(file: &str) -> NodeHealthCheck {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../../shared/fixtures/seed-manifests")
+            .join("../../../fixtures/seed-manifests")
             .join(file);
         serde_saphyr::from_str(&std::fs::read_to_string(path).expect("seed manifest")).expect("parses")
     }
