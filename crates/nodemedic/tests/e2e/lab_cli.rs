@@ -45,10 +45,22 @@ fn lab_up_status_crash_and_down() {
 #[test]
 fn a_lab_without_root_says_so() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // nobody may not reach the build's own directory (a clone in a 0700 mktemp dir): run a copy.
+    let dir = std::env::temp_dir().join(format!("nodemedic-as-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let exe = dir.join("nodemedic");
+    std::fs::copy(env!("CARGO_BIN_EXE_nodemedic"), &exe).expect("copy");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
     let out = Command::new("runuser")
-        .args(["-u", "nobody", "--", env!("CARGO_BIN_EXE_nodemedic"), "lab", "up"])
+        .args(["-u", "nobody", "--"])
+        .arg(&exe)
+        .args(["lab", "up"])
         .output()
         .expect("runuser");
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(!out.status.success());
     assert!(text(&out).contains("needs root"), "{}", text(&out));
 }
