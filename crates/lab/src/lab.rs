@@ -419,6 +419,21 @@ impl Lab {
         )
     }
 
+    /// Gives every control-plane node a kubeadm-style etcd mirror pod (see
+    /// [`crate::workloads::etcd_mirror_pod`]), for checks of etcd quorum.
+    pub fn add_etcd_members(&self) -> Result<()> {
+        let control_plane = self
+            .inner
+            .config
+            .nodes
+            .iter()
+            .filter(|n| n.labels.contains_key(nodemedic_api::names::labels::ROLE_CONTROL_PLANE));
+        for node in control_plane {
+            self.apply_yaml(&crate::workloads::etcd_mirror_pod(&node.name))?;
+        }
+        Ok(())
+    }
+
     /// Runs `program args` inside the node's network namespace and returns whether it succeeded.
     pub fn exec_in_node(&self, node: &str, program: &str, args: &[&str]) -> Result<bool> {
         let ns = self.netns(node)?;

@@ -22,3 +22,26 @@ spec:
       storageClassName: lab-rwo
       resources: {requests: {storage: 1Gi}}
 "#;
+
+/// A kubeadm-style etcd member of `node`: a mirror pod `component=etcd` in kube-system (the
+/// kubelet's copy of a static pod), whose readiness kwok keeps like a kubelet would. The lab's
+/// real etcd is one process on the host; these pods give the cluster what a kubeadm cluster shows.
+pub fn etcd_mirror_pod(node: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: etcd-{node}
+  namespace: kube-system
+  labels: {{component: etcd, tier: control-plane}}
+  annotations: {{kubernetes.io/config.mirror: lab, kubernetes.io/config.source: file}}
+spec:
+  nodeName: {node}
+  hostNetwork: true
+  priorityClassName: system-node-critical
+  tolerations: [{{operator: Exists}}]
+  containers: [{{name: etcd, image: registry.k8s.io/etcd:3.6.0-0}}]
+"#
+    )
+}

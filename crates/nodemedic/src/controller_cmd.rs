@@ -13,6 +13,7 @@ pub enum Operator {
     HealthCheck,
     SelfRemediation,
     FenceAgents,
+    Maintenance,
 }
 
 #[derive(Args, Debug)]
@@ -71,12 +72,15 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let config = nodemedic_kube::client::infer_config().await?;
+    // Evictions must see a budget's 429 at once, not after the default client's retries.
+    let evictions = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(10))?;
     let client = nodemedic_kube::client::client(config)?;
 
     let mut registry = Registry::default();
     let health_metrics = nodemedic_healthcheck::metrics::Metrics::register(&mut registry);
     let snr_metrics = nodemedic_self_remediation::manager::Metrics::register(&mut registry);
     let far_metrics = nodemedic_fence_agents::controller::Metrics::register(&mut registry);
+    let nm_metrics = nodemedic_maintenance::controller::Metrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
@@ -129,6 +133,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let agents = nodemedic_fence_agents::agent::Agents::new(&args.fence_agents_dir);
         let run = nodemedic_fence_agents::controller::run(client.clone(), agents, far_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("fence agents: {e}")) });
+    }
+    if !args.disabled.contains(&Operator::Maintenance) {
+        let run = nodemedic_maintenance::controller::run(client.clone(), evictions, nm_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("node maintenance: {e}")) });
     }
     match leadership {
         Some(mut leadership) => {

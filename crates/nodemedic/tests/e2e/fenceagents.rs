@@ -91,7 +91,7 @@ fn bmc_ips(lab: &Lab) -> serde_json::Map<String, Value> {
 
 /// The seed template, adapted to the lab as the seed README allows: the BMC address (`--ip` per
 /// node instead of `--hostname` on a DNS name) and TLS trust (`--ssl-insecure`).
-fn adapt_template(lab: &Lab) -> impl FnOnce(&mut Value) + '_ {
+pub(crate) fn adapt_template(lab: &Lab) -> impl FnOnce(&mut Value) + '_ {
     move |m: &mut Value| {
         let spec = &mut m["spec"]["template"]["spec"];
         let shared = spec["sharedparameters"].as_object_mut().expect("sharedparameters");
@@ -137,7 +137,7 @@ fn node_is(r: &FenceAgentsRemediation, node: &str) -> bool {
         == node
 }
 
-async fn far(client: &Client, node: &str) -> Option<FenceAgentsRemediation> {
+pub(crate) async fn far(client: &Client, node: &str) -> Option<FenceAgentsRemediation> {
     list::<FenceAgentsRemediation>(client, NS)
         .await
         .into_iter()

@@ -3,6 +3,7 @@
 mod fenceagents;
 mod healthcheck;
 mod lab_cli;
+mod maintenance;
 mod selfremediation;
 pub mod support;
 

@@ -1,5 +1,10 @@
 //! Node Maintenance: cordons and drains a node on request, and gives it back.
 //!
-//! [`decide`] holds the decisions as pure functions; the reconciler around them is to come.
+//! [`decide`] holds the decisions as pure functions (what a drain does with each pod, whether
+//! etcd keeps its quorum, the next step); [`controller`] observes, asks them, and acts.
 
+pub mod controller;
 pub mod decide;
+mod error;
+
+pub use error::{Error, Result};

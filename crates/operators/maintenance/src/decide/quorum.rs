@@ -50,9 +50,9 @@ pub fn check(members: &[Member], in_maintenance: &BTreeSet<String>, node: &str) 
 }
 
 /// The error a refused maintenance gets.
-pub fn refusal(node: &str, healthy_after: usize, members: usize) -> String {
+pub fn refusal(healthy_after: usize, members: usize) -> String {
     format!(
-        "can not put control-plane node {node} into maintenance at this moment: etcd would keep {healthy_after} of {members} members ready, and needs more than {}; end another maintenance or wait for the unready members",
+        "can not put this control-plane node into maintenance at this moment: etcd would keep {healthy_after} of {members} members ready, and needs more than {}; end another maintenance or wait for the unready members",
         members / 2
     )
 }

@@ -24,8 +24,10 @@ pub struct Facts {
     pub deleting: bool,
     pub phase: Phase,
     pub node_exists: bool,
-    /// Another live NodeMaintenance for the same node, created earlier.
+    /// Another live NodeMaintenance for the same node that started, or was created, first.
     pub earlier_for_node: Option<String>,
+    /// Another live, not failed NodeMaintenance covers the node: giving it back is not ours to do.
+    pub other_active_for_node: bool,
     pub quorum: Verdict,
     pub has_finalizer: bool,
     pub lease: Lease,
@@ -41,10 +43,17 @@ pub struct Facts {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Give the node back: uncordon, remove taints and label, release the lease, drop the finalizer.
-    Cleanup,
+    /// Drop the finalizer; first, when `give_back`, uncordon, remove taints and label, release
+    /// the lease.
+    Cleanup {
+        give_back: bool,
+    },
     Idle,
-    Fail(String),
+    /// Phase Failed with this message; first, when `give_back`, give the node back.
+    Fail {
+        message: String,
+        give_back: bool,
+    },
     AddFinalizer,
     /// Record phase Running and the pods selected for the drain.
     Start,
@@ -57,31 +66,44 @@ pub enum Step {
     /// Evict (or delete) what is left, then look again.
     Drain,
     Succeed,
+    /// Drained: keep the lease, label, taints and cordon until the NodeMaintenance is deleted.
+    Hold,
 }
 
 /// medik8s gives up after more than three lease failures.
 pub const MAX_LEASE_ERRORS: u32 = 3;
 
 pub fn next(f: &Facts) -> Step {
+    // Only a started maintenance has touched the node; a duplicate or refused one must not undo
+    // what another maintenance did.
+    let touched_node = matches!(f.phase, Phase::Running | Phase::Succeeded);
     if f.deleting {
-        return Step::Cleanup;
+        return Step::Cleanup {
+            give_back: touched_node && !f.other_active_for_node,
+        };
     }
-    if matches!(f.phase, Phase::Succeeded | Phase::Failed) {
+    if f.phase == Phase::Failed {
         return Step::Idle;
     }
+    let fail = |message: String| Step::Fail {
+        message,
+        give_back: touched_node,
+    };
     if !f.node_exists {
-        return Step::Fail(
-            "the node does not exist: check spec.nodeName (it is immutable: create a new NodeMaintenance)".into(),
-        );
+        return fail(if touched_node {
+            "the node was deleted during maintenance; this NodeMaintenance goes with it".into()
+        } else {
+            "the node does not exist: check spec.nodeName (it is immutable: create a new NodeMaintenance)".into()
+        });
     }
     if f.phase == Phase::NotStarted {
         if let Some(other) = &f.earlier_for_node {
-            return Step::Fail(format!(
+            return fail(format!(
                 "NodeMaintenance {other} already covers this node: delete one of them"
             ));
         }
         if let Verdict::Refused { healthy_after, members } = f.quorum {
-            return Step::Fail(super::quorum::refusal("this node", healthy_after, members));
+            return fail(super::quorum::refusal(healthy_after, members));
         }
     }
     if !f.has_finalizer {
@@ -91,7 +113,7 @@ pub fn next(f: &Facts) -> Step {
         return Step::Start;
     }
     if f.lease_errors > MAX_LEASE_ERRORS {
-        return Step::Fail(format!(
+        return fail(format!(
             "the node lease could not be taken or renewed {} times in a row",
             f.lease_errors
         ));
@@ -110,11 +132,14 @@ pub fn next(f: &Facts) -> Step {
     if !f.cordoned {
         return Step::Cordon;
     }
+    if f.phase == Phase::Succeeded {
+        return Step::Hold;
+    }
     if f.pending == 0 {
         return Step::Succeed;
     }
     if f.drain_timed_out {
-        return Step::Fail(format!(
+        return fail(format!(
             "the drain timed out with {} pods left (see blockingPods)",
             f.pending
         ));
@@ -133,6 +158,7 @@ mod tests {
             phase: Phase::NotStarted,
             node_exists: true,
             earlier_for_node: None,
+            other_active_for_node: false,
             quorum: Verdict::NotAMember,
             has_finalizer: false,
             lease: Lease::Free,
@@ -151,8 +177,8 @@ mod tests {
             let step = next(&f);
             seen.push(step.clone());
             match step {
-                Step::Cleanup | Step::Idle | Step::WaitForLease(_) => break,
-                Step::Fail(_) => f.phase = Phase::Failed,
+                Step::Cleanup { .. } | Step::Idle | Step::Hold | Step::WaitForLease(_) => break,
+                Step::Fail { .. } => f.phase = Phase::Failed,
                 Step::AddFinalizer => f.has_finalizer = true,
                 Step::Start => f.phase = Phase::Running,
                 Step::AcquireLease => f.lease = Lease::Ours,
@@ -174,6 +200,7 @@ mod tests {
         assert!(at(&Step::Taint) < at(&Step::Cordon));
         assert!(at(&Step::Cordon) < at(&Step::Drain));
         assert_eq!(seen.iter().rev().nth(1), Some(&Step::Succeed));
+        assert_eq!(seen.last(), Some(&Step::Hold));
     }
 
     #[test]
@@ -191,7 +218,64 @@ mod tests {
             },
             ..facts()
         });
-        assert!(matches!(refused[0], Step::Fail(_)));
+        assert!(matches!(refused[0], Step::Fail { give_back: false, .. }));
+    }
+
+    #[test]
+    fn only_a_started_maintenance_gives_the_node_back() {
+        let duplicate = Facts {
+            earlier_for_node: Some("first".into()),
+            has_finalizer: true,
+            ..facts()
+        };
+        assert!(matches!(next(&duplicate), Step::Fail { give_back: false, .. }));
+        let deleted_duplicate = Facts {
+            deleting: true,
+            phase: Phase::Failed,
+            other_active_for_node: true,
+            ..facts()
+        };
+        assert_eq!(next(&deleted_duplicate), Step::Cleanup { give_back: false });
+        let running = Facts {
+            deleting: true,
+            phase: Phase::Running,
+            ..facts()
+        };
+        assert_eq!(next(&running), Step::Cleanup { give_back: true });
+        let node_gone = Facts {
+            node_exists: false,
+            phase: Phase::Succeeded,
+            ..facts()
+        };
+        assert!(matches!(next(&node_gone), Step::Fail { give_back: true, .. }));
+    }
+
+    #[test]
+    fn a_drained_node_is_held_and_its_lease_kept() {
+        let held = Facts {
+            phase: Phase::Succeeded,
+            has_finalizer: true,
+            lease: Lease::Ours,
+            labelled: true,
+            tainted: true,
+            cordoned: true,
+            ..facts()
+        };
+        assert_eq!(next(&held), Step::Hold);
+        assert_eq!(
+            next(&Facts {
+                lease: Lease::Free,
+                ..held.clone()
+            }),
+            Step::AcquireLease
+        );
+        assert_eq!(
+            next(&Facts {
+                cordoned: false,
+                ..held
+            }),
+            Step::Cordon
+        );
     }
 
     proptest! {
@@ -209,8 +293,10 @@ mod tests {
                 phase: if started { Phase::Running } else { Phase::NotStarted },
                 ..facts()
             };
-            if next(&f) == Step::Drain {
-                prop_assert!(lease == Lease::Ours && labelled && tainted && cordoned && fin && !deleting);
+            match next(&f) {
+                Step::Drain => prop_assert!(lease == Lease::Ours && labelled && tainted && cordoned && fin && !deleting),
+                Step::Fail { give_back: true, .. } | Step::Cleanup { give_back: true } => prop_assert!(started),
+                _ => {}
             }
         }
     }

@@ -1,0 +1,56 @@
+//! The Kubernetes side of Node Maintenance: one reconciler over NodeMaintenances, metrics.
+
+mod drain;
+mod metrics;
+mod node;
+mod observe;
+mod reconcile;
+mod status;
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    runtime::{Controller, controller::Action, watcher},
+};
+use nodemedic_api::maintenance::NodeMaintenance;
+use nodemedic_kube::{events::Events, node_lease::NodeLeases};
+
+pub use self::metrics::Metrics;
+use crate::{Error, Result};
+
+pub struct Context {
+    pub client: Client,
+    /// A client that does not retry, for evictions: a budget's 429 must come back to the drain.
+    pub evictions: Client,
+    pub events: Events,
+    pub metrics: Metrics,
+    pub leases: NodeLeases,
+}
+
+/// Runs the reconciler until it stops.
+pub async fn run(client: Client, evictions: Client, metrics: Metrics, events: Events) -> Result<()> {
+    let leases = NodeLeases::new(client.clone());
+    leases.ensure_namespace().await?;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        evictions,
+        events,
+        metrics,
+        leases,
+    });
+    tracing::info!("node maintenance running");
+    Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+    Ok(())
+}
+
+fn error_policy(_: Arc<NodeMaintenance>, error: &Error, ctx: Arc<Context>) -> Action {
+    Metrics::count(&ctx.metrics.errors, error.kind());
+    tracing::warn!(%error, "node maintenance reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
