@@ -27,6 +27,8 @@ pub struct Context {
     pub events: Events,
     pub metrics: Metrics,
     pub leases: NodeLeases,
+    /// Consecutive drain passes a budget blocked, per NodeMaintenance (for the backoff).
+    pub blocked_passes: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// Runs the reconciler until it stops.
@@ -39,6 +41,7 @@ pub async fn run(client: Client, evictions: Client, metrics: Metrics, events: Ev
         events,
         metrics,
         leases,
+        blocked_passes: Default::default(),
     });
     tracing::info!("node maintenance running");
     Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())

@@ -31,8 +31,9 @@ use crate::{
 
 /// Steps taken in one reconcile before handing back to the controller.
 const MAX_STEPS: usize = 12;
-/// medik8s requeues an unfinished drain every 5 s; evictions in flight are looked at sooner.
+/// Waiting for a lease, or after a failure to take it.
 const BLOCKED_RETRY: Duration = Duration::from_secs(5);
+/// Evicted pods still terminating are looked at again soon.
 const TERMINATING_RETRY: Duration = Duration::from_secs(1);
 
 enum Next {
@@ -81,7 +82,7 @@ async fn act(
                     )
                     .await;
             }
-            ctx.metrics.blocked_pods.remove(&NodeLabels { node: node_name.into() });
+            forget_drain(ctx, nm);
             remove_finalizer(api, nm).await?;
             ctx.events
                 .normal(
@@ -115,7 +116,7 @@ async fn act(
             tracing::warn!(maintenance = %nm.name_any(), node = node_name, %message, "maintenance failed");
             ctx.events.warning(&on, "FailedMaintenance", message).await;
             Metrics::count(&ctx.metrics.finished, "failed");
-            ctx.metrics.blocked_pods.remove(&NodeLabels { node: node_name.into() });
+            forget_drain(ctx, nm);
             return Ok(Next::Done(Action::await_change()));
         }
         Step::AddFinalizer => {
@@ -223,7 +224,7 @@ async fn act(
                 let took = nodemedic_kube::time::since(&started, &jiff::Timestamp::now());
                 ctx.metrics.drain_seconds.observe(took.as_secs_f64());
             }
-            ctx.metrics.blocked_pods.remove(&NodeLabels { node: node_name.into() });
+            forget_drain(ctx, nm);
             Metrics::count(&ctx.metrics.finished, "succeeded");
             ctx.events
                 .normal(&on, "SucceedMaintenance", format!("Node {node_name} is drained"))
@@ -278,6 +279,16 @@ async fn drain_step(
     } else {
         BLOCKED_RETRY
     }))
+}
+
+/// The drain's in-memory traces (blocked gauge, backoff count), once it is over.
+fn forget_drain(ctx: &Context, nm: &NodeMaintenance) {
+    ctx.metrics.blocked_pods.remove(&NodeLabels {
+        node: nm.spec.node_name.clone(),
+    });
+    if let Ok(mut all) = ctx.blocked_passes.lock() {
+        all.remove(&nm.name_any());
+    }
 }
 
 fn refs(pods: &[(&k8s_openapi::api::core::v1::Pod, crate::decide::drain::PodFacts)]) -> Vec<PodReference> {

@@ -52,6 +52,18 @@ pub fn progress(selected_at_start: usize, pending: usize) -> i32 {
     (done * 100 / selected_at_start) as i32
 }
 
+/// How long to wait before the next pass when budgets blocked the last `blocked_passes` passes in a
+/// row: a budget frees up as soon as a replacement pod is ready, so start at a second, and back
+/// off (to medik8s's fixed 5 s and a little beyond) while nothing moves.
+pub fn retry_after(blocked_passes: u32) -> std::time::Duration {
+    const CAP_SECS: u64 = 10;
+    std::time::Duration::from_secs(
+        1u64.checked_shl(blocked_passes.saturating_sub(1))
+            .unwrap_or(CAP_SECS)
+            .min(CAP_SECS),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +111,13 @@ mod tests {
         assert_eq!(progress(4, 4), 0);
         assert_eq!(progress(4, 1), 75);
         assert_eq!(progress(3, 0), 100);
+    }
+
+    #[test]
+    fn blocked_drains_back_off_to_a_cap() {
+        let secs: Vec<u64> = (0..7).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(secs, [1, 1, 2, 4, 8, 10, 10]);
+        assert_eq!(retry_after(u32::MAX).as_secs(), 10);
     }
 
     proptest! {
