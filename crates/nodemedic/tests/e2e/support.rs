@@ -61,7 +61,7 @@ pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
         name,
         port,
         extra,
-        "info,nodemedic_healthcheck=debug,kube=warn",
+        "info,nodemedic_healthcheck=debug,nodemedic_maintenance=debug,kube=warn",
     )
     .expect("controller starts");
     port

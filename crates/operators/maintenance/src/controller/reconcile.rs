@@ -43,7 +43,11 @@ enum Next {
 
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Context>) -> Result<Action> {
     let api = Api::<NodeMaintenance>::all(ctx.client.clone());
-    let mut current = nm;
+    // The controller's copy may predate our own last write; acting on it would only conflict.
+    let Some(fresh) = api.get_opt(&nm.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    let mut current = Arc::new(fresh);
     for _ in 0..MAX_STEPS {
         let observed = observe::observe(&ctx, &current).await?;
         let step = steps::next(&observed.facts);
