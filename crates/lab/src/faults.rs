@@ -258,6 +258,23 @@ impl Lab {
         Ok(())
     }
 
+    /// Asks a process the lab runs to stop (SIGTERM to its group), as Kubernetes stops a pod;
+    /// it is not started again.
+    pub fn terminate_process(&self, name: &str) -> Result<()> {
+        let procs = self
+            .inner
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        procs
+            .by_name
+            .get(name)
+            .ok_or_else(|| Error::UnknownProcess(name.to_owned()))?
+            .signal(Signal::SIGTERM);
+        Ok(())
+    }
+
     /// Whether the named process is running.
     pub fn process_running(&self, name: &str) -> bool {
         self.inner

@@ -339,3 +339,96 @@ async fn a_node_without_an_agent_cannot_be_self_remediated_and_says_so() {
     .await
     .expect("DaemonSet");
 }
+
+/// A deliberate stop (SIGTERM) closes the agent's watchdog only after its registration says so:
+/// nothing resets the node, and a remediation of it reports that it cannot be safe (so an
+/// escalating health check moves on). A restarted agent arms its watchdog and says so again. A
+/// configuration change re-creates the agent DaemonSet with the new tolerations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deliberately_stopped_agent_closes_its_watchdog_and_the_manager_stops_counting_on_it() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    let config = scenario::configure(&lab).await.expect("config");
+    start_controller(&lab, "controller", &[]);
+    scenario::start_agents(&lab, std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), &config).expect("agents");
+    scenario::agents_settled(&lab).await.expect("agents settled");
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), NS);
+    let disarmed = || async {
+        let lease = leases.get_opt("nodemedic-agent-node-2").await.ok()??;
+        Some(lease.annotations().get("nodemedic.medik8s.io/disarmed")? == "true")
+    };
+    assert!(lab.watchdog_armed("node-2"));
+    assert_eq!(disarmed().await, Some(false));
+
+    lab.terminate_process("node-2/agent").expect("SIGTERM");
+    eventually("node-2's agent stopped", LONG, || async {
+        (!lab.process_running("node-2/agent")).then_some(())
+    })
+    .await;
+    assert_eq!(disarmed().await, Some(true), "the registration says disarmed");
+    assert!(!lab.watchdog_armed("node-2"), "the magic close disarmed the watchdog");
+
+    let remediation = json!({
+        "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",
+        "metadata": {"name": "node-2", "namespace": NS, "annotations": {"remediation.medik8s.io/node-name": "node-2"}},
+        "spec": {"remediationStrategy": "Automatic"}
+    });
+    lab.apply_yaml(&remediation.to_string()).expect("remediation");
+    let failed = eventually("Succeeded=False", LONG, || async {
+        let conditions = snr(&client, "node-2").await?.status?.conditions?;
+        conditions
+            .iter()
+            .find(|c| c.type_ == "Succeeded" && c.status == "False")
+            .cloned()
+    })
+    .await;
+    assert!(failed.message.contains("disarmed"), "{}", failed.message);
+    Api::<SelfNodeRemediation>::namespaced(client.clone(), NS)
+        .delete("node-2", &Default::default())
+        .await
+        .expect("delete remediation");
+
+    lab.restart_process("node-2/agent").expect("agent start");
+    eventually("node-2's agent armed and registered again", LONG, || async {
+        (lab.watchdog_armed("node-2") && disarmed().await == Some(false)).then_some(())
+    })
+    .await;
+    assert!(fenced(&lab).is_empty(), "no node was reset: {:?}", fenced(&lab));
+
+    // A configuration change re-creates the agents' DaemonSet.
+    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS);
+    let before = eventually("the agent DaemonSet", LONG, || async {
+        daemonsets.get_opt("nodemedic-agent").await.ok()?
+    })
+    .await;
+    let tolerate = json!({"spec": {"customDsTolerations": [
+        {"key": "lab.nodemedic/dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    ]}});
+    Api::<nodemedic_api::self_remediation::SelfNodeRemediationConfig>::namespaced(client.clone(), NS)
+        .patch(
+            "self-node-remediation-config",
+            &PatchParams::default(),
+            &Patch::Merge(&tolerate),
+        )
+        .await
+        .expect("config change");
+    eventually("a new agent DaemonSet with the toleration", LONG, || async {
+        let ds = daemonsets.get_opt("nodemedic-agent").await.ok()??;
+        let tolerates = ds
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .tolerations
+            .as_ref()?
+            .iter()
+            .any(|t| t.key.as_deref() == Some("lab.nodemedic/dedicated"));
+        (ds.metadata.uid != before.metadata.uid && tolerates).then_some(())
+    })
+    .await;
+    eventually("the AgentsRecreated event", LONG, || {
+        event_with(&client, "AgentsRecreated", "re-creating")
+    })
+    .await;
+}

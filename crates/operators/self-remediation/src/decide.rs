@@ -55,6 +55,8 @@ pub struct Facts {
     pub phase: Phase,
     /// Why the node cannot fence itself safely, if it cannot.
     pub cannot_fence: Option<String>,
+    /// The node's agent stopped deliberately and closed its watchdog: its silence proves nothing.
+    pub target_disarmed: bool,
     pub acceptance_met: bool,
     /// How long ago (on this manager's monotonic clock) it first saw the acceptance quorum.
     pub accepted_for: Option<Duration>,
@@ -142,6 +144,11 @@ pub fn next(f: &Facts) -> Step {
         return Step::Start;
     }
     if f.phase < Phase::RebootCompleted {
+        if f.target_disarmed {
+            return Step::CannotFence(
+                "the node's agent stopped deliberately and disarmed its watchdog: waiting would prove nothing".into(),
+            );
+        }
         let Some(waited) = f.accepted_for else {
             return if f.acceptance_met {
                 Step::ObserveAcceptance
@@ -188,6 +195,7 @@ mod tests {
             excluded: false,
             phase: Phase::New,
             cannot_fence: None,
+            target_disarmed: false,
             acceptance_met: false,
             accepted_for: None,
             safe_time: Duration::from_secs(10),
@@ -271,6 +279,24 @@ mod tests {
     }
 
     #[test]
+    fn a_node_whose_agent_disarmed_mid_wait_is_never_marked_rebooted() {
+        let waiting = Facts {
+            has_finalizer: true,
+            no_schedule_taint: true,
+            phase: Phase::FencingStarted,
+            acceptance_met: true,
+            accepted_for: Some(Duration::from_secs(60)),
+            ..fresh()
+        };
+        assert_eq!(next(&waiting), Step::MarkRebooted);
+        let disarmed = Facts {
+            target_disarmed: true,
+            ..waiting
+        };
+        assert!(matches!(next(&disarmed), Step::CannotFence(_)));
+    }
+
+    #[test]
     fn a_manager_that_restarts_mid_wait_waits_again_from_the_start() {
         let f = Facts {
             has_finalizer: true,
@@ -292,13 +318,19 @@ mod tests {
                 any::<bool>(),
                 any::<bool>(),
             ),
-            (0..5u8, any::<bool>(), any::<bool>(), proptest::option::of(0..30u64)),
+            (
+                0..5u8,
+                any::<bool>(),
+                any::<bool>(),
+                proptest::option::of(0..30u64),
+                any::<bool>(),
+            ),
             (any::<bool>(), any::<bool>(), any::<bool>(), 0..3usize, 0..3usize),
         )
             .prop_map(
                 |(
                     (deleting, fin, timed_out, exists, excluded),
-                    (phase, cannot, met, waited),
+                    (phase, cannot, met, waited, disarmed),
                     (ns, oos, rd, pods, vas),
                 )| Facts {
                     deleting,
@@ -314,6 +346,7 @@ mod tests {
                         Phase::FencingCompleted,
                     ][phase as usize],
                     cannot_fence: cannot.then(|| "x".to_owned()),
+                    target_disarmed: disarmed,
                     acceptance_met: met,
                     accepted_for: waited.map(Duration::from_secs),
                     safe_time: Duration::from_secs(10),
@@ -343,6 +376,7 @@ mod tests {
             }
             if step == Step::MarkRebooted {
                 prop_assert!(f.accepted_for.is_some_and(|w| w >= f.safe_time));
+                prop_assert!(!f.target_disarmed, "a disarmed node's silence proves nothing");
             }
         }
 

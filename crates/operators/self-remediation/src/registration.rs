@@ -24,6 +24,7 @@ const CERTIFICATE: &str = "nodemedic.medik8s.io/certificate-sha256";
 const BOOT_TIME: &str = "nodemedic.medik8s.io/boot-time";
 const ACCEPTS: &str = "nodemedic.medik8s.io/accepts";
 const LICENCE_MS: &str = "nodemedic.medik8s.io/licence-ms";
+pub const DISARMED: &str = "nodemedic.medik8s.io/disarmed";
 
 pub fn lease_name(node: &str) -> String {
     format!("{PREFIX}{node}")
@@ -42,6 +43,8 @@ pub struct Published {
     pub boot_time: Option<Timestamp>,
     /// `(node, remediation uid)`.
     pub accepts: BTreeSet<(String, String)>,
+    /// Set on a deliberate shutdown, before the watchdog's magic close.
+    pub disarmed: bool,
 }
 
 impl Published {
@@ -65,6 +68,7 @@ impl Published {
                 self.boot_time.map(|t| t.to_string()).unwrap_or_default(),
             ),
             (ACCEPTS.to_owned(), accepts.join(",")),
+            (DISARMED.to_owned(), self.disarmed.to_string()),
         ])
     }
 
@@ -85,6 +89,7 @@ impl Published {
                 .filter_map(|pair| pair.split_once('@'))
                 .map(|(n, u)| (n.to_owned(), u.to_owned()))
                 .collect(),
+            disarmed: get(DISARMED) == "true",
         })
     }
 }
@@ -104,6 +109,7 @@ pub fn registration(lease: &Lease) -> Option<Registration> {
         licence: published.licence,
         software_reboot: published.software_reboot,
         accepts: published.accepts,
+        disarmed: published.disarmed,
     })
 }
 
@@ -122,6 +128,7 @@ mod tests {
             certificate_sha256: "ab".into(),
             boot_time: Some("2026-01-01T00:00:00Z".parse().expect("time")),
             accepts: [("node-2".to_owned(), "u-2".to_owned())].into(),
+            disarmed: true,
         };
         let lease = Lease {
             metadata: kube::api::ObjectMeta {

@@ -122,7 +122,7 @@ fn intents(list: &[SelfNodeRemediation], booted: Option<jiff::Timestamp>) -> Vec
 }
 
 /// One consistent read of the remediations and the registrations.
-async fn read(
+pub(super) async fn read(
     fast: &Client,
     namespace: &str,
     booted: Option<jiff::Timestamp>,
@@ -144,7 +144,7 @@ async fn read(
     Ok((intents(&remediations.items, booted), members))
 }
 
-fn boot_time() -> Option<jiff::Timestamp> {
+pub(super) fn boot_time() -> Option<jiff::Timestamp> {
     // A lab node's processes share the host's kernel: the lab records each simulated boot.
     if let Some(path) = std::env::var_os("LAB_NODE_BOOT_FILE") {
         return std::fs::read_to_string(path).ok()?.trim().parse().ok();
@@ -221,6 +221,8 @@ pub async fn run(
         certificate_sha256: identity.fingerprint(),
         boot_time: boot_time(),
         accepts: BTreeSet::new(),
+        // Registering says the watchdog is armed: it was opened before this runs.
+        disarmed: false,
     };
     let mut registered = false;
     let mut addresses: BTreeMap<String, String> = BTreeMap::new();

@@ -6,6 +6,7 @@ mod credentials;
 mod licence;
 mod peers;
 mod settings;
+mod shutdown;
 
 use std::{
     net::SocketAddr,
@@ -30,6 +31,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let config = nodemedic_kube::client::infer_config().await?;
     let client = nodemedic_kube::client::client(config.clone())?;
     let fast = nodemedic_kube::client::fail_fast_client(config, args.api_server_timeout)?;
+    let (disarm, disarm_requests) = std::sync::mpsc::channel();
     // The identity comes first: a node whose agent cannot join the protocol is not armed (and is
     // not registered, so nothing will count on it fencing itself).
     let identity = credentials::obtain(&client, &args.namespace, &args.node, &args.state_dir).await;
@@ -51,7 +53,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         args.peer_update_interval,
     )));
     let metrics = licence::Metrics::default();
-    spawn_feeder(wd, state.clone(), metrics.clone());
+    spawn_feeder(wd, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
         licence::serve_metrics(bind, &metrics).await?;
     }
@@ -65,13 +67,25 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             tracing::error!(%error, %address, "peer server stopped");
         }
     });
-    licence::run(&args, client, fast, identity, timing, state, metrics).await
+    tokio::select! {
+        result = licence::run(&args, client.clone(), fast.clone(), identity, timing, state, metrics) => result,
+        _ = shutdown::signal() => {
+            shutdown::stop(&args, &client, &fast, &disarm).await;
+            Ok(())
+        }
+    }
 }
 
 /// Feeds the watchdog from a dedicated thread, so no async stall can feed it late; stops for good
 /// when the agent fences, asking for an immediate reset. The thread owns the watchdog: it is
-/// never closed (no magic close), so if the agent dies the timer runs out.
-fn spawn_feeder(mut wd: Box<dyn Watchdog>, state: Arc<Mutex<AgentState<Instant>>>, metrics: licence::Metrics) {
+/// closed (the magic close) only when [`shutdown::stop`] asks, so if the agent dies the timer
+/// runs out.
+fn spawn_feeder(
+    mut wd: Box<dyn Watchdog>,
+    state: Arc<Mutex<AgentState<Instant>>>,
+    metrics: licence::Metrics,
+    disarm_requests: std::sync::mpsc::Receiver<shutdown::DisarmRequest>,
+) {
     std::thread::spawn(move || {
         let interval = watchdog::feed_interval(wd.timeout());
         // Stop feeding this long before the licence ends: a feed is a check, then a write.
@@ -83,6 +97,18 @@ fn spawn_feeder(mut wd: Box<dyn Watchdog>, state: Arc<Mutex<AgentState<Instant>>
                 Err(_) => (false, None),
             };
             metrics.set_feeding(feed);
+            if let Ok(reply) = disarm_requests.try_recv() {
+                let result = match fenced {
+                    Some(why) => Err(format!("fencing: {}", describe(why))),
+                    None => wd.disarm().map_err(|e| e.to_string()),
+                };
+                let closed = result.is_ok();
+                let _ = reply.send(result);
+                if closed {
+                    metrics.set_feeding(false);
+                    return;
+                }
+            }
             if let Some(why) = fenced {
                 if !reset_asked {
                     reset_asked = true;

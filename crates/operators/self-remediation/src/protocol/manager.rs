@@ -20,6 +20,9 @@ pub struct Registration {
     pub software_reboot: bool,
     /// `(node, remediation uid)` pairs this agent has accepted.
     pub accepts: BTreeSet<(String, String)>,
+    /// The agent stopped deliberately and closed its watchdog (magic close): nothing fences the
+    /// node until an agent registers there again.
+    pub disarmed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +72,11 @@ pub fn cannot_fence(
             "node {target} has no registered nodemedic agent: nothing can fence it"
         ));
     };
+    if own.disarmed {
+        return Some(format!(
+            "the agent on {target} stopped deliberately and disarmed its watchdog: nothing can fence the node until its agent runs again"
+        ));
+    }
     if own.watchdog.is_zero() && !(software_reboot_enabled && own.software_reboot) {
         return Some(format!(
             "the agent on {target} has no working watchdog and software reboot is disabled"
@@ -120,6 +128,7 @@ mod tests {
             licence: Duration::from_secs(3),
             software_reboot: false,
             accepts: accepts.iter().map(|(n, u)| ((*n).into(), (*u).into())).collect(),
+            disarmed: false,
         }
     }
 
@@ -176,6 +185,9 @@ mod tests {
         regs[0].software_reboot = true;
         assert_eq!(cannot_fence("x", &regs, true, 1), None);
         assert!(cannot_fence("x", &regs[..1], true, 1).is_some_and(|w| w.contains("minPeersForRemediation")));
+        let mut disarmed = regs.clone();
+        disarmed[0].disarmed = true;
+        assert!(cannot_fence("x", &disarmed, true, 1).is_some_and(|w| w.contains("disarmed")));
     }
 
     #[test]

@@ -358,6 +358,7 @@ fn successors(s: &State, k: &Knobs) -> Result<Vec<State>, String> {
                     licence: Duration::ZERO,
                     software_reboot: false,
                     accepts: accepts(recorded),
+                    disarmed: false,
                 })
                 .collect();
             let acc = acceptance(&name(TARGET), "u", &registrations, now, Duration::from_secs(1));

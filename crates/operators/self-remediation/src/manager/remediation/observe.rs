@@ -108,6 +108,7 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
             config.is_software_reboot_enabled,
             config.min_peers_for_remediation.max(0) as usize,
         ),
+        target_disarmed: regs.iter().any(|r| r.node == node_name && r.disarmed),
         acceptance_met: acceptance.met,
         accepted_for: ctx
             .observed

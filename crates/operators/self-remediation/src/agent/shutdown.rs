@@ -1,0 +1,91 @@
+//! A deliberate stop (SIGTERM: the DaemonSet rolls or is deleted, the node shuts down) may close
+//! the watchdog (the magic close) only when nothing can be counting on it:
+//!
+//! 1. the registration says `disarmed` first, so from then on the manager treats the node as one
+//!    that cannot fence itself (a remediation created later reports `Succeeded=False` and an
+//!    escalating health check moves on; one already waiting stops before releasing anything);
+//! 2. a fresh read, made after that write, shows no remediation of this node: any remediation the
+//!    manager could still act on without seeing the flag existed before the write, so this read
+//!    would show it;
+//! 3. only then the feeder thread closes the watchdog.
+//!
+//! If any step fails the watchdog stays armed and resets the node when it runs out: an agent that
+//! cannot prove it is safe to stop quietly does not.
+
+use std::{sync::mpsc, time::Duration};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use super::{AgentArgs, licence};
+use crate::{Result, registration};
+
+/// What the async side asks the feeder thread: close the watchdog, and say how it went.
+pub type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
+
+pub async fn signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+pub async fn stop(args: &AgentArgs, client: &Client, fast: &Client, feeder: &mpsc::Sender<DisarmRequest>) {
+    tracing::info!("stopping: the watchdog is closed only if no remediation of this node exists");
+    if let Err(error) = publish_disarmed(client, &args.namespace, &args.node).await {
+        tracing::warn!(%error, "cannot record the disarm; the watchdog stays armed and resets the node when it runs out");
+        return;
+    }
+    match remediated(fast, args).await {
+        Ok(false) => {}
+        Ok(true) => {
+            tracing::warn!("this node is being remediated: the watchdog stays armed");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot check for a remediation of this node; the watchdog stays armed");
+            return;
+        }
+    }
+    let (reply, answer) = oneshot::channel();
+    if feeder.send(reply).is_err() {
+        tracing::warn!("the watchdog feeder is gone; the watchdog stays armed");
+        return;
+    }
+    match tokio::time::timeout(Duration::from_secs(5), answer).await {
+        Ok(Ok(Ok(()))) => tracing::info!("watchdog closed (magic close); the registration says so"),
+        Ok(Ok(Err(why))) => tracing::warn!(%why, "the watchdog stays armed"),
+        _ => tracing::warn!("the watchdog feeder did not answer; the watchdog stays armed"),
+    }
+}
+
+async fn publish_disarmed(client: &Client, namespace: &str, node: &str) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {registration::DISARMED: "true"}}});
+    let api = Api::<Lease>::namespaced(client.clone(), namespace);
+    match api
+        .patch(
+            &registration::lease_name(node),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        // Never registered: nothing counts on this node's watchdog.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}
+
+async fn remediated(fast: &Client, args: &AgentArgs) -> Result<bool> {
+    let (intents, _) = licence::read(fast, &args.namespace, licence::boot_time()).await?;
+    Ok(intents.iter().any(|i| i.node == args.node && !i.completed))
+}
