@@ -132,18 +132,40 @@ async fn handle(
             return Ok(());
         }
     };
+    // Each write is conditional on the version this decision read: the watch also delivers the
+    // versions our own writes left behind, and acting on one of those would issue a second
+    // certificate over the first.
+    let mut version = csr.resource_version();
     if !approved {
-        let approval = json!({"status": {"conditions": [{"type": "Approved", "status": "True", "reason": "NodeVerified", "message": format!("requested by node {node} for itself"), "lastUpdateTime": now}]}});
-        api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&approval))
-            .await?;
+        let approval = json!({
+            "metadata": {"resourceVersion": version},
+            "status": {"conditions": [{"type": "Approved", "status": "True", "reason": "NodeVerified", "message": format!("requested by node {node} for itself"), "lastUpdateTime": now}]},
+        });
+        match api
+            .patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&approval))
+            .await
+        {
+            Ok(updated) => version = updated.resource_version(),
+            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
     }
     let request = String::from_utf8_lossy(&csr.spec.request.0).into_owned();
     let cert = authority
         .sign_request(&request, &node, VALID_DAYS)
         .map_err(|e| crate::Error::Certificate(e.to_string()))?;
-    let status = json!({"status": {"certificate": ByteString(cert.into_bytes())}});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
+    let status = json!({
+        "metadata": {"resourceVersion": version},
+        "status": {"certificate": ByteString(cert.into_bytes())},
+    });
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
     metrics.csr(true);
     tracing::info!(csr = %name, %node, "signed a peer certificate");
     Ok(())

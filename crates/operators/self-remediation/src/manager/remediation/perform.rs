@@ -25,6 +25,9 @@ use crate::{
     decide::{Applied, Phase, Step},
 };
 
+/// No safe time comes near this; an older wait belongs to a remediation that is gone.
+const FORGET_WAITS_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 pub async fn perform(
     step: &Step,
     snr: &SelfNodeRemediation,
@@ -202,10 +205,13 @@ pub async fn perform(
             return Ok(Some(Action::requeue(Duration::from_secs(2))));
         }
         Step::ObserveAcceptance => {
-            ctx.observed
-                .lock()
-                .map_err(|_| Error::Poisoned)?
-                .insert(snr.uid().unwrap_or_default(), Instant::now());
+            {
+                let mut observed = ctx.observed.lock().map_err(|_| Error::Poisoned)?;
+                // A remediation deleted mid-wait never reaches RemoveFinalizer: forget waits
+                // older than any safe time (forgetting one only makes it start again).
+                observed.retain(|_, since| since.elapsed() < FORGET_WAITS_AFTER);
+                observed.insert(snr.uid().unwrap_or_default(), Instant::now());
+            }
             let by = seen.acceptance.by.clone();
             let assumed = nodemedic_kube::time::add(&nodemedic_kube::time::now(), seen.safe_time);
             let restarted = seen.facts.phase == Phase::PreRebootCompleted;
@@ -241,6 +247,11 @@ pub async fn perform(
                 true
             })
             .await?;
+            // The wait is over; only phases before RebootCompleted read it.
+            ctx.observed
+                .lock()
+                .map_err(|_| Error::Poisoned)?
+                .remove(&snr.uid().unwrap_or_default());
             events
                 .normal(&on, "NodeFenced", format!("node {node} is proven fenced"))
                 .await;
