@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup test demo crds fmt model-check
+.PHONY: setup test demo crds manifests fmt model-check
 
 setup:
 	@bash scripts/setup.sh
@@ -10,9 +10,14 @@ test: setup
 demo: setup
 	cargo run --release --locked -p nodemedic -- demo $(ARGS)
 
-# Regenerate the committed CRD YAML from the types.
+# Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).
 crds:
 	cargo run -q --locked -p nodemedic -- crds --write deploy/crds
+	rm -f charts/nodemedic/crds/*.yaml && cp deploy/crds/*.yaml charts/nodemedic/crds/
+
+# Render the chart into deploy/nodemedic.yaml (plain manifests for people without Helm).
+manifests:
+	bash scripts/render-manifests.sh
 
 fmt:
 	cargo fmt --all

@@ -41,4 +41,7 @@ fi
 
 # The control plane (kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok).
 bash "$here/build-controlplane.sh" >/dev/null
+
+# Helm (for the chart) and the Prometheus operator CRDs (for the chart test).
+bash "$here/build-tools.sh" >/dev/null
 log "ready"

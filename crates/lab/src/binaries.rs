@@ -34,6 +34,15 @@ pub fn build_dir() -> PathBuf {
     ))
 }
 
+/// Helm and the Prometheus operator's CRDs, as `scripts/build-tools.sh` fills them.
+pub fn tools_dir() -> PathBuf {
+    cache_dir().join("bin").join(format!(
+        "tools-helm-v{}-prometheus-operator-v{}",
+        version("HELM_VERSION"),
+        version("PROMETHEUS_OPERATOR_VERSION")
+    ))
+}
+
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub etcd: PathBuf,

@@ -33,7 +33,7 @@ pub mod workloads;
 
 use std::time::Duration;
 
-pub use binaries::{build_dir, version};
+pub use binaries::{build_dir, tools_dir, version};
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use error::{Error, Result};
 pub use lab::{Lab, preflight};

@@ -53,6 +53,25 @@ pub struct ControllerArgs {
     pub log_json: bool,
 }
 
+/// Every operator's metrics, registered in one registry (the controller's /metrics).
+pub struct OperatorMetrics {
+    pub health: nodemedic_healthcheck::metrics::Metrics,
+    pub self_remediation: nodemedic_self_remediation::manager::Metrics,
+    pub fence_agents: nodemedic_fence_agents::controller::Metrics,
+    pub maintenance: nodemedic_maintenance::controller::Metrics,
+}
+
+impl OperatorMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        Self {
+            health: nodemedic_healthcheck::metrics::Metrics::register(registry),
+            self_remediation: nodemedic_self_remediation::manager::Metrics::register(registry),
+            fence_agents: nodemedic_fence_agents::controller::Metrics::register(registry),
+            maintenance: nodemedic_maintenance::controller::Metrics::register(registry),
+        }
+    }
+}
+
 fn default_identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -77,10 +96,12 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let client = nodemedic_kube::client::client(config)?;
 
     let mut registry = Registry::default();
-    let health_metrics = nodemedic_healthcheck::metrics::Metrics::register(&mut registry);
-    let snr_metrics = nodemedic_self_remediation::manager::Metrics::register(&mut registry);
-    let far_metrics = nodemedic_fence_agents::controller::Metrics::register(&mut registry);
-    let nm_metrics = nodemedic_maintenance::controller::Metrics::register(&mut registry);
+    let OperatorMetrics {
+        health: health_metrics,
+        self_remediation: snr_metrics,
+        fence_agents: far_metrics,
+        maintenance: nm_metrics,
+    } = OperatorMetrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");

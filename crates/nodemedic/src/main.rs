@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 mod controller_cmd;
 mod demo_cmd;
 mod lab_cmd;
+mod monitoring;
+mod status;
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +36,8 @@ enum Command {
     },
     /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
     Demo,
+    /// Nodes, their health, remediations in flight and maintenance, in one table.
+    Status(status::StatusArgs),
     /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
     Lab {
         #[command(subcommand)]
@@ -44,13 +48,28 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     // One crypto provider for every TLS user in the process (kube, tonic): ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    match Cli::parse().command {
+    match cli().command {
         Command::Controller(args) => controller_cmd::run(args),
         Command::Agent(args) => agent(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
         Command::Demo => demo_cmd::run(),
+        Command::Status(args) => status::run(args),
     }
+}
+
+/// Installed (or linked) as `kubectl-nodemedic`, the binary is a kubectl plugin:
+/// `kubectl nodemedic [--watch] [-o json|yaml]` is `nodemedic status ...`.
+fn cli() -> Cli {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    if invoked_as.as_deref() == Some("kubectl-nodemedic") {
+        args.insert(1, "status".into());
+    }
+    Cli::parse_from(args)
 }
 
 fn agent(args: nodemedic_self_remediation::agent::AgentArgs) -> anyhow::Result<()> {

@@ -25,8 +25,36 @@ pub const FAST_CONFIG: &str = r#"{"spec": {
     "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
 pub const VIEW: Duration = Duration::from_secs(30);
 
-const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
-const AGENT_RBAC: &str = include_str!("../../../deploy/rbac/agent.yaml");
+/// The chart rendered with its defaults: its ServiceAccounts, ClusterRoles and bindings are what
+/// the lab's controller and agents run with.
+const RENDERED_CHART: &str = include_str!("../../../deploy/nodemedic.yaml");
+const CONTROLLER_ACCOUNT: &str = "nodemedic-controller";
+
+/// The lab's agents authenticate as their nodes (`system:node:<node>`, as a node-bound service
+/// account token would name them to the signer), in this group; it gets the chart's agent role.
+const LAB_AGENTS_BINDING: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: nodemedic-lab-agents}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodemedic-agent}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "nodemedic:agents"}]
+"#;
+
+/// The chart's ServiceAccounts, ClusterRoles and ClusterRoleBindings, as YAML documents.
+pub fn chart_rbac() -> String {
+    RENDERED_CHART
+        .split("\n---\n")
+        .filter(|doc| {
+            doc.lines().any(|l| {
+                matches!(
+                    l.trim_end(),
+                    "kind: ServiceAccount" | "kind: ClusterRole" | "kind: ClusterRoleBinding"
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
 
 /// Applies a seed manifest with its namespaces rewritten to [`NS`], after `edit`.
 pub fn apply_seed(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Result<()> {
@@ -50,11 +78,15 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     }
 }
 
-/// Starts `nodemedic controller` (`exe`) on the host as lab process `name`, as its own identity
-/// with exactly the permissions `deploy/rbac/controller.yaml` grants; metrics on `metrics_port`.
+/// Starts `nodemedic controller` (`exe`) on the host as lab process `name`, authenticated as the
+/// chart's controller ServiceAccount with exactly the permissions the chart grants it;
+/// metrics on `metrics_port`.
 pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, extra: &[&str], log: &str) -> Result<()> {
-    lab.apply_yaml(CONTROLLER_RBAC)?;
-    let kubeconfig = lab.kubeconfig_for("nodemedic-controller", &["nodemedic:controllers"])?;
+    lab.apply_yaml(&chart_rbac())?;
+    let kubeconfig = lab.kubeconfig_for(
+        &format!("system:serviceaccount:{NS}:{CONTROLLER_ACCOUNT}"),
+        &["system:serviceaccounts", &format!("system:serviceaccounts:{NS}")],
+    )?;
     let mut args = vec![
         "controller".to_owned(),
         format!("--metrics-bind=127.0.0.1:{metrics_port}"),
@@ -83,7 +115,8 @@ pub async fn configure(lab: &Lab) -> Result<SelfNodeRemediationConfig> {
 /// Starts an agent (`exe`) in every node, each with its own node identity and lab watchdog, with
 /// the flags the manager's DaemonSet would give it.
 pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
-    lab.apply_yaml(AGENT_RBAC)?;
+    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml(LAB_AGENTS_BINDING)?;
     for node in lab.nodes() {
         let kubeconfig = lab.kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])?;
         let mut args = vec![

@@ -1,10 +1,12 @@
 //! End-to-end tests of the `nodemedic` binary against lab clusters.
 
+mod chart;
 mod fenceagents;
 mod healthcheck;
 mod lab_cli;
 mod maintenance;
 mod selfremediation;
+mod status;
 pub mod support;
 
 use std::process::{Command, Output};

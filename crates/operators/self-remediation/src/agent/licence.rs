@@ -68,35 +68,42 @@ impl Metrics {
 
 pub async fn serve_metrics(bind: SocketAddr, m: &Metrics) -> Result<()> {
     let mut registry = Registry::default();
-    registry.register(
-        "nodemedic_agent_api_checks",
-        "Licence checks against the API server, by result",
-        m.api_checks.clone(),
-    );
-    registry.register(
-        "nodemedic_agent_vote_rounds",
-        "Vote rounds asked of the peers, by result",
-        m.vote_rounds.clone(),
-    );
-    registry.register(
-        "nodemedic_agent_votes_cast",
-        "Votes this agent gave its peers, by verdict",
-        m.votes_cast.clone(),
-    );
-    registry.register(
-        "nodemedic_agent_feeding",
-        "1 while the agent holds a licence and feeds its watchdog",
-        m.feeding.clone(),
-    );
-    registry.register(
-        "nodemedic_agent_fenced",
-        "1 once the agent fenced its node",
-        m.fenced.clone(),
-    );
+    m.register(&mut registry);
     let readiness = nodemedic_kube::metrics_server::Readiness::default();
     readiness.set(true);
     nodemedic_kube::metrics_server::serve(bind, Arc::new(registry), readiness).await?;
     Ok(())
+}
+
+impl Metrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let m = self;
+        registry.register(
+            "nodemedic_agent_api_checks",
+            "Licence checks against the API server, by result",
+            m.api_checks.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_vote_rounds",
+            "Vote rounds asked of the peers, by result",
+            m.vote_rounds.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_votes_cast",
+            "Votes this agent gave its peers, by verdict",
+            m.votes_cast.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_feeding",
+            "1 while the agent holds a licence and feeds its watchdog",
+            m.feeding.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_fenced",
+            "1 once the agent fenced its node",
+            m.fenced.clone(),
+        );
+    }
 }
 
 /// The remediations a read shows, as the protocol sees them: timed-out and deleting ones are no

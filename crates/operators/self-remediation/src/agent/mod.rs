@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use licence::Metrics;
 pub use settings::AgentArgs;
 
 use crate::{

@@ -144,8 +144,11 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             host_port: Some(spec.host_port),
             ..Default::default()
         }]),
+        // Root and privileged: the agent opens /dev/watchdog (the image's default user is not
+        // root, for the controller).
         security_context: Some(SecurityContext {
             privileged: Some(true),
+            run_as_user: Some(0),
             ..Default::default()
         }),
         volume_mounts: Some(vec![VolumeMount {

@@ -1,0 +1,16 @@
+{{- define "nodemedic.labels" -}}
+app.kubernetes.io/name: nodemedic
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end }}
+
+{{- define "nodemedic.controllerSelector" -}}
+app.kubernetes.io/name: nodemedic
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "nodemedic.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}

@@ -1,0 +1,111 @@
+//! The Helm chart: the committed plain manifests are its rendering, and every object it renders
+//! (monitoring included) is accepted by a real API server (server-side dry-run).
+
+use std::{path::PathBuf, process::Command};
+
+use nodemedic_lab::{LabConfig, tools_dir, version};
+
+use crate::{support::lab, text};
+
+fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+#[test]
+fn the_committed_manifests_are_the_charts_rendering() {
+    let rendered = tempfile::NamedTempFile::new().expect("temp file");
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/render-manifests.sh"))
+        .arg(rendered.path())
+        .output()
+        .expect("render-manifests.sh runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let fresh = std::fs::read_to_string(rendered.path()).expect("rendered");
+    let committed = std::fs::read_to_string(repo().join("deploy/nodemedic.yaml")).expect("committed");
+    assert!(
+        fresh == committed,
+        "deploy/nodemedic.yaml is not what the chart renders; run `make manifests` and commit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
+    let mut config = LabConfig::workers(1);
+    config.storage = false;
+    let lab = lab(config).await;
+    let kubectl = |args: &[&str]| {
+        let out = Command::new(lab.kubectl_path())
+            .args(args)
+            .env("KUBECONFIG", lab.kubeconfig())
+            .output()
+            .expect("kubectl runs");
+        assert!(out.status.success(), "kubectl {args:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for crd in [
+        "monitoring.coreos.com_servicemonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml",
+    ] {
+        kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &tools_dir().join(crd).display().to_string(),
+        ]);
+    }
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ]);
+
+    // Every template and toggle on.
+    let out = Command::new(tools_dir().join("helm"))
+        .args(["template", "nodemedic"])
+        .arg(repo().join("charts/nodemedic"))
+        .args([
+            "--namespace=workload-availability",
+            "--include-crds",
+            &format!("--kube-version={}", version("KUBERNETES_VERSION")),
+            "--set=serviceMonitor.enabled=true",
+            "--set=prometheusRule.enabled=true",
+            "--set=grafanaDashboard.enabled=true",
+            "--set=controller.disabled={maintenance}",
+            "--set=selfNodeRemediationConfig.spec.watchdogFilePath=/dev/watchdog1",
+        ])
+        .output()
+        .expect("helm runs");
+    assert!(out.status.success(), "helm template: {}", text(&out));
+    let rendered = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(rendered.path(), &out.stdout).expect("write");
+    let applied = kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        "-f",
+        &rendered.path().display().to_string(),
+    ]);
+    for object in [
+        "customresourcedefinition.apiextensions.k8s.io/nodemaintenances.nodemaintenance.medik8s.io",
+        "serviceaccount/nodemedic-controller",
+        "serviceaccount/nodemedic-agent",
+        "clusterrole.rbac.authorization.k8s.io/nodemedic-controller",
+        "clusterrole.rbac.authorization.k8s.io/nodemedic-agent",
+        "clusterrole.rbac.authorization.k8s.io/nodemedic-ext-remediation",
+        "clusterrolebinding.rbac.authorization.k8s.io/nodemedic-controller",
+        "deployment.apps/nodemedic-controller",
+        "service/nodemedic-controller-metrics",
+        "servicemonitor.monitoring.coreos.com/nodemedic-controller",
+        "prometheusrule.monitoring.coreos.com/nodemedic",
+        "configmap/nodemedic-dashboard",
+        "selfnoderemediationconfig.self-node-remediation.medik8s.io/self-node-remediation-config",
+    ] {
+        assert!(
+            applied.contains(&format!("{object} serverside-applied (server dry run)")),
+            "{object} not accepted:\n{applied}"
+        );
+    }
+}
