@@ -11,6 +11,7 @@ use kube::{
 };
 use nodemedic_api::{
     fence_agents::FenceAgentsRemediation,
+    healthcheck::NodeHealthCheck,
     names::{annotations, taints},
     self_remediation::SelfNodeRemediation,
 };
@@ -30,9 +31,64 @@ pub fn spawn(client: &Client, timeline: &Timeline) -> Vec<tokio::task::JoinHandl
     vec![
         tokio::spawn(nodes(client.clone(), timeline.clone())),
         tokio::spawn(pods(client.clone(), timeline.clone())),
-        tokio::spawn(remediations::<SelfNodeRemediation>(client.clone(), timeline.clone())),
-        tokio::spawn(remediations::<FenceAgentsRemediation>(client.clone(), timeline.clone())),
+        tokio::spawn(remediations::<SelfNodeRemediation>(
+            client.clone(),
+            timeline.clone(),
+            |r| {
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .map(|p| format!("phase {p}"))
+            },
+        )),
+        tokio::spawn(remediations::<FenceAgentsRemediation>(
+            client.clone(),
+            timeline.clone(),
+            |r| {
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.step.clone())
+                    .map(|s| format!("step {s}"))
+            },
+        )),
+        tokio::spawn(health_checks(client.clone(), timeline.clone())),
     ]
+}
+
+async fn health_checks(client: Client, timeline: Timeline) {
+    let mut listed: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    let mut stream = watcher(Api::<NodeHealthCheck>::all(client), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = stream.next().await {
+        let Ok(watcher::Event::Apply(check) | watcher::Event::InitApply(check)) = event else {
+            continue;
+        };
+        let Some(name) = check.metadata.name.clone() else {
+            continue;
+        };
+        let now: std::collections::BTreeSet<String> = check
+            .status
+            .as_ref()
+            .and_then(|s| s.unhealthy_nodes.as_ref())
+            .map(|u| u.iter().map(|n| n.name.clone()).collect())
+            .unwrap_or_default();
+        let before = listed.insert(name.clone(), now.clone()).unwrap_or_default();
+        for node in now.difference(&before) {
+            timeline.record(Event::HealthCheck {
+                check: name.clone(),
+                node: node.clone(),
+                unhealthy: true,
+            });
+        }
+        for node in before.difference(&now) {
+            timeline.record(Event::HealthCheck {
+                check: name.clone(),
+                node: node.clone(),
+                unhealthy: false,
+            });
+        }
+    }
 }
 
 async fn nodes(client: Client, timeline: Timeline) {
@@ -163,7 +219,8 @@ async fn pods(client: Client, timeline: Timeline) {
     }
 }
 
-async fn remediations<K>(client: Client, timeline: Timeline)
+/// Remediation objects coming, progressing (what `progress` reads from one) and going.
+async fn remediations<K>(client: Client, timeline: Timeline, progress: fn(&K) -> Option<String>)
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -174,7 +231,7 @@ where
         + 'static,
 {
     let kind = K::kind(&()).to_string();
-    let mut known: BTreeMap<String, bool> = BTreeMap::new();
+    let mut known: BTreeMap<String, (bool, Option<String>)> = BTreeMap::new();
     let mut stream = watcher(Api::<K>::all(client), watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -193,24 +250,30 @@ where
             .unwrap_or_else(|| name.clone());
         let key = format!("{}/{name}", meta.namespace.clone().unwrap_or_default());
         let deleting = meta.deletion_timestamp.is_some();
-        let change = match (known.get(&key), gone, deleting) {
-            (_, true, _) => Some("removed"),
-            (None, false, _) => Some("created"),
-            (Some(false), false, true) => Some("deleting"),
-            _ => None,
-        };
-        if let Some(change) = change {
+        let step = progress(&obj);
+        let before = known.get(&key).cloned();
+        let mut changes: Vec<String> = Vec::new();
+        match (&before, gone, deleting) {
+            (_, true, _) => changes.push("removed".into()),
+            (None, false, _) => changes.push("created".into()),
+            (Some((false, _)), false, true) => changes.push("deleting".into()),
+            _ => {}
+        }
+        if !gone && step.is_some() && before.as_ref().map(|(_, s)| s) != Some(&step) {
+            changes.extend(step.clone());
+        }
+        for change in changes {
             timeline.record(Event::Remediation {
                 kind: kind.clone(),
                 name: name.clone(),
-                node,
-                change: change.into(),
+                node: node.clone(),
+                change,
             });
         }
         if gone {
             known.remove(&key);
         } else {
-            known.insert(key, deleting);
+            known.insert(key, (deleting, step));
         }
     }
 }

@@ -97,11 +97,18 @@ pub enum Event {
         node: String,
         state: String,
     },
+    /// A remediation object created, progressing (`phase <p>` / `step <s>`), deleting, removed.
     Remediation {
         kind: String,
         name: String,
         node: String,
         change: String,
+    },
+    /// A NodeHealthCheck starts or stops listing the node as unhealthy.
+    HealthCheck {
+        check: String,
+        node: String,
+        unhealthy: bool,
     },
     Note {
         text: String,
@@ -183,6 +190,10 @@ pub fn describe(event: &Event) -> String {
             node,
             change,
         } => format!("{kind} {name} for {node}: {change}"),
+        Event::HealthCheck { check, node, unhealthy } => format!(
+            "NodeHealthCheck {check}: node {node} {}",
+            if *unhealthy { "unhealthy" } else { "healthy again" }
+        ),
         Event::Note { text } => text.clone(),
     }
 }

@@ -1,64 +1,229 @@
-//! `nodemedic demo`: a 3-node lab with nodemedic installed, a one-replica StatefulSet with a
-//! ReadWriteOnce volume (the stand-in for a VM) on one node; that node dies, nodemedic fences it
-//! and the workload comes back on another node. Prints the timeline and the witness's verdict.
+//! `nodemedic demo`: the seed blog's scenario in a lab. Three nodes (each control-plane and
+//! worker), nodemedic installed (controller, an agent per node), the seed NodeHealthCheck, a
+//! one-replica StatefulSet with a ReadWriteOnce volume (the stand-in for a VM) on one node. That
+//! node loses power; the demo narrates each step as it happens, ends with the timeline and the
+//! time to recovery, and writes the same timeline as JSON and as an HTML page with a chart.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, bail};
-use nodemedic::scenario::{self, NS};
-use nodemedic_lab::{Lab, LabConfig, witness};
+use clap::Args;
+use nodemedic::{
+    report::Report,
+    scenario::{self, NS},
+    story::{self, Milestone, Subject},
+};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, Timings, witness};
+use serde_json::json;
 
-pub fn run() -> anyhow::Result<()> {
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Fence through each node's Redfish BMC with the fence agents, instead of self remediation.
+    #[arg(long)]
+    pub fence_agents: bool,
+    /// Kubernetes' default failure detection (node lease 40 s, grace 50 s) and the seed
+    /// manifests' own durations: minutes instead of about one.
+    #[arg(long)]
+    pub default_timings: bool,
+    /// Where the report goes (timeline.json, timeline.html).
+    #[arg(long, default_value = "nodemedic-demo")]
+    pub report_dir: PathBuf,
+}
+
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The demo speaks for itself on stdout; the lab's start-up and teardown retries are noise.
     nodemedic_kube::logging::init_with_default(false, "warn,kube_client=off");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(demo())
+    runtime.block_on(async {
+        tokio::select! {
+            result = demo(&args) => result,
+            // Dropping the demo drops its lab, which tears everything down.
+            _ = interrupted() => {
+                println!("\n==> interrupted: tearing the lab down");
+                Ok(())
+            }
+        }
+    })
+}
+
+async fn interrupted() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
 }
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-async fn demo() -> anyhow::Result<()> {
+/// The NodeHealthCheck's unhealthy durations: shortened, or the seed's.
+fn durations(manifest: &mut serde_json::Value, seconds: Option<u32>) {
+    if let (Some(s), Some(conditions)) = (seconds, manifest["spec"]["unhealthyConditions"].as_array_mut()) {
+        for c in conditions {
+            c["duration"] = json!(format!("{s}s"));
+        }
+    }
+}
+
+async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("locating the nodemedic binary")?;
-    println!("==> starting a lab: a real control plane and three simulated nodes");
-    let lab = Lab::start(LabConfig::seed()).await.context("starting the lab")?;
+    let shortened = (!args.default_timings).then_some(5);
+    let mut config = LabConfig::seed();
+    if args.default_timings {
+        config = config.with_timings(Timings::kubernetes_defaults());
+    }
+    if args.fence_agents {
+        config = config.with_bmcs(BmcOptions {
+            delays: PowerDelays::None,
+            ..BmcOptions::default()
+        });
+    }
+    println!(
+        "==> starting a lab: a real control plane and three simulated nodes{}",
+        if args.fence_agents {
+            ", each with a Redfish BMC"
+        } else {
+            ""
+        }
+    );
+    let lab = Lab::start(config).await.context("starting the lab")?;
     let client = lab.client();
     scenario::create_namespace(&client, NS).await?;
-    println!("==> installing nodemedic: the controller, an agent per node, the seed configuration");
-    println!(
-        "    (fast timings: {})",
-        scenario::FAST_CONFIG.split_whitespace().collect::<Vec<_>>().join(" ")
-    );
-    let config = scenario::configure(&lab).await?;
-    scenario::apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {})?;
     let metrics = free_port()?;
-    scenario::start_controller(&lab, &exe, "controller", metrics, &[], "info,kube=warn")?;
-    scenario::start_agents(&lab, &exe, &config)?;
-    scenario::deploy_workload(&lab).await?;
+    let check = if args.fence_agents {
+        println!("==> installing nodemedic (controller) and the seed fence agents template (fence_redfish)");
+        scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+        scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m))?;
+        scenario::start_controller(
+            &lab,
+            &exe,
+            "controller",
+            metrics,
+            &["--disable=self-remediation"],
+            "info,kube=warn",
+        )?;
+        scenario::deploy_workload(&lab).await?;
+        ("002-nhc-far-3node.yaml", "nhc-far-3node")
+    } else {
+        let patch = if args.default_timings {
+            scenario::SEED_TIMINGS_CONFIG
+        } else {
+            scenario::FAST_CONFIG
+        };
+        println!("==> installing nodemedic: the controller, an agent per node, the seed configuration");
+        println!(
+            "    (SelfNodeRemediationConfig: {})",
+            patch.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+        let snr_config = scenario::configure_with(&lab, patch).await?;
+        scenario::start_controller(
+            &lab,
+            &exe,
+            "controller",
+            metrics,
+            &["--disable=fence-agents"],
+            "info,kube=warn",
+        )?;
+        scenario::start_agents(&lab, &exe, &snr_config)?;
+        scenario::deploy_workload(&lab).await?;
+        println!(
+            "==> waiting until every agent's registration counts ({}s)",
+            scenario::VIEW.as_secs()
+        );
+        scenario::agents_settled(&lab).await?;
+        ("000-nhc-master-test.yaml", "nhc-master-test")
+    };
     let pod = scenario::running_pod(&client, &[], Duration::from_secs(180)).await?;
     let node = scenario::node_of(&pod);
+    scenario::apply_seed(&lab, check.0, |m| durations(m, shortened))?;
+    println!(
+        "==> NodeHealthCheck {} watches the control-plane nodes (unhealthy after {})",
+        check.1,
+        shortened.map_or("the seed's durations".into(), |s| format!("{s}s NotReady"))
+    );
     println!("==> the \"VM\" (StatefulSet db, pod db-0, ReadWriteOnce volume) runs on {node}");
-    println!(
-        "==> waiting until every agent's registration counts ({}s)",
-        scenario::VIEW.as_secs()
-    );
-    scenario::agents_settled(&lab).await?;
-    scenario::apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {})?;
-    println!("==> {node} loses power");
-    let crashed = Instant::now();
+
+    let subject = Subject {
+        node: node.clone(),
+        pod: "vm/db-0".into(),
+    };
     lab.crash(&node).await?;
-    let moved = scenario::running_pod(&client, &[&node], Duration::from_secs(300)).await?;
-    println!(
-        "==> db-0 is Running on {} {:.1}s after {node} died",
-        scenario::node_of(&moved),
-        crashed.elapsed().as_secs_f64()
-    );
-    println!("\n{}", lab.timeline().render());
-    let violations = witness::check(&lab.timeline().entries());
+    let started = Instant::now();
+    let deadline = Duration::from_secs(if args.default_timings { 1200 } else { 300 });
+    let mut told = 0;
+    let mut powered_on = false;
+    let story = loop {
+        let reached = story::milestones(&lab.timeline().entries(), &subject);
+        let origin = reached.first().map(|r| r.at);
+        for r in reached.iter().skip(told) {
+            let after = origin
+                .map(|o| (r.at - o).total(jiff::Unit::Second).unwrap_or(0.0))
+                .unwrap_or(0.0);
+            println!(
+                "  +{after:>6.1}s  {}   [{}]",
+                r.milestone.describe(&subject.node, &subject.pod),
+                r.detail
+            );
+        }
+        told = told.max(reached.len());
+        // Self remediation leaves a node that lost power off (its watchdog cannot boot it);
+        // as in the blog, someone switches it on again once the workload is safe elsewhere.
+        if !args.fence_agents
+            && !powered_on
+            && reached
+                .iter()
+                .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
+        {
+            powered_on = true;
+            println!("==> {node} is switched back on (as the blog's operator does)");
+            lab.power_on(&node).await?;
+        }
+        if reached.iter().any(|r| r.milestone == Milestone::RemediationRemoved) {
+            break reached;
+        }
+        if started.elapsed() > deadline {
+            println!("==> gave up waiting after {}s", deadline.as_secs());
+            break reached;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    let entries = lab.timeline().entries();
+    let violations: Vec<String> = witness::check(&entries).iter().map(|v| v.to_string()).collect();
+    let report = Report {
+        title: format!(
+            "nodemedic demo: {node} dies, {} brings db-0 back",
+            if args.fence_agents {
+                "fence agents (Redfish)"
+            } else {
+                "self remediation"
+            }
+        ),
+        subject,
+        nodes: lab.nodes(),
+        entries,
+        milestones: story.clone(),
+        violations: violations.clone(),
+    };
+    println!("\n{}", report.text());
+    std::fs::create_dir_all(&args.report_dir).with_context(|| format!("creating {}", args.report_dir.display()))?;
+    let html = args.report_dir.join("timeline.html");
+    std::fs::write(&html, report.html())?;
+    std::fs::write(
+        args.report_dir.join("timeline.json"),
+        serde_json::to_string_pretty(&report.json())?,
+    )?;
+    println!("report: {} (and timeline.json beside it)", html.display());
     if !violations.is_empty() {
         for v in &violations {
             println!("VIOLATION: {v}");
@@ -66,6 +231,9 @@ async fn demo() -> anyhow::Result<()> {
         bail!("the witness saw two writers");
     }
     println!("witness: db-0 and its volume never ran on two nodes at once");
+    if let Err(why) = story::in_safe_order(&story) {
+        bail!("the recovery is incomplete or out of order: {why}");
+    }
     println!("controller metrics were at http://127.0.0.1:{metrics}/metrics; the lab is torn down now");
     Ok(())
 }

@@ -1,4 +1,7 @@
 //! What the `nodemedic` binary shares with its end-to-end tests: the steps that install
-//! nodemedic into a lab and run the stateful stand-in for a VM ([`scenario`]).
+//! nodemedic into a lab and run the stateful stand-in for a VM ([`scenario`]), and the story of a
+//! node failure read from the lab timeline ([`story`], [`report`]).
 
+pub mod report;
 pub mod scenario;
+pub mod story;

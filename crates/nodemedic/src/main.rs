@@ -35,7 +35,7 @@ enum Command {
         write: Option<PathBuf>,
     },
     /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
-    Demo,
+    Demo(demo_cmd::DemoArgs),
     /// Nodes, their health, remediations in flight and maintenance, in one table.
     Status(status::StatusArgs),
     /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
@@ -53,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => agent(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
-        Command::Demo => demo_cmd::run(),
+        Command::Demo(args) => demo_cmd::run(args),
         Command::Status(args) => status::run(args),
     }
 }

@@ -102,9 +102,18 @@ pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, ex
 
 /// The seed SelfNodeRemediationConfig with [`FAST_CONFIG`] applied, as the manager reads it.
 pub async fn configure(lab: &Lab) -> Result<SelfNodeRemediationConfig> {
+    configure_with(lab, FAST_CONFIG).await
+}
+
+/// The seed's own timings (safe time 180 s, API checks every 15 s), except the registrations'
+/// view bound, so agents count after [`VIEW`] rather than the seed's 15 minutes.
+pub const SEED_TIMINGS_CONFIG: &str = r#"{"spec": {"peerUpdateInterval": "30s"}}"#;
+
+/// The seed SelfNodeRemediationConfig with `patch` (a JSON merge patch) applied.
+pub async fn configure_with(lab: &Lab, patch: &str) -> Result<SelfNodeRemediationConfig> {
     apply_seed(lab, "004-snr-config.yaml", |m| {
-        if let Ok(fast) = serde_json::from_str::<serde_json::Value>(FAST_CONFIG) {
-            json_patch::merge(m, &fast);
+        if let Ok(patch) = serde_json::from_str::<serde_json::Value>(patch) {
+            json_patch::merge(m, &patch);
         }
     })?;
     Ok(Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
@@ -139,6 +148,27 @@ pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -
         lab.add_node_process(&node, "agent", spec)?;
     }
     Ok(())
+}
+
+/// The seed FenceAgentsRemediationTemplate adapted to the lab, as the seed README allows: each
+/// node's BMC address (`--ip` per node, instead of `--hostname` on a DNS name the lab does not
+/// have) and TLS trust of the emulator's lab certificate (`--ssl-insecure`).
+pub fn adapt_far_template(lab: &Lab, manifest: &mut serde_json::Value) {
+    let ips = bmc_ips(lab);
+    let spec = &mut manifest["spec"]["template"]["spec"];
+    if let Some(shared) = spec["sharedparameters"].as_object_mut() {
+        shared.remove("--hostname");
+        shared.insert("--ssl-insecure".into(), serde_json::json!(""));
+    }
+    spec["nodeparameters"] = serde_json::json!({ "--ip": ips });
+}
+
+/// Node -> its BMC's address, as a template's `nodeparameters` wants it.
+pub fn bmc_ips(lab: &Lab) -> serde_json::Map<String, serde_json::Value> {
+    lab.nodes()
+        .into_iter()
+        .filter_map(|n| Some((n.clone(), serde_json::json!(lab.bmc(&n).ok()?.ip.to_string()))))
+        .collect()
 }
 
 /// Waits until every agent is registered and its registration counts as an acceptor.

@@ -78,27 +78,9 @@ impl History {
 }
 const PASSWORD: &str = "n0tPassword";
 
-/// Node -> its BMC's address.
-fn bmc_ips(lab: &Lab) -> serde_json::Map<String, Value> {
-    lab.nodes()
-        .into_iter()
-        .map(|n| {
-            let ip = lab.bmc(&n).expect("bmc").ip.to_string();
-            (n, json!(ip))
-        })
-        .collect()
-}
-
-/// The seed template, adapted to the lab as the seed README allows: the BMC address (`--ip` per
-/// node instead of `--hostname` on a DNS name) and TLS trust (`--ssl-insecure`).
+/// The seed template adapted to the lab (see [`scenario::adapt_far_template`]).
 pub(crate) fn adapt_template(lab: &Lab) -> impl FnOnce(&mut Value) + '_ {
-    move |m: &mut Value| {
-        let spec = &mut m["spec"]["template"]["spec"];
-        let shared = spec["sharedparameters"].as_object_mut().expect("sharedparameters");
-        shared.remove("--hostname");
-        shared.insert("--ssl-insecure".into(), json!(""));
-        spec["nodeparameters"] = json!({ "--ip": bmc_ips(lab) });
-    }
+    move |m: &mut Value| scenario::adapt_far_template(lab, m)
 }
 
 /// A seed lab with BMCs, nodemedic's controller (health check and fence agents), the seed FAR
@@ -236,7 +218,7 @@ async fn seed_scenario_fence_redfish_with_a_slow_bmc_fences_the_crashed_node_and
 
 /// The fence_ipmilan template users write for ipmi BMCs (ResourceDeletion strategy).
 fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
-    let ips = bmc_ips(lab);
+    let ips = scenario::bmc_ips(lab);
     json!({
         "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
         "kind": "FenceAgentsRemediationTemplate",

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `nodemedic` binary against lab clusters.
 
 mod chart;
+mod demo;
 mod fenceagents;
 mod healthcheck;
 mod lab_cli;
