@@ -512,6 +512,15 @@ impl Lab {
         Ok(path)
     }
 
+    /// A kubeconfig for `name` that authenticates with `token`.
+    pub fn kubeconfig_with_token(&self, name: &str, token: &str) -> Result<PathBuf> {
+        let path = self.dir().join(format!("{name}.kubeconfig"));
+        self.inner
+            .pki
+            .token_kubeconfig(name, token, &self.inner.server, &path)?;
+        Ok(path)
+    }
+
     pub fn log_path(&self, process: &str) -> PathBuf {
         self.dir()
             .join("logs")

@@ -90,6 +90,17 @@ impl LabPki {
     }
 
     /// A kubeconfig for the client certificate `<file>` against `server`.
+    /// A kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's).
+    pub fn token_kubeconfig(&self, user: &str, token: &str, server: &str, path: &Path) -> Result<()> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+             users:\n- name: {user}\n  user:\n    token: {token}\n\
+             contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {user}\ncurrent-context: lab\n",
+            ca = self.path("ca.crt").display(),
+        );
+        std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))
+    }
+
     pub fn kubeconfig(&self, file: &str, server: &str, path: &Path) -> Result<()> {
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\

@@ -4,10 +4,13 @@
 
 use std::{path::Path, time::Duration};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::{
+    authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+    core::v1::{Namespace, Pod, ServiceAccount},
+};
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{ListParams, ObjectMeta, PostParams},
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
 use nodemedic_lab::{Lab, ProcessSpec, Result, seeds, wait, workloads::STATEFULSET};
@@ -29,6 +32,7 @@ pub const VIEW: Duration = Duration::from_secs(30);
 /// the lab's controller and agents run with.
 const RENDERED_CHART: &str = include_str!("../../../deploy/nodemedic.yaml");
 const CONTROLLER_ACCOUNT: &str = "nodemedic-controller";
+const AGENT_ACCOUNT: &str = "nodemedic-agent";
 
 /// The lab's agents authenticate as their nodes (`system:node:<node>`, as a node-bound service
 /// account token would name them to the signer), in this group; it gets the chart's agent role.
@@ -128,26 +132,75 @@ pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -
     lab.apply_yaml(LAB_AGENTS_BINDING)?;
     for node in lab.nodes() {
         let kubeconfig = lab.kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])?;
-        let mut args = vec![
-            "agent".to_owned(),
-            format!("--node={node}"),
-            format!("--namespace={NS}"),
-            format!("--address={}", lab.node_ip(&node)?),
-            format!("--watchdog=lab:{}", lab.watchdog_path(&node).display()),
-            format!(
-                "--state-dir={}",
-                lab.dir().join("nodes").join(format!("{node}-agent")).display()
-            ),
-        ];
-        args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
-            &config.spec,
-        ));
-        let spec = ProcessSpec::new(exe, args)
-            .env("KUBECONFIG", kubeconfig.display().to_string())
-            .env("RUST_LOG", "info,kube=warn");
-        lab.add_node_process(&node, "agent", spec)?;
+        start_agent(lab, exe, config, &node, &kubeconfig)?;
     }
     Ok(())
+}
+
+/// Starts the agents exactly as the chart's DaemonSet pods authenticate: as the
+/// `nodemedic-agent` ServiceAccount, with a token bound to the DaemonSet's pod on each node (the
+/// token names the node, which the peer-certificate signer checks), and only the chart's RBAC.
+pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
+    lab.apply_yaml(&chart_rbac())?;
+    let pods = Api::<Pod>::namespaced(lab.client(), NS);
+    let accounts = Api::<ServiceAccount>::namespaced(lab.client(), NS);
+    for node in lab.nodes() {
+        let pod = wait::until(
+            &format!("the agent DaemonSet's pod on {node}"),
+            Duration::from_secs(120),
+            || {
+                let pods = pods.clone();
+                let on_node = ListParams::default()
+                    .labels("app.kubernetes.io/component=nodemedic-agent")
+                    .fields(&format!("spec.nodeName={node}"));
+                async move { Ok(pods.list(&on_node).await?.items.into_iter().next()) }
+            },
+        )
+        .await?;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: None,
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                }),
+                expiration_seconds: Some(24 * 3600),
+            }),
+            ..Default::default()
+        };
+        let token = accounts
+            .create_token_request(AGENT_ACCOUNT, &PostParams::default(), &request)
+            .await?
+            .status
+            .and_then(|s| s.token)
+            .unwrap_or_default();
+        let kubeconfig = lab.kubeconfig_with_token(&format!("agent-{node}"), &token)?;
+        start_agent(lab, exe, config, &node, &kubeconfig)?;
+    }
+    Ok(())
+}
+
+fn start_agent(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig, node: &str, kubeconfig: &Path) -> Result<()> {
+    let mut args = vec![
+        "agent".to_owned(),
+        format!("--node={node}"),
+        format!("--namespace={NS}"),
+        format!("--address={}", lab.node_ip(node)?),
+        format!("--watchdog=lab:{}", lab.watchdog_path(node).display()),
+        format!(
+            "--state-dir={}",
+            lab.dir().join("nodes").join(format!("{node}-agent")).display()
+        ),
+    ];
+    args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
+        &config.spec,
+    ));
+    let spec = ProcessSpec::new(exe, args)
+        .env("KUBECONFIG", kubeconfig.display().to_string())
+        .env("RUST_LOG", "info,kube=warn");
+    lab.add_node_process(node, "agent", spec)
 }
 
 /// The seed FenceAgentsRemediationTemplate adapted to the lab, as the seed README allows: each

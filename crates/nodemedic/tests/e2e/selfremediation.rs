@@ -432,3 +432,49 @@ async fn a_deliberately_stopped_agent_closes_its_watchdog_and_the_manager_stops_
     })
     .await;
 }
+
+/// The agents with only what the chart gives a real agent pod: the `nodemedic-agent`
+/// ServiceAccount (a token bound to the DaemonSet's pod on each node, which names the node to the
+/// signer) and the chart's agent role. They get their peer certificates, register, hold licences,
+/// and a crashed node is remediated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_with_only_the_charts_service_account_and_role_register_and_remediate() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    let config = scenario::configure(&lab).await.expect("config");
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    start_controller(&lab, "controller", &[]);
+    scenario::start_agents_as_daemonset_pods(&lab, std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), &config)
+        .await
+        .expect("agents");
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let node = node_of(&running_pod(&client, &[]).await);
+    scenario::agents_settled(&lab).await.expect("agents settled");
+    let requests = Api::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .expect("CSRs");
+    let peer: Vec<_> = requests
+        .items
+        .iter()
+        .filter(|c| c.spec.signer_name == "nodemedic.medik8s.io/peer")
+        .collect();
+    assert_eq!(peer.len(), 3, "one peer certificate per agent");
+    for csr in &peer {
+        assert_eq!(
+            csr.spec.username.as_deref(),
+            Some("system:serviceaccount:workload-availability:nodemedic-agent")
+        );
+        assert!(
+            csr.status.as_ref().is_some_and(|s| s.certificate.is_some()),
+            "signed: {csr:?}"
+        );
+    }
+    assert!(lab.nodes().iter().all(|n| lab.watchdog_armed(n)));
+
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    lab.crash(&node).await.expect("crash");
+    let moved = running_pod(&client, &[&node]).await;
+    println!("db-0 moved from {node} to {}", node_of(&moved));
+    assert_witness(&lab);
+}
