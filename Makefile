@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup test demo crds manifests fmt model-check
+.PHONY: setup test demo bench crds manifests fmt model-check
 
 setup:
 	@bash scripts/setup.sh
@@ -9,6 +9,10 @@ test: setup
 
 demo: setup
 	cargo run --release --locked -p nodemedic -- demo $(ARGS)
+
+# Time to safe recovery per path and strategy (writes bench/results/recovery-*.{json,md}).
+bench: setup
+	cargo run --release --locked -p nodemedic -- bench $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).
 crds:

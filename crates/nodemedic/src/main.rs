@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod bench_cmd;
 mod controller_cmd;
 mod demo_cmd;
 mod lab_cmd;
@@ -36,6 +37,8 @@ enum Command {
     },
     /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
     Demo(demo_cmd::DemoArgs),
+    /// Time to safe recovery, per path and strategy, over N crash trials (writes a report).
+    Bench(bench_cmd::BenchArgs),
     /// Nodes, their health, remediations in flight and maintenance, in one table.
     Status(status::StatusArgs),
     /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
@@ -55,6 +58,7 @@ fn main() -> anyhow::Result<()> {
         Command::Lab { command } => lab_cmd::run(command),
         Command::Demo(args) => demo_cmd::run(args),
         Command::Status(args) => status::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
     }
 }
 

@@ -216,6 +216,25 @@ pub fn adapt_far_template(lab: &Lab, manifest: &mut serde_json::Value) {
     spec["nodeparameters"] = serde_json::json!({ "--ip": ips });
 }
 
+/// A fence_ipmilan template for the lab's ipmi_sim BMCs (lanplus, cipher 3), as users write one.
+pub fn ipmi_far_template(lab: &Lab, name: &str, secret: &str, strategy: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+        "kind": "FenceAgentsRemediationTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"template": {"spec": {
+            "agent": "fence_ipmilan",
+            "sharedparameters": {"--username": "ansible", "--lanplus": "", "--cipher": "3", "--ipport": "623"},
+            "nodeparameters": {"--ip": bmc_ips(lab)},
+            "sharedSecretName": secret,
+            "retrycount": 2,
+            "retryinterval": "1s",
+            "timeout": "20s",
+            "remediationStrategy": strategy
+        }}}
+    })
+}
+
 /// Node -> its BMC's address, as a template's `nodeparameters` wants it.
 pub fn bmc_ips(lab: &Lab) -> serde_json::Map<String, serde_json::Value> {
     lab.nodes()

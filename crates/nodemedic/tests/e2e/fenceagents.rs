@@ -218,22 +218,7 @@ async fn seed_scenario_fence_redfish_with_a_slow_bmc_fences_the_crashed_node_and
 
 /// The fence_ipmilan template users write for ipmi BMCs (ResourceDeletion strategy).
 fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
-    let ips = scenario::bmc_ips(lab);
-    json!({
-        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
-        "kind": "FenceAgentsRemediationTemplate",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"template": {"spec": {
-            "agent": "fence_ipmilan",
-            "sharedparameters": {"--username": "ansible", "--lanplus": "", "--cipher": "3", "--ipport": "623"},
-            "nodeparameters": {"--ip": ips},
-            "sharedSecretName": secret,
-            "retrycount": 2,
-            "retryinterval": "1s",
-            "timeout": "20s",
-            "remediationStrategy": "ResourceDeletion"
-        }}}
-    })
+    scenario::ipmi_far_template(lab, name, secret, "ResourceDeletion")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
