@@ -13,7 +13,7 @@ use k8s_openapi::{
 };
 use kube::{
     Client,
-    api::{Api, DeleteParams, ObjectMeta, PostParams},
+    api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions},
 };
 use nodemedic_api::names::leases;
 
@@ -187,11 +187,25 @@ impl NodeLeases {
                 lease: name,
                 holder: h.to_owned(),
             }),
-            _ => match self.api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                Err(e) => Err(e.into()),
-            },
+            // Only the lease as read: one taken or renewed since is no longer ours to delete.
+            _ => {
+                let as_read = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: lease.metadata.uid.clone(),
+                        resource_version: lease.metadata.resource_version.clone(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                match self.api.delete(&name, &as_read).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::LeaseHeld {
+                        lease: name,
+                        holder: "someone who changed it since it was read".into(),
+                    }),
+                    Err(e) => Err(e.into()),
+                }
+            }
         }
     }
 }

@@ -112,13 +112,18 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     ]);
     // Ages move even when nothing else does.
     let mut clock = tokio::time::interval(Duration::from_secs(5));
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
-        let text = show(&snapshot(&client).await?)?;
-        match args.output {
-            // Redraw in place, as `watch` would.
-            Format::Table => print!("\x1b[2J\x1b[H{text}"),
-            // One document per update, for tools that read a stream.
-            Format::Json | Format::Yaml => println!("{text}---"),
+        // A failed list (the API server restarting) is reported and retried, not fatal.
+        match snapshot(&client).await.and_then(|s| show(&s)) {
+            Ok(text) => match args.output {
+                // Redraw in place, as `watch` would.
+                Format::Table => print!("\x1b[2J\x1b[H{text}"),
+                // One document per update, for tools that read a stream.
+                Format::Json | Format::Yaml => println!("{text}---"),
+            },
+            Err(error) => eprintln!("{error:#}; retrying"),
         }
         tokio::select! {
             _ = ticks.next() => {
@@ -127,7 +132,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
                 while let Some(Some(())) = futures::FutureExt::now_or_never(ticks.next()) {}
             }
             _ = clock.tick() => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         }
     }
 }

@@ -7,8 +7,11 @@ use kube::{
     core::{Selector, SelectorExt},
 };
 use nodemedic_api::{
-    fence_agents::FenceAgentsRemediation, healthcheck::NodeHealthCheck, maintenance::NodeMaintenance,
-    names::annotations, self_remediation::SelfNodeRemediation,
+    fence_agents::FenceAgentsRemediation,
+    healthcheck::NodeHealthCheck,
+    maintenance::{MaintenancePhase, NodeMaintenance},
+    names::annotations,
+    self_remediation::SelfNodeRemediation,
 };
 use serde::Serialize;
 
@@ -141,10 +144,15 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
                 )
                 .collect();
             remediations.sort_by_key(|r| std::cmp::Reverse(r.age_seconds));
-            let maintenance = s
+            // The maintenance in force, not a refused duplicate.
+            let mut mine: Vec<&NodeMaintenance> = s
                 .maintenances
                 .iter()
                 .filter(|m| m.spec.node_name == name && m.metadata.deletion_timestamp.is_none())
+                .collect();
+            mine.sort_by_key(|m| m.status.as_ref().and_then(|st| st.phase) == Some(MaintenancePhase::Failed));
+            let maintenance = mine
+                .into_iter()
                 .map(|m| MaintenanceView {
                     name: m.name_any(),
                     phase: m

@@ -99,7 +99,10 @@ pub async fn observe(ctx: &Context, nm: &NodeMaintenance) -> Result<Observed> {
         .filter(|o| o.spec.node_name == node_name)
         .find(|o| phase(o) != Phase::NotStarted || key(o) < key(nm))
         .map(|o| o.name_any());
-    let other_active_for_node = others.iter().any(|o| o.spec.node_name == node_name);
+    // A successor that has not started has not touched the node (and may still fail).
+    let other_active_for_node = others
+        .iter()
+        .any(|o| o.spec.node_name == node_name && phase(o) != Phase::NotStarted);
     let status_phase = phase(nm);
 
     let quorum = if status_phase == Phase::NotStarted && nm.metadata.deletion_timestamp.is_none() {

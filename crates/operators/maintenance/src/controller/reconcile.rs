@@ -31,7 +31,7 @@ use crate::{
 
 /// Steps taken in one reconcile before handing back to the controller.
 const MAX_STEPS: usize = 12;
-/// Waiting for a lease, or after a failure to take it.
+/// Waiting for the node lease, or after a failure to take it.
 const BLOCKED_RETRY: Duration = Duration::from_secs(5);
 /// Evicted pods still terminating are looked at again soon.
 const TERMINATING_RETRY: Duration = Duration::from_secs(1);
@@ -74,7 +74,11 @@ async fn act(
     let on = events::reference(nm);
     match step {
         Step::Idle => return Ok(Next::Done(Action::await_change())),
-        Step::Hold => return Ok(Next::Done(Action::requeue(LEASE_DURATION / 4))),
+        Step::Hold => {
+            // A lease wait (after an expiry) may have left its explanation behind.
+            status::write(api, nm, |s, _| s.last_error = None).await?;
+            return Ok(Next::Done(Action::requeue(LEASE_DURATION / 4)));
+        }
         Step::Cleanup { give_back } => {
             if give_back {
                 node::give_back(ctx, node_name).await?;
@@ -145,12 +149,12 @@ async fn act(
                 s.drain_progress = Some(progress(selected, selected));
                 s.error_on_lease_count = Some(0);
                 status::pending(s, refs(&remove));
-                status::drained(
+                // Unknown until the node is ours and cordoned: the drain (and its timeout) starts then.
+                status::drained_unknown(
                     s,
                     now,
-                    false,
-                    "Draining",
-                    format!("draining {selected} of the {total} pods on the node"),
+                    "Preparing",
+                    format!("{selected} of the {total} pods on the node will be drained"),
                 );
             })
             .await?;
@@ -189,9 +193,12 @@ async fn act(
             let message = format!(
                 "waiting for the node lease, held by {holder} (the health check is remediating this node); the drain starts once it is released"
             );
+            let drained_already = observed.facts.phase == crate::decide::steps::Phase::Succeeded;
             let changed = status::write(api, nm, |s, now| {
                 s.last_error = Some(message.clone());
-                status::drained(s, now, false, "WaitingForLease", message.clone());
+                if !drained_already {
+                    status::drained_unknown(s, now, "WaitingForLease", message.clone());
+                }
             })
             .await?;
             if changed {
@@ -203,6 +210,11 @@ async fn act(
         Step::Taint => node::taint(ctx, node_name).await?,
         Step::Cordon => {
             node::cordon(ctx, node_name, true).await?;
+            status::write(api, nm, |s, now| {
+                s.last_error = None;
+                status::drained(s, now, false, "Draining", "the node is cordoned; draining".into());
+            })
+            .await?;
             ctx.events
                 .normal(&on, "CordonNode", format!("Node {node_name} cordoned; draining"))
                 .await;
@@ -278,10 +290,22 @@ async fn drain_step(
         tracing::info!(maintenance = %nm.name_any(), node = node_name, %why, "drain blocked");
         ctx.events.warning(&on, "DrainBlocked", why).await;
     }
-    Ok(Action::requeue(if pass.blocked.is_empty() {
+    let blocked_passes = match ctx.blocked_passes.lock() {
+        Ok(mut all) => {
+            let n = all.entry(nm.name_any()).or_default();
+            *n = if pass.blocked.is_empty() {
+                0
+            } else {
+                n.saturating_add(1)
+            };
+            *n
+        }
+        Err(_) => 1,
+    };
+    Ok(Action::requeue(if blocked_passes == 0 {
         TERMINATING_RETRY
     } else {
-        BLOCKED_RETRY
+        crate::decide::drain::retry_after(blocked_passes)
     }))
 }
 

@@ -58,6 +58,12 @@ pub fn drained(s: &mut NodeMaintenanceStatus, now: &Time, status: bool, reason: 
     );
 }
 
+/// The Drained condition while the drain has not begun.
+pub fn drained_unknown(s: &mut NodeMaintenanceStatus, now: &Time, reason: &str, message: String) {
+    let list = s.conditions.get_or_insert_with(Vec::new);
+    conditions::set_status(list, types::DRAINED, "Unknown", reason, message, None, now);
+}
+
 /// pendingPods and pendingPodsRefs, from the pods still to go.
 pub fn pending(s: &mut NodeMaintenanceStatus, refs: Vec<PodReference>) {
     s.pending_pods = Some(refs.iter().map(|r| r.name.clone()).collect());

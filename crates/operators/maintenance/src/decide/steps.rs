@@ -74,9 +74,10 @@ pub enum Step {
 pub const MAX_LEASE_ERRORS: u32 = 3;
 
 pub fn next(f: &Facts) -> Step {
-    // Only a started maintenance has touched the node; a duplicate or refused one must not undo
-    // what another maintenance did.
-    let touched_node = matches!(f.phase, Phase::Running | Phase::Succeeded);
+    // Only a started maintenance that got the lease has touched the node (the label, taints and
+    // cordon come after the lease); a duplicate, a refused one, or one still waiting for the
+    // health check's lease must not undo what others did.
+    let touched_node = matches!(f.phase, Phase::Running | Phase::Succeeded) && !matches!(f.lease, Lease::HeldBy(_));
     if f.deleting {
         return Step::Cleanup {
             give_back: touched_node && !f.other_active_for_node,
@@ -242,6 +243,12 @@ mod tests {
             ..facts()
         };
         assert_eq!(next(&running), Step::Cleanup { give_back: true });
+        // Deleted while the health check still holds the lease: nothing of ours to undo.
+        let waiting = Facts {
+            lease: Lease::HeldBy("NodeHealthCheck-x".into()),
+            ..running
+        };
+        assert_eq!(next(&waiting), Step::Cleanup { give_back: false });
         let node_gone = Facts {
             node_exists: false,
             phase: Phase::Succeeded,

@@ -210,14 +210,21 @@ async fn annotate_node(client: &Client, node: &str, timing: &Timing) {
     }
 }
 
+/// The agent's two clients: kube's default (registration writes) and the fail-fast one whose
+/// answers renew the licence.
+pub struct Clients {
+    pub client: Client,
+    pub fast: Client,
+}
+
 pub async fn run(
     args: &AgentArgs,
-    client: Client,
-    fast: Client,
+    Clients { client, fast }: Clients,
     identity: PeerIdentity,
     timing: Timing,
     state: Arc<Mutex<AgentState<Instant>>>,
     metrics: Metrics,
+    mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
     let mut published = Published {
         node: args.node.clone(),
@@ -304,6 +311,11 @@ pub async fn run(
         if let Some(why) = state.lock().map_err(|_| crate::Error::Poisoned)?.fenced() {
             tracing::warn!(reason = super::describe(why), "this node is fenced");
         }
-        tokio::time::sleep(args.api_check_interval).await;
+        // Stopping only here, between rounds, leaves no registration write in flight that could
+        // land after the shutdown's `disarmed` and undo it.
+        tokio::select! {
+            _ = tokio::time::sleep(args.api_check_interval) => {}
+            _ = stop.changed() => return Ok(()),
+        }
     }
 }

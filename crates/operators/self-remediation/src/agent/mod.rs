@@ -68,10 +68,22 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             tracing::error!(%error, %address, "peer server stopped");
         }
     });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let clients = licence::Clients {
+        client: client.clone(),
+        fast: fast.clone(),
+    };
+    let licence = licence::run(&args, clients, identity, timing, state, metrics, stopped);
+    tokio::pin!(licence);
     tokio::select! {
-        result = licence::run(&args, client.clone(), fast.clone(), identity, timing, state, metrics) => result,
+        result = &mut licence => result,
         _ = shutdown::signal() => {
-            shutdown::stop(&args, &client, &fast, &disarm).await;
+            let _ = stop.send(true);
+            // Let the current round finish (its writes must land before the disarm's).
+            match tokio::time::timeout(shutdown::ROUND_GRACE, &mut licence).await {
+                Ok(_) => shutdown::stop(&args, &client, &fast, &disarm).await,
+                Err(_) => tracing::warn!("the licence round did not finish; the watchdog stays armed"),
+            }
             Ok(())
         }
     }

@@ -1,6 +1,7 @@
 //! A deliberate stop (SIGTERM: the DaemonSet rolls or is deleted, the node shuts down) may close
 //! the watchdog (the magic close) only when nothing can be counting on it:
 //!
+//! 0. the licence loop stops between rounds, so no registration write of its own is in flight;
 //! 1. the registration says `disarmed` first, so from then on the manager treats the node as one
 //!    that cannot fence itself (a remediation created later reports `Succeeded=False` and an
 //!    escalating health check moves on; one already waiting stops before releasing anything);
@@ -24,6 +25,10 @@ use tokio::sync::oneshot;
 
 use super::{AgentArgs, licence};
 use crate::{Result, registration};
+
+/// How long a stopping agent waits for its current licence round (an API read with its own
+/// timeout, a vote round, a registration write) to end.
+pub const ROUND_GRACE: Duration = Duration::from_secs(20);
 
 /// What the async side asks the feeder thread: close the watchdog, and say how it went.
 pub type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;

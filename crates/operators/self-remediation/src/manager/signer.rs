@@ -174,18 +174,35 @@ async fn handle(
 /// Signs requests as they come, until the process ends.
 pub async fn run(client: Client, authority: Arc<Authority>, namespace: String, metrics: Metrics, events: Events) {
     let api = Api::<CertificateSigningRequest>::all(client.clone());
-    let mut stream = watcher(api, watcher::Config::default())
+    let mut stream = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects()
         .boxed();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(csr) => {
-                if let Err(error) = handle(&client, &authority, &namespace, &csr, &metrics, &events).await {
-                    tracing::warn!(%error, csr = %csr.name_any(), "could not settle a certificate request; retrying on its next change");
+    // Requests a write failed for, retried from a fresh read (no watch event would come).
+    let (retry_tx, mut retries) = tokio::sync::mpsc::unbounded_channel::<String>();
+    loop {
+        let csr = tokio::select! {
+            event = stream.next() => match event {
+                Some(Ok(csr)) => csr,
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "certificate request watch error; retrying");
+                    continue;
                 }
-            }
-            Err(error) => tracing::debug!(%error, "certificate request watch error; retrying"),
+                None => return,
+            },
+            Some(name) = retries.recv() => match api.get_opt(&name).await {
+                Ok(Some(csr)) => csr,
+                _ => continue,
+            },
+        };
+        if let Err(error) = handle(&client, &authority, &namespace, &csr, &metrics, &events).await {
+            let name = csr.name_any();
+            tracing::warn!(%error, csr = %name, "could not settle a certificate request; retrying in 5 s");
+            let retry_tx = retry_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                let _ = retry_tx.send(name);
+            });
         }
     }
 }

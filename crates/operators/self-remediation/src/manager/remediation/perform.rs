@@ -117,6 +117,12 @@ pub async fn perform(
             return Ok(Some(Action::requeue(Duration::from_secs(30))));
         }
         Step::CannotFence(why) => {
+            // A wait that began before the node's agent disarmed proves nothing about a
+            // watchdog armed again later: the wait starts over if the agent comes back.
+            ctx.observed
+                .lock()
+                .map_err(|_| Error::Poisoned)?
+                .remove(&snr.uid().unwrap_or_default());
             let changed = set_status(api, snr, |s, now| {
                 let a = finished(s, now, false, "FencingNotSafe", why);
                 let b = condition(s, now, types::FENCING_SAFE, false, "NoWorkingAgent", why.clone());
