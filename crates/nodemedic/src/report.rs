@@ -123,9 +123,6 @@ impl Report {
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
-.ready {{ fill: #4caf50; }} .notready {{ fill: #ff9800; }} .off {{ fill: #9e9e9e; }}
-.running {{ fill: #2196f3; }} .pending {{ fill: #ffeb3b; }} .terminating {{ fill: #e53935; }}
-.mark {{ stroke: #333; stroke-dasharray: 3 3; }} svg text {{ font-size: 11px; }}
 table {{ border-collapse: collapse; font-size: 13px; }} td {{ padding: 1px 8px; }} td.t {{ text-align: right; color: #666; }}
 </style></head><body>
 <h1>{title}</h1>
@@ -229,6 +226,11 @@ struct Chart {
     end: f64,
 }
 
+/// Inside the SVG, so the chart keeps its colours when copied out of the page.
+const SVG_STYLE: &str = "<style>.ready { fill: #4caf50; } .notready { fill: #ff9800; } .off { fill: #9e9e9e; } \
+.running { fill: #2196f3; } .pending { fill: #fbc02d; } .terminating { fill: #e53935; } \
+.mark { stroke: #333; stroke-dasharray: 3 3; } text { font-size: 11px; font-family: sans-serif; }</style>";
+
 const LABEL_W: f64 = 150.0;
 const PLOT_W: f64 = 850.0;
 const LANE_H: f64 = 30.0;
@@ -241,7 +243,7 @@ impl Chart {
     fn svg(&self, lanes: &[(String, Vec<Segment>)], marks: &[(f64, String)]) -> String {
         let height = 30.0 + LANE_H * lanes.len() as f64 + 25.0;
         let mut out = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\">\n",
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\">\n{SVG_STYLE}\n",
             LABEL_W + PLOT_W + 10.0
         );
         for (i, (name, segments)) in lanes.iter().enumerate() {
