@@ -10,9 +10,18 @@ test: setup
 demo: setup
 	cargo run --release --locked -p nodemedic -- demo $(ARGS)
 
-# Time to safe recovery per path and strategy (writes bench/results/recovery-*.{json,md}).
+# Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
+# in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic bench --help).
 bench: setup
 	cargo run --release --locked -p nodemedic -- bench $(ARGS)
+
+# The fault campaign: randomized trials reproducible from SEED (writes
+# bench/results/chaos-*.{json,md}; a violation names the command that replays its trial).
+.PHONY: chaos
+SEED ?= 1
+TRIALS ?= 200
+chaos: setup
+	cargo run --release --locked -p nodemedic -- chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).
 crds:

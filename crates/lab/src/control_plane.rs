@@ -33,7 +33,36 @@ pub fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
     )
 }
 
-pub fn apiserver(bins: &Binaries, pki: &LabPki, ip: Ipv4Addr, ports: &Ports, timings: &Timings) -> ProcessSpec {
+/// What the API server's audit log records: every request nodemedic makes (the controller's
+/// ServiceAccount and the agents), with its verb and resource, once it completes (for a watch:
+/// once it starts). Benchmarks count them; nothing else is logged.
+pub fn audit_policy() -> String {
+    format!(
+        r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts:{}", "nodemedic:agents"]
+- level: None
+"#,
+        nodemedic_api::names::DEFAULT_NAMESPACE
+    )
+}
+
+pub struct Audit<'a> {
+    pub policy: &'a Path,
+    pub log: &'a Path,
+}
+
+pub fn apiserver(
+    bins: &Binaries,
+    pki: &LabPki,
+    ip: Ipv4Addr,
+    ports: &Ports,
+    timings: &Timings,
+    audit: &Audit<'_>,
+) -> ProcessSpec {
     let p = |f: &str| pki.path(f).display().to_string();
     ProcessSpec::new(
         &bins.kube_apiserver,
@@ -58,6 +87,9 @@ pub fn apiserver(bins: &Binaries, pki: &LabPki, ip: Ipv4Addr, ports: &Ports, tim
             ),
             format!("--default-not-ready-toleration-seconds={}", timings.toleration_seconds),
             "--profiling=false".into(),
+            format!("--audit-policy-file={}", audit.policy.display()),
+            format!("--audit-log-path={}", audit.log.display()),
+            "--audit-log-format=json".into(),
             "--v=1".into(),
         ],
     )

@@ -242,6 +242,24 @@ impl Lab {
         p.start()
     }
 
+    /// On a real control plane kube-controller-manager and kube-scheduler are static pods, which
+    /// the kubelet starts again when they exit; and both exit on purpose on some errors (the
+    /// scheduler when its cache is corrupted, e.g. by an API server restart in the middle of a
+    /// binding). Starts whichever of them exited, notes it in the timeline, returns their names.
+    pub fn revive_control_plane(&self) -> Result<Vec<String>> {
+        let mut revived = Vec::new();
+        for name in ["kube-controller-manager", "kube-scheduler"] {
+            if !self.process_running(name) {
+                self.restart_process(name)?;
+                self.inner.timeline.note(format!(
+                    "{name} had exited; started again, as a kubelet restarts a static pod"
+                ));
+                revived.push(name.to_owned());
+            }
+        }
+        Ok(revived)
+    }
+
     /// Kills a process the lab runs and leaves it stopped.
     pub fn kill_process(&self, name: &str) -> Result<()> {
         let mut procs = self

@@ -211,10 +211,16 @@ impl Lab {
             "etcd",
             control_plane::etcd(&bins, &shm.join("etcd"), &ports),
         )?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, control_plane::audit_policy()).map_err(io("writing the audit policy"))?;
+        let audit = control_plane::Audit {
+            policy: &audit_policy,
+            log: &dir.join("logs").join("audit.log"),
+        };
         start_process(
             &resources,
             "kube-apiserver",
-            control_plane::apiserver(&bins, &pki, net.host_ip(), &ports, &config.timings),
+            control_plane::apiserver(&bins, &pki, net.host_ip(), &ports, &config.timings, &audit),
         )?;
         let client = client_from(&kubeconfig).await?;
         wait_ready(&resources, &client).await?;
@@ -263,6 +269,14 @@ impl Lab {
             );
             record_boot(&dir, &spec.name)?;
             start_process(&resources, &format!("{}/kwok", spec.name), kwok)?;
+        }
+
+        if config.fleet > 0 {
+            start_process(
+                &resources,
+                "fleet/kwok",
+                crate::fleet::kwok(&bins, &kubeconfig, &stages, config.timings.node_lease_seconds),
+            )?;
         }
 
         let conditions = Arc::new(Mutex::new(
@@ -317,6 +331,7 @@ impl Lab {
             lab.wait_ready_status(node, "True", Duration::from_secs(60)).await?;
         }
         lab.wait_bmcs().await?;
+        crate::fleet::create(&lab, lab.inner.config.fleet).await?;
         // kube-controller-manager is working once it has created the default ServiceAccount.
         let sa = Api::<ServiceAccount>::namespaced(client, "default");
         wait::until(
@@ -519,6 +534,18 @@ impl Lab {
             .pki
             .token_kubeconfig(name, token, &self.inner.server, &path)?;
         Ok(path)
+    }
+
+    /// The API server's audit log: one JSON line per request nodemedic's controller or agents
+    /// made, with its verb and resource.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir().join("logs").join("audit.log")
+    }
+
+    /// The pid of a process the lab runs (e.g. `controller`, `node-1/agent`), if it runs.
+    pub fn process_pid(&self, name: &str) -> Option<u32> {
+        let procs = self.inner.resources.processes.lock().ok()?;
+        procs.by_name.get(name)?.pid()
     }
 
     pub fn log_path(&self, process: &str) -> PathBuf {

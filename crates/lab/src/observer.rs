@@ -108,7 +108,13 @@ async fn nodes(client: Client, timeline: Timeline) {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()));
+            .map(|c| {
+                (
+                    c.status.clone(),
+                    c.reason.clone().unwrap_or_default(),
+                    c.last_transition_time.as_ref().map(|t| t.0),
+                )
+            });
         let node_taints: Vec<String> = node
             .spec
             .as_ref()
@@ -121,13 +127,14 @@ async fn nodes(client: Client, timeline: Timeline) {
             })
             .unwrap_or_default();
         let previous = last.get(&name).cloned();
-        if let Some((status, reason)) = &ready
+        if let Some((status, reason, since)) = &ready
             && previous.as_ref().is_none_or(|(s, _)| s != status)
         {
             timeline.record(Event::NodeReady {
                 node: name.clone(),
                 status: status.clone(),
                 reason: reason.clone(),
+                since: *since,
             });
         }
         let before = previous.map(|(_, t)| t).unwrap_or_default();

@@ -125,6 +125,10 @@ impl Supervised {
         }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// SIGKILL the whole group and reap it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -71,6 +71,10 @@ pub enum Event {
         node: String,
         status: String,
         reason: String,
+        /// The condition's lastTransitionTime (one-second resolution): what health checks
+        /// measure durations from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<Timestamp>,
     },
     NodeTaint {
         node: String,
@@ -176,7 +180,9 @@ pub fn describe(event: &Event) -> String {
         Event::NodeCondition { node, condition } => format!("node {node}: {condition:?}"),
         Event::Power { node, on, cause } => format!("node {node} powered {} ({cause})", if *on { "on" } else { "off" }),
         Event::WatchdogExpired { node } => format!("node {node}: watchdog expired"),
-        Event::NodeReady { node, status, reason } => format!("node {node} Ready={status} ({reason})"),
+        Event::NodeReady {
+            node, status, reason, ..
+        } => format!("node {node} Ready={status} ({reason})"),
         Event::NodeTaint { node, taint, added } => {
             format!("node {node} taint {taint} {}", if *added { "added" } else { "removed" })
         }

@@ -6,7 +6,16 @@ use crate::{Error, Result};
 
 /// Polls `check` every 200 ms until it yields `Some`, or fails after `timeout` with what it last
 /// saw. `check` returning an error is treated as "not yet" (the API server may be restarting).
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
+pub async fn until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    until_every(what, timeout, Duration::from_millis(200), check).await
+}
+
+/// [`until`] polling every `interval`, for checks too heavy to run five times a second.
+pub async fn until_every<T, F, Fut>(what: &str, timeout: Duration, interval: Duration, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Option<T>>>,
@@ -26,6 +35,6 @@ where
                 last,
             });
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(interval).await;
     }
 }

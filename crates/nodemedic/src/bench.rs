@@ -3,6 +3,10 @@
 
 use serde::Serialize;
 
+pub mod decision;
+pub mod requests;
+pub mod usage;
+
 use crate::story::{Milestone, Reached};
 
 /// One crash, split into the phases the benchmark reports (seconds).

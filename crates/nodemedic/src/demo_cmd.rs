@@ -34,32 +34,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    // The demo speaks for itself on stdout; the lab's start-up and teardown retries are noise.
-    nodemedic_kube::logging::init_with_default(false, "warn,kube_client=off");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        tokio::select! {
-            result = demo(&args) => result,
-            // Dropping the demo drops its lab, which tears everything down.
-            _ = interrupted() => {
-                println!("\n==> interrupted: tearing the lab down");
-                Ok(())
-            }
-        }
-    })
-}
-
-async fn interrupted() {
-    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
-    }
+    crate::interruptible::run(demo(&args))
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -125,16 +100,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
             "    (SelfNodeRemediationConfig: {})",
             patch.split_whitespace().collect::<Vec<_>>().join(" ")
         );
-        let snr_config = scenario::configure_with(&lab, patch).await?;
-        scenario::start_controller(
-            &lab,
-            &exe,
-            "controller",
-            metrics,
-            &["--disable=fence-agents"],
-            "info,kube=warn",
-        )?;
-        scenario::start_agents(&lab, &exe, &snr_config)?;
+        scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
         println!(
             "==> waiting until every agent's registration counts ({}s)",

@@ -3,6 +3,7 @@
 //! node failure read from the lab timeline ([`story`], [`report`]).
 
 pub mod bench;
+pub mod chaos;
 pub mod report;
 pub mod scenario;
 pub mod story;

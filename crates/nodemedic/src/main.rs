@@ -6,8 +6,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod bench_cmd;
+mod chaos_cmd;
 mod controller_cmd;
 mod demo_cmd;
+mod interruptible;
 mod lab_cmd;
 mod monitoring;
 mod status;
@@ -39,6 +41,8 @@ enum Command {
     Demo(demo_cmd::DemoArgs),
     /// Time to safe recovery, per path and strategy, over N crash trials (writes a report).
     Bench(bench_cmd::BenchArgs),
+    /// The fault campaign: seeded random trials of mixed faults, each judged (writes a report).
+    Chaos(chaos_cmd::ChaosArgs),
     /// Nodes, their health, remediations in flight and maintenance, in one table.
     Status(status::StatusArgs),
     /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
@@ -59,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Status(args) => status::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Chaos(args) => chaos_cmd::run(args),
     }
 }
 

@@ -125,6 +125,27 @@ pub async fn configure_with(lab: &Lab, patch: &str) -> Result<SelfNodeRemediatio
         .await?)
 }
 
+/// The self-remediation path installed: the SelfNodeRemediationConfig (the seed's with `patch`),
+/// the controller without fence agents (metrics on `metrics_port`), an agent in every node.
+pub async fn install_self_remediation(
+    lab: &Lab,
+    exe: &Path,
+    patch: &str,
+    metrics_port: u16,
+) -> Result<SelfNodeRemediationConfig> {
+    let config = configure_with(lab, patch).await?;
+    start_controller(
+        lab,
+        exe,
+        "controller",
+        metrics_port,
+        &["--disable=fence-agents"],
+        "info,kube=warn",
+    )?;
+    start_agents(lab, exe, &config)?;
+    Ok(config)
+}
+
 /// Starts an agent (`exe`) in every node, each with its own node identity and lab watchdog, with
 /// the flags the manager's DaemonSet would give it.
 pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {

@@ -202,6 +202,7 @@ mod tests {
                     node: "node-2".into(),
                     status: status.into(),
                     reason: String::new(),
+                    since: None,
                 },
             )
         };

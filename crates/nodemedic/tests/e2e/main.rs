@@ -1,5 +1,6 @@
 //! End-to-end tests of the `nodemedic` binary against lab clusters.
 
+mod chaos;
 mod chart;
 mod demo;
 mod fenceagents;

@@ -158,7 +158,9 @@ async fn watch_checks(client: Client, writer: reflector::store::Writer<NodeHealt
 }
 
 async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, synced: watch::Sender<bool>) {
-    let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default().any_semantic())
+    // Paged lists (not the API server's cache, which answers in one response): at thousands of
+    // nodes one whole list of full Node objects is most of this process's peak memory.
+    let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default().page_size(200))
         .default_backoff()
         .boxed();
     while let Some(event) = stream.next().await {

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{Node, ObjectReference},
@@ -31,7 +32,7 @@ use super::{
 use crate::{
     Error, Result,
     decide::{
-        self, Decision, Input, LeaseAction, NewRemediation, NodeFacts, RemediationFacts, Severity, TemplateRef,
+        self, Decision, Input, LeaseAction, NewRemediation, NodeFacts, Notice, RemediationFacts, Severity, TemplateRef,
         TemplateState,
     },
     metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
@@ -196,43 +197,36 @@ async fn apply(
     node_uids: &BTreeMap<String, String>,
 ) -> Result<Vec<RemediationFacts>> {
     let nhc_ref = nhc.object_ref(&());
-    let mut created = Vec::new();
+    // Each node's lease and remediation are independent of every other node's: when many nodes
+    // fail at once, the API round trips overlap instead of queueing (500 nodes at 10 ms each
+    // would otherwise delay the last remediation by seconds). The futures are built first, by
+    // named functions: borrowing closures inside the stream would not be Send for every lifetime.
+    let lease_calls: Vec<_> = decision
+        .leases
+        .iter()
+        .map(|action| lease_action(ctx, holder, &nhc_ref, node_uids, action))
+        .collect();
+    let lease_results: Vec<Result<Option<String>>> = stream::iter(lease_calls)
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect()
+        .await;
     let mut lease_refused = BTreeSet::new();
-    for action in &decision.leases {
-        match action {
-            LeaseAction::Request { node, duration } => {
-                let uid = node_uids.get(node).map(String::as_str).unwrap_or_default();
-                match ctx.leases.request(node, uid, holder, *duration).await {
-                    Ok(()) => {}
-                    Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
-                        lease_refused.insert(node.clone());
-                        ctx.events
-                            .warning(
-                                &nhc_ref,
-                                "RemediationSkipped",
-                                format!(
-                                    "Skipped remediation of node {node} because node lease is already taken by {other}"
-                                ),
-                            )
-                            .await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            LeaseAction::Release { node } => match ctx.leases.invalidate(node, holder).await {
-                Ok(()) | Err(nodemedic_kube::Error::LeaseHeld { .. }) => {}
-                Err(e) => return Err(e.into()),
-            },
+    for result in lease_results {
+        lease_refused.extend(result?);
+    }
+    let mut creations = Vec::new();
+    for new in decision.create.iter().filter(|n| !lease_refused.contains(&n.node)) {
+        if let Some(resource) = resources.get(&new.template) {
+            creations.push(create(ctx, nhc, name, resource, new));
         }
     }
-    for new in decision.create.iter().filter(|n| !lease_refused.contains(&n.node)) {
-        let Some(resource) = resources.get(&new.template) else {
-            continue;
-        };
-        if let Some(facts) = create(ctx, nhc, resource, new).await? {
-            tracing::info!(nhc = %name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
-            created.push(facts);
-        }
+    let creations: Vec<Result<Option<RemediationFacts>>> = stream::iter(creations)
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect()
+        .await;
+    let mut created = Vec::new();
+    for result in creations {
+        created.extend(result?);
     }
     let time = rfc3339(&Timestamp::now());
     for (ids, key) in [
@@ -280,19 +274,15 @@ async fn apply(
         let patch = json!({ "metadata": { "annotations": { annotations::MANUALLY_CONFIRMED_HEALTHY: null } } });
         let _ = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await;
     }
-    for notice in &decision.notices {
-        tracing::info!(nhc = %name, node = notice.node.as_deref().unwrap_or(""), reason = notice.reason, "{}", notice.message);
-        let publish = |on: ObjectReference| async move {
-            match notice.severity {
-                Severity::Normal => ctx.events.normal(&on, notice.reason, notice.message.clone()).await,
-                Severity::Warning => ctx.events.warning(&on, notice.reason, notice.message.clone()).await,
-            }
-        };
-        publish(nhc_ref.clone()).await;
-        if let Some(node) = &notice.node {
-            publish(node_ref(node)).await;
-        }
-    }
+    let notices: Vec<_> = decision
+        .notices
+        .iter()
+        .map(|notice| publish(ctx, name, &nhc_ref, notice))
+        .collect();
+    stream::iter(notices)
+        .buffer_unordered(PARALLEL_WRITES)
+        .collect::<Vec<()>>()
+        .await;
     Ok(created)
 }
 
@@ -304,9 +294,61 @@ fn dynamic_api(client: &Client, resource: &ApiResource, namespace: &str) -> Api<
     }
 }
 
+/// API writes in flight at once while carrying a decision out.
+const PARALLEL_WRITES: usize = 16;
+
+async fn lease_action(
+    ctx: &Context,
+    holder: &str,
+    nhc_ref: &ObjectReference,
+    node_uids: &BTreeMap<String, String>,
+    action: &LeaseAction,
+) -> Result<Option<String>> {
+    match action {
+        LeaseAction::Request { node, duration } => {
+            let uid = node_uids.get(node).map(String::as_str).unwrap_or_default();
+            match ctx.leases.request(node, uid, holder, *duration).await {
+                Ok(()) => Ok(None),
+                Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
+                    ctx.events
+                        .warning(
+                            nhc_ref,
+                            "RemediationSkipped",
+                            format!(
+                                "Skipped remediation of node {node} because node lease is already taken by {other}"
+                            ),
+                        )
+                        .await;
+                    Ok(Some(node.clone()))
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        LeaseAction::Release { node } => match ctx.leases.invalidate(node, holder).await {
+            Ok(()) | Err(nodemedic_kube::Error::LeaseHeld { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        },
+    }
+}
+
+async fn publish(ctx: &Context, name: &str, nhc_ref: &ObjectReference, notice: &Notice) {
+    tracing::info!(nhc = %name, node = notice.node.as_deref().unwrap_or(""), reason = notice.reason, "{}", notice.message);
+    let on_each = |on: ObjectReference| async move {
+        match notice.severity {
+            Severity::Normal => ctx.events.normal(&on, notice.reason, notice.message.clone()).await,
+            Severity::Warning => ctx.events.warning(&on, notice.reason, notice.message.clone()).await,
+        }
+    };
+    on_each(nhc_ref.clone()).await;
+    if let Some(node) = &notice.node {
+        on_each(node_ref(node)).await;
+    }
+}
+
 async fn create(
     ctx: &Context,
     nhc: &NodeHealthCheck,
+    name: &str,
     resource: &ApiResource,
     new: &NewRemediation,
 ) -> Result<Option<RemediationFacts>> {
@@ -336,8 +378,14 @@ async fn create(
         .create(&PostParams::default(), &obj)
         .await
     {
-        Ok(made) => Ok(super::index::remediation_facts(&made, &new.api_version, &new.kind)
-            .map(|s| RemediationFacts { owned: true, ..s.facts })),
+        Ok(made) => {
+            let facts = super::index::remediation_facts(&made, &new.api_version, &new.kind)
+                .map(|s| RemediationFacts { owned: true, ..s.facts });
+            if let Some(facts) = &facts {
+                tracing::info!(nhc = %name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
+            }
+            Ok(facts)
+        }
         // Someone (a previous leader, another check) made it already; the watch will tell.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
         Err(e) => Err(e.into()),

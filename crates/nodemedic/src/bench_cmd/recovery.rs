@@ -1,22 +1,26 @@
-//! `nodemedic bench`: time to safe recovery. For each path (self remediation with the lab
+//! Time to safe recovery. For each path (self remediation with the lab
 //! watchdog; fence agents through Redfish; through IPMI) and strategy (ResourceDeletion,
 //! OutOfServiceTaint), one lab runs N trials: crash the node running a one-replica StatefulSet
 //! with a ReadWriteOnce volume, read the story from the lab timeline, bring the node back, repeat.
-//! Writes JSON and a markdown report; never asserts a time.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use kube::Api;
 use nodemedic::{
     bench::{self, Breakdown},
     scenario::{self, NS},
     story::{self, Milestone, Subject},
 };
-use nodemedic_api::{fence_agents::FenceAgentsRemediation, self_remediation::SelfNodeRemediation};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, wait, witness};
 use serde_json::json;
+
+use super::{BenchArgs, Section, verdict};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -42,107 +46,59 @@ pub enum Profile {
     Seed,
 }
 
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    /// Trials per path and strategy.
-    #[arg(long, default_value_t = 10)]
-    pub trials: usize,
-    #[arg(long = "path", value_enum)]
-    pub paths: Vec<Path>,
-    #[arg(long = "strategy", value_enum)]
-    pub strategies: Vec<Strategy>,
-    #[arg(long, value_enum, default_value = "fast")]
-    pub profile: Profile,
-    /// Where the JSON and markdown reports go.
-    #[arg(long, default_value = "bench/results")]
-    pub out: PathBuf,
-}
-
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    nodemedic_kube::logging::init_with_default(false, "warn,kube_client=off");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(bench(args))
-}
-
 #[derive(serde::Serialize)]
 struct Series {
     path: Path,
     strategy: Strategy,
     profile: Profile,
+    /// Self remediation: the safe time the manager used (seconds).
+    safe_time: Option<f64>,
     trials: Vec<Breakdown>,
     failures: Vec<String>,
 }
 
-async fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    let paths = if args.paths.is_empty() {
-        vec![Path::SelfRemediation, Path::FenceRedfish, Path::FenceIpmi]
-    } else {
-        args.paths.clone()
-    };
-    let strategies = if args.strategies.is_empty() {
-        vec![Strategy::ResourceDeletion, Strategy::OutOfServiceTaint]
-    } else {
-        args.strategies.clone()
-    };
+fn or_all<T: Clone>(chosen: &[T], all: Vec<T>) -> Vec<T> {
+    if chosen.is_empty() { all } else { chosen.to_vec() }
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
+    let paths = or_all(
+        &args.paths,
+        vec![Path::SelfRemediation, Path::FenceRedfish, Path::FenceIpmi],
+    );
+    let strategies = or_all(
+        &args.strategies,
+        vec![Strategy::ResourceDeletion, Strategy::OutOfServiceTaint],
+    );
+    let profiles = or_all(&args.profiles, vec![Profile::Fast, Profile::Seed]);
     let mut all = Vec::new();
-    for path in &paths {
-        for strategy in &strategies {
-            println!(
-                "==> {path:?} / {strategy:?} / {:?}: {} trials",
-                args.profile, args.trials
-            );
-            all.push(series(*path, *strategy, args.profile, args.trials).await?);
+    for profile in &profiles {
+        let trials = match profile {
+            Profile::Fast => args.trials,
+            Profile::Seed => args.seed_trials,
+        };
+        for path in &paths {
+            for strategy in &strategies {
+                println!("==> {path:?} / {strategy:?} / {profile:?}: {trials} trials");
+                all.push(series(*path, *strategy, *profile, trials).await?);
+            }
         }
     }
-    std::fs::create_dir_all(&args.out)?;
-    let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
-    let machine = machine();
-    let json_path = args.out.join(format!("recovery-{stamp}.json"));
-    std::fs::write(
-        &json_path,
-        serde_json::to_string_pretty(&json!({"machine": machine, "series": all}))?,
-    )?;
-    let md_path = args.out.join(format!("recovery-{stamp}.md"));
-    std::fs::write(&md_path, markdown(&all, &machine))?;
-    println!("{}", markdown(&all, &machine));
-    println!("wrote {} and {}", json_path.display(), md_path.display());
-    Ok(())
+    Ok(Section {
+        name: "recovery",
+        json: json!({"series": all}),
+        markdown: markdown(&all),
+    })
 }
 
-fn machine() -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .next()
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
-        })
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb / 1024 / 1024)
-        .unwrap_or(0);
-    format!(
-        "{cpus} CPUs ({model}), {mem} GiB RAM, nodemedic {}",
-        env!("CARGO_PKG_VERSION")
-    )
-}
+fn markdown(all: &[Series]) -> String {
+    let mut out = String::from(
+        "## Time to safe recovery
 
-fn markdown(all: &[Series], machine: &str) -> String {
-    let mut out = format!(
-        "# Time to safe recovery\n\nMachine: {machine}. Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent).\n\n\
+Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
+         Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig).\n\n\
          Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
-         | path | strategy | profile | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+         | path | strategy | profile | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in all {
         let col = |f: fn(&Breakdown) -> f64| {
@@ -169,13 +125,53 @@ fn markdown(all: &[Series], machine: &str) -> String {
             col(|b| b.total),
         ));
     }
+    out.push_str("\nTargets:\n");
+    for s in all {
+        if let Some(line) = target(s) {
+            out.push_str(&format!("- {line}\n"));
+        }
+    }
     for s in all.iter().filter(|s| !s.failures.is_empty()) {
-        out.push_str(&format!("\nFailures ({:?} / {:?}):\n", s.path, s.strategy));
+        out.push_str(&format!(
+            "\nFailures ({:?} / {:?} / {:?}):\n",
+            s.path, s.strategy, s.profile
+        ));
         for f in &s.failures {
             out.push_str(&format!("- {f}\n"));
         }
     }
     out
+}
+
+/// The issue's target for a series, with the measured figure.
+fn target(s: &Series) -> Option<String> {
+    let p = |f: fn(&Breakdown) -> f64, q: f64| bench::percentile(&s.trials.iter().map(f).collect::<Vec<_>>(), q);
+    let name = format!("{:?} / {:?} / {:?}", s.path, s.strategy, s.profile);
+    match (s.path, s.profile) {
+        (Path::FenceRedfish | Path::FenceIpmi, Profile::Fast) => {
+            let p99 = p(|b| b.controlled, 99.0)?;
+            Some(format!(
+                "{name}: controlled p99 {p99:.1} s <= 5 s: {}",
+                verdict(p99 <= 5.0)
+            ))
+        }
+        (Path::SelfRemediation, _) => {
+            let p99 = p(|b| b.controlled, 99.0)?;
+            let safe = s.safe_time?;
+            Some(format!(
+                "{name}: controlled p99 {p99:.1} s <= safe time {safe:.0} s + 5 s: {}",
+                verdict(p99 <= safe + 5.0)
+            ))
+        }
+        (Path::FenceRedfish, Profile::Seed) => {
+            let p50 = p(|b| b.total, 50.0)?;
+            Some(format!(
+                "{name} (nhc-far-3node, 10 s durations): crash to Running p50 {p50:.1} s <= 30 s: {}",
+                verdict(p50 <= 30.0)
+            ))
+        }
+        _ => None,
+    }
 }
 
 const TEMPLATE: &str = "bench";
@@ -199,7 +195,6 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
                 Profile::Fast => scenario::FAST_CONFIG,
                 Profile::Seed => scenario::SEED_TIMINGS_CONFIG,
             };
-            let snr_config = scenario::configure_with(&lab, patch).await?;
             lab.apply_yaml(
                 &json!({
                     "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
@@ -208,15 +203,7 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
                 })
                 .to_string(),
             )?;
-            scenario::start_controller(
-                &lab,
-                &exe,
-                "controller",
-                metrics,
-                &["--disable=fence-agents"],
-                "info,kube=warn",
-            )?;
-            scenario::start_agents(&lab, &exe, &snr_config)?;
+            scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
             scenario::deploy_workload(&lab).await?;
             scenario::agents_settled(&lab).await?;
             "002-nhc-snr-3node.yaml"
@@ -264,6 +251,7 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
         path,
         strategy,
         profile,
+        safe_time: None,
         trials: Vec::new(),
         failures: Vec::new(),
     };
@@ -282,6 +270,9 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
                 break;
             }
         }
+    }
+    if path == Path::SelfRemediation {
+        out.safe_time = safe_time(&lab).await;
     }
     let violations = witness::check(&lab.timeline().entries());
     if !violations.is_empty() {
@@ -330,4 +321,19 @@ async fn one_trial(lab: &Lab, path: Path) -> anyhow::Result<Breakdown> {
     })
     .await?;
     Ok(breakdown)
+}
+
+/// The safe time the manager waits: the configured one, or the provable minimum when larger.
+async fn safe_time(lab: &Lab) -> Option<f64> {
+    let config = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get(CONFIG_NAME)
+        .await
+        .ok()?;
+    let minimum = config.status.as_ref()?.minimum_safe_time_seconds? as f64;
+    let configured = config
+        .spec
+        .safe_time_to_assume_node_rebooted_seconds
+        .map(f64::from)
+        .unwrap_or(0.0);
+    Some(minimum.max(configured))
 }

@@ -1,0 +1,117 @@
+//! API requests nodemedic made, counted from the API server's audit log (one JSON line per
+//! request: the lab logs only nodemedic's users, at the stage a request completes, or starts for a
+//! watch). Pure: the caller reads the file.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AuditEvent {
+    verb: String,
+    #[serde(default)]
+    stage: String,
+    user: User,
+    #[serde(default)]
+    object_ref: Option<ObjectRef>,
+    request_received_timestamp: Timestamp,
+}
+
+#[derive(Deserialize)]
+struct User {
+    username: String,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    #[serde(default)]
+    resource: String,
+}
+
+/// Requests by kind in one window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Requests {
+    /// Every request by verb (`list`, `watch`, `patch`, ...).
+    pub by_verb: BTreeMap<String, u64>,
+    /// Leases read or written (leader election, agent registrations).
+    pub lease: u64,
+    /// Everything but watches and lease traffic: what "no requests at rest" is about.
+    pub other: u64,
+    /// Those, by `verb resource`.
+    pub other_by_kind: BTreeMap<String, u64>,
+}
+
+impl Requests {
+    pub fn total(&self) -> u64 {
+        self.by_verb.values().sum()
+    }
+}
+
+/// Counts `user`'s requests received in `[from, to)` from audit log lines. A watch is logged when
+/// it starts and again when it ends; only its start counts.
+pub fn count(lines: &str, user: &str, from: Timestamp, to: Timestamp) -> Requests {
+    let mut out = Requests::default();
+    for event in lines.lines().filter_map(|l| serde_json::from_str::<AuditEvent>(l).ok()) {
+        let received = event.request_received_timestamp;
+        if event.user.username != user || received < from || received >= to {
+            continue;
+        }
+        if event.verb == "watch" && event.stage != "ResponseStarted" {
+            continue;
+        }
+        *out.by_verb.entry(event.verb.clone()).or_default() += 1;
+        let resource = event.object_ref.map(|o| o.resource).unwrap_or_default();
+        if resource == "leases" {
+            out.lease += 1;
+        } else if event.verb != "watch" {
+            out.other += 1;
+            *out.other_by_kind
+                .entry(format!("{} {resource}", event.verb))
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(user: &str, verb: &str, stage: &str, resource: &str, second: i64) -> String {
+        let at = Timestamp::from_second(second).expect("time");
+        serde_json::json!({
+            "kind": "Event", "level": "Metadata", "auditID": "x", "stage": stage, "verb": verb,
+            "requestURI": "/", "user": {"username": user, "groups": []},
+            "objectRef": {"resource": resource}, "requestReceivedTimestamp": at.to_string(),
+            "stageTimestamp": at.to_string()
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn counts_only_the_user_in_the_window_and_each_watch_once() {
+        let me = "system:serviceaccount:ns:controller";
+        let log = [
+            line(me, "watch", "ResponseStarted", "nodes", 10),
+            line(me, "watch", "ResponseComplete", "nodes", 10),
+            line(me, "update", "ResponseComplete", "leases", 11),
+            line(me, "get", "ResponseComplete", "leases", 12),
+            line(me, "patch", "ResponseComplete", "nodes", 13),
+            line("someone-else", "patch", "ResponseComplete", "nodes", 13),
+            line(me, "list", "ResponseComplete", "pods", 30),
+            "not json".to_owned(),
+        ]
+        .join("\n");
+        let from = Timestamp::from_second(10).expect("time");
+        let to = Timestamp::from_second(20).expect("time");
+        let r = count(&log, me, from, to);
+        assert_eq!(r.by_verb.get("watch"), Some(&1));
+        assert_eq!(r.by_verb.get("update"), Some(&1));
+        assert_eq!(r.lease, 2);
+        assert_eq!(r.other, 1, "the patch; the list is outside the window");
+        assert_eq!(r.other_by_kind.get("patch nodes"), Some(&1));
+        assert_eq!(r.total(), 4);
+    }
+}

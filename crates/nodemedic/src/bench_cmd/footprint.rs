@@ -1,0 +1,118 @@
+//! The agent's footprint: memory and CPU of every agent of an 8-node lab at rest, and during a
+//! peer storm: the API server stopped, so every agent loses it at once and asks all its peers.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use nodemedic::{
+    bench::usage::{self, Usage},
+    scenario::{self, NS},
+};
+use nodemedic_lab::{Event, Lab, LabConfig};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Section, verdict};
+
+const NODES: usize = 8;
+const REST: Duration = Duration::from_secs(60);
+const STORM: Duration = Duration::from_secs(30);
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Window {
+    seconds: f64,
+    /// The largest agent's resident set at the end of the window (MiB).
+    max_rss_mib: f64,
+    /// Of it, memory the agent allocated (heap, stacks) rather than its mapped binary (MiB).
+    max_anon_mib: f64,
+    max_peak_rss_mib: f64,
+    mean_millicores: f64,
+    max_millicores: f64,
+}
+
+pub async fn run() -> anyhow::Result<Section> {
+    println!("==> footprint: {NODES} agents");
+    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let lab = Lab::start(LabConfig::workers(NODES))
+        .await
+        .context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    scenario::install_self_remediation(&lab, &exe, scenario::FAST_CONFIG, metrics).await?;
+    scenario::agents_settled(&lab).await?;
+    let pids: Vec<u32> = lab
+        .nodes()
+        .iter()
+        .filter_map(|n| lab.process_pid(&format!("{n}/agent")))
+        .collect();
+    anyhow::ensure!(pids.len() == NODES, "only {} of {NODES} agents run", pids.len());
+
+    let rest = window(&pids, REST).await?;
+    let since = jiff::Timestamp::now();
+    lab.stop_apiserver().await?;
+    let storm = window(&pids, STORM).await;
+    lab.start_apiserver().await?;
+    let storm = storm?;
+    let fenced = lab
+        .timeline()
+        .entries()
+        .iter()
+        .filter(|e| e.at >= since && matches!(e.event, Event::WatchdogExpired { .. } | Event::Power { on: false, .. }))
+        .count();
+    Ok(Section {
+        name: "footprint",
+        markdown: markdown(&rest, &storm, fenced),
+        json: json!({"agents": NODES, "rest": rest, "storm": storm, "fencedDuringStorm": fenced}),
+    })
+}
+
+async fn window(pids: &[u32], length: Duration) -> anyhow::Result<Window> {
+    let before = samples(pids)?;
+    tokio::time::sleep(length).await;
+    let after = samples(pids)?;
+    let seconds = length.as_secs_f64();
+    let cpu: Vec<f64> = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| usage::millicores(b, a, seconds))
+        .collect();
+    let mib = |f: fn(&Usage) -> u64| after.iter().map(f).max().unwrap_or(0) as f64 / 1024.0;
+    Ok(Window {
+        seconds,
+        max_rss_mib: mib(|u| u.rss_kib),
+        max_anon_mib: mib(|u| u.anon_kib),
+        max_peak_rss_mib: mib(|u| u.peak_rss_kib),
+        mean_millicores: cpu.iter().sum::<f64>() / cpu.len().max(1) as f64,
+        max_millicores: cpu.iter().copied().fold(0.0, f64::max),
+    })
+}
+
+fn samples(pids: &[u32]) -> anyhow::Result<Vec<Usage>> {
+    pids.iter()
+        .map(|&pid| usage::sample(pid).with_context(|| format!("agent {pid} is gone")))
+        .collect()
+}
+
+fn markdown(rest: &Window, storm: &Window, fenced: usize) -> String {
+    let row = |name: &str, w: &Window| {
+        format!(
+            "| {name} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            w.seconds, w.max_rss_mib, w.max_anon_mib, w.max_peak_rss_mib, w.mean_millicores, w.max_millicores
+        )
+    };
+    format!(
+        "## Agent footprint\n\n{NODES} agents (the lab's fast SelfNodeRemediationConfig). *Peer storm*: the API server stopped, every agent asks all its peers at once. \
+         RSS counts the pages of the binary the agent has mapped as well as what it allocated (*anon*).\n\n\
+         | window | seconds | max RSS (MiB) | max anon (MiB) | max peak RSS (MiB) | mean CPU (mCPU) | max CPU (mCPU) |\n|---|---|---|---|---|---|---|\n{}{}\n\
+         Nodes fenced during the storm (there must be none: every peer saw the API go too): {fenced}.\n\n\
+         Targets:\n- RSS {:.1} MiB <= 15 MiB (storm peak {:.1} MiB): {}\n- CPU at rest {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n",
+        row("at rest", rest),
+        row("peer storm", storm),
+        rest.max_rss_mib,
+        storm.max_peak_rss_mib,
+        verdict(rest.max_rss_mib <= 15.0 && storm.max_peak_rss_mib <= 15.0),
+        rest.max_millicores,
+        verdict(rest.max_millicores <= 5.0),
+    )
+}

@@ -1,0 +1,145 @@
+//! `nodemedic bench`: the benchmarks, each in its own lab, one lab at a time. Every suite
+//! returns its JSON and a markdown section with its targets met or missed; one report holds them
+//! all. Nothing here asserts a time.
+
+mod footprint;
+mod recovery;
+mod scale;
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+pub use recovery::{Path, Profile, Strategy};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Suite {
+    /// Time to safe recovery per path, strategy and timing profile.
+    Recovery,
+    /// Fleets of 1,000 and 5,000 nodes: decision latency, controller memory, CPU and requests.
+    Scale,
+    /// The agent's memory and CPU at rest and during a peer storm.
+    Footprint,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Suites to run (all by default).
+    #[arg(long = "suite", value_enum)]
+    pub suites: Vec<Suite>,
+    /// Recovery trials per path and strategy with the fast profile.
+    #[arg(long, default_value_t = 10)]
+    pub trials: usize,
+    /// Recovery trials per path and strategy with the seed profile.
+    #[arg(long, default_value_t = 3)]
+    pub seed_trials: usize,
+    #[arg(long = "path", value_enum)]
+    pub paths: Vec<Path>,
+    #[arg(long = "strategy", value_enum)]
+    pub strategies: Vec<Strategy>,
+    /// Timing profiles (both by default).
+    #[arg(long = "profile", value_enum)]
+    pub profiles: Vec<Profile>,
+    /// Fleet sizes for the scale suite.
+    #[arg(long = "fleet", default_values_t = [1000, 5000])]
+    pub fleets: Vec<usize>,
+    /// Where the JSON and markdown reports go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    crate::interruptible::run(bench(args))
+}
+
+/// One suite's results: its JSON and its markdown section.
+pub struct Section {
+    pub name: &'static str,
+    pub json: serde_json::Value,
+    pub markdown: String,
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let suites = if args.suites.is_empty() {
+        vec![Suite::Recovery, Suite::Scale, Suite::Footprint]
+    } else {
+        args.suites.clone()
+    };
+    let started = std::time::Instant::now();
+    let mut sections = Vec::new();
+    for suite in suites {
+        let section = match suite {
+            Suite::Recovery => recovery::run(&args).await?,
+            Suite::Scale => scale::run(&args.fleets).await?,
+            Suite::Footprint => footprint::run().await?,
+        };
+        println!("{}", section.markdown);
+        sections.push(section);
+    }
+    let minutes = started.elapsed().as_secs_f64() / 60.0;
+    std::fs::create_dir_all(&args.out)?;
+    let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
+    let names: Vec<&str> = sections.iter().map(|s| s.name).collect();
+    let base = format!("{}-{stamp}", names.join("-"));
+    let machine = machine();
+    let commit = commit();
+    let mut json = json!({"machine": machine, "commit": commit, "minutes": minutes});
+    let mut markdown = format!(
+        "# nodemedic benchmarks\n\nMachine: {machine}. Commit: {commit}. The whole run took {minutes:.1} minutes.\n"
+    );
+    for s in sections {
+        json[s.name] = s.json;
+        markdown.push('\n');
+        markdown.push_str(&s.markdown);
+    }
+    let json_path = args.out.join(format!("{base}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)?;
+    let md_path = args.out.join(format!("{base}.md"));
+    std::fs::write(&md_path, markdown)?;
+    println!("wrote {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+/// The machine the numbers come from.
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_owned())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb / 1024 / 1024)
+        .unwrap_or(0);
+    format!(
+        "{cpus} CPUs ({model}), {mem} GiB RAM, nodemedic {}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The commit the binary was run from, when run inside a checkout.
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// "met" or "MISSED", for target lines.
+pub fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "**MISSED**" }
+}

@@ -1,0 +1,295 @@
+//! Scale: a fleet of simulated nodes (one kwok for all), the whole controller (every operator
+//! on), one NodeHealthCheck over the fleet. At rest, then 1% and then 10% of the nodes silenced at
+//! once: decision latency per node, the controller's CPU and memory, and every API request it
+//! made, by verb, from the API server's audit log.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use anyhow::Context;
+use kube::Api;
+use nodemedic::{
+    bench::{self, Summary, decision, requests, usage},
+    scenario::{self, NS},
+};
+use nodemedic_api::{healthcheck::NodeHealthCheck, self_remediation::SelfNodeRemediation};
+use nodemedic_lab::{Lab, LabConfig, wait};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{Section, verdict};
+
+/// The health check's unhealthy duration (the seed manifests').
+const DURATION_SECONDS: f64 = 10.0;
+const REST: Duration = Duration::from_secs(60);
+const SETTLE: Duration = Duration::from_secs(30);
+const CONTROLLER: &str = "controller";
+const CONTROLLER_USER: &str = "system:serviceaccount:workload-availability:nodemedic-controller";
+
+/// Agents only where a node says so; no fleet node does, so the agent DaemonSet has no pods
+/// (thousands of simulated pods would measure kwok, not nodemedic).
+const NO_AGENTS_CONFIG: &str = r#"{"spec": {"customDsNodeSelectorRequirements": [
+    {"key": "lab.nodemedic.io/agent", "operator": "Exists"}]}}"#;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Window {
+    seconds: f64,
+    cpu_millicores: f64,
+    rss_mib: f64,
+    requests: requests::Requests,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Round {
+    failed_percent: usize,
+    failed_nodes: usize,
+    decision_seconds: Option<Summary>,
+    without_remediation: usize,
+    window: Window,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Fleet {
+    nodes: usize,
+    rest: Window,
+    rounds: Vec<Round>,
+    peak_rss_mib: f64,
+}
+
+pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
+    let mut fleets = Vec::new();
+    for &nodes in sizes {
+        println!("==> scale: {nodes} nodes");
+        fleets.push(fleet(nodes).await.with_context(|| format!("the {nodes}-node fleet"))?);
+    }
+    Ok(Section {
+        name: "scale",
+        markdown: markdown(&fleets),
+        json: json!({ "fleets": fleets }),
+    })
+}
+
+async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
+    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let lab = Lab::start(LabConfig::fleet(nodes)).await.context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    scenario::configure_with(&lab, NO_AGENTS_CONFIG).await?;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    scenario::start_controller(&lab, &exe, CONTROLLER, metrics, &[], "info,kube=warn")?;
+    lab.apply_yaml(&health_check().to_string())?;
+    all_healthy(&lab, nodes).await?;
+    let pid = lab.process_pid(CONTROLLER).context("the controller is not running")?;
+
+    // Let the start-up's first reconciles of every node finish before calling it rest.
+    tokio::time::sleep(SETTLE).await;
+    let rest = window(&lab, pid, || async {
+        tokio::time::sleep(REST).await;
+        Ok(())
+    })
+    .await?;
+    println!("    at rest: {}", describe(&rest));
+    let mut rounds = Vec::new();
+    for percent in [1, 10] {
+        let failed: Vec<String> = lab.fleet_nodes().into_iter().step_by(100 / percent).collect();
+        let since = jiff::Timestamp::now();
+        let expected: BTreeSet<String> = failed.iter().cloned().collect();
+        let window = window(&lab, pid, || async {
+            lab.silence_fleet_nodes(&failed).await?;
+            remediated(&lab, &expected, since).await
+        })
+        .await?;
+        let decisions = decision::latencies(&lab.timeline().entries(), &expected, since, DURATION_SECONDS);
+        let round = Round {
+            failed_percent: percent,
+            failed_nodes: failed.len(),
+            decision_seconds: bench::summary(&decisions.latencies),
+            without_remediation: decisions.missing.len(),
+            window,
+        };
+        println!("    {percent}% failed: {}", describe(&round.window));
+        rounds.push(round);
+        lab.revive_fleet_nodes(&failed).await?;
+        all_healthy(&lab, nodes).await?;
+    }
+    let peak_rss_mib = usage::sample(pid).map_or(0.0, |u| u.peak_rss_kib as f64 / 1024.0);
+    Ok(Fleet {
+        nodes,
+        rest,
+        rounds,
+        peak_rss_mib,
+    })
+}
+
+fn health_check() -> serde_json::Value {
+    json!({
+        "apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck",
+        "metadata": {"name": "fleet"},
+        "spec": {
+            "selector": {"matchExpressions": [{"key": "node-role.kubernetes.io/worker", "operator": "Exists"}]},
+            "minHealthy": "51%",
+            "remediationTemplate": {
+                "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
+                "namespace": NS, "name": "self-node-remediation-automatic-strategy-template"
+            },
+            "unhealthyConditions": [
+                {"type": "Ready", "status": "False", "duration": "10s"},
+                {"type": "Ready", "status": "Unknown", "duration": "10s"}
+            ]
+        }
+    })
+}
+
+/// Runs `during`, measuring the controller's CPU, memory and requests over it.
+async fn window<F, Fut>(lab: &Lab, pid: u32, during: F) -> anyhow::Result<Window>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let before = usage::sample(pid).context("sampling the controller")?;
+    let (from, started) = (jiff::Timestamp::now(), std::time::Instant::now());
+    during().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let to = jiff::Timestamp::now();
+    let after = usage::sample(pid).context("sampling the controller")?;
+    // The audit log is written as requests complete: give the last ones a moment to land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = std::fs::read_to_string(lab.audit_log()).unwrap_or_default();
+    Ok(Window {
+        seconds,
+        cpu_millicores: usage::millicores(&before, &after, seconds),
+        rss_mib: after.rss_kib as f64 / 1024.0,
+        requests: requests::count(&log, CONTROLLER_USER, from, to),
+    })
+}
+
+async fn remediated(lab: &Lab, nodes: &BTreeSet<String>, since: jiff::Timestamp) -> anyhow::Result<()> {
+    // Silence shows after the node monitor grace (60 s), then the 10 s duration.
+    let timeout = Duration::from_secs(300 + nodes.len() as u64 / 5);
+    wait::until_every(
+        &format!("a remediation for each of {} silenced nodes", nodes.len()),
+        timeout,
+        Duration::from_secs(1),
+        || {
+            let entries = lab.timeline().entries();
+            let decisions = decision::latencies(&entries, nodes, since, DURATION_SECONDS);
+            async move { Ok(decisions.missing.is_empty().then_some(())) }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every fleet node healthy in the health check's eyes and no remediation left.
+async fn all_healthy(lab: &Lab, nodes: usize) -> anyhow::Result<()> {
+    let checks = Api::<NodeHealthCheck>::all(lab.client());
+    let remediations = Api::<SelfNodeRemediation>::namespaced(lab.client(), NS);
+    let timeout = Duration::from_secs(300 + nodes as u64 / 10);
+    wait::until_every(
+        &format!("all {nodes} nodes healthy, no remediation left"),
+        timeout,
+        Duration::from_secs(2),
+        || {
+            let (checks, remediations) = (checks.clone(), remediations.clone());
+            async move {
+                let status = checks.get("fleet").await?.status.unwrap_or_default();
+                let healthy = status.healthy_nodes == Some(nodes as i32);
+                let left = remediations.list_metadata(&Default::default()).await?.items.len();
+                Ok((healthy && left == 0).then_some(()))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+fn describe(w: &Window) -> String {
+    format!(
+        "{:.0} s, {:.0} mCPU, RSS {:.1} MiB, {} requests ({} beyond watches and leases)",
+        w.seconds,
+        w.cpu_millicores,
+        w.rss_mib,
+        w.requests.total(),
+        w.requests.other
+    )
+}
+
+fn verbs(r: &requests::Requests) -> String {
+    r.by_verb
+        .iter()
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn markdown(fleets: &[Fleet]) -> String {
+    let mut out = String::from(
+        "## Scale\n\nOne kwok process simulates the fleet (leases renewed every 30 s, Unknown after 60 s of silence); the controller runs every operator, one NodeHealthCheck covers the fleet (durations 10 s, minHealthy 51%); *at rest* is a minute after a 30 s settle. \
+         *Decision*: from a node's unhealthy condition having lasted 10 s (its lastTransitionTime, one-second resolution, plus 10 s: when the check's rule fires) to the lab's watch seeing its remediation object (p50 / p90 / p99 seconds). Requests: the controller's, from the API server's audit log.\n\n\
+         | nodes | window | seconds | decision | CPU (mCPU) | RSS (MiB) | requests by verb | beyond watches and leases |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for f in fleets {
+        out.push_str(&format!(
+            "| {} | at rest | {:.0} | - | {:.0} | {:.1} | {} | {} |\n",
+            f.nodes,
+            f.rest.seconds,
+            f.rest.cpu_millicores,
+            f.rest.rss_mib,
+            verbs(&f.rest.requests),
+            f.rest.requests.other
+        ));
+        for r in &f.rounds {
+            out.push_str(&format!(
+                "| {} | {}% failed ({} nodes{}) | {:.0} | {} | {:.0} | {:.1} | {} | {} |\n",
+                f.nodes,
+                r.failed_percent,
+                r.failed_nodes,
+                if r.without_remediation > 0 {
+                    format!(", {} without remediation", r.without_remediation)
+                } else {
+                    String::new()
+                },
+                r.window.seconds,
+                r.decision_seconds
+                    .as_ref()
+                    .map_or("-".into(), |s| format!("{:.2} / {:.2} / {:.2}", s.p50, s.p90, s.p99)),
+                r.window.cpu_millicores,
+                r.window.rss_mib,
+                verbs(&r.window.requests),
+                r.window.requests.other
+            ));
+        }
+    }
+    for f in fleets.iter().filter(|f| f.rest.requests.other > 0) {
+        let kinds: Vec<String> = f
+            .rest
+            .requests
+            .other_by_kind
+            .iter()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
+        out.push_str(&format!(
+            "\nAt rest with {} nodes, beyond watches and leases: {}.\n",
+            f.nodes,
+            kinds.join(", ")
+        ));
+    }
+    if let Some(f) = fleets.iter().max_by_key(|f| f.nodes) {
+        let p99 = f
+            .rounds
+            .iter()
+            .filter_map(|r| r.decision_seconds.as_ref().map(|s| s.p99))
+            .fold(0.0, f64::max);
+        out.push_str(&format!(
+            "\nTargets at {} nodes:\n- decision latency p99 {p99:.2} s <= 1 s: {}\n- controller peak RSS {:.1} MiB <= 64 MiB: {}\n- requests at rest beyond watches and lease renewal: {}: {}\n",
+            f.nodes,
+            verdict(p99 <= 1.0),
+            f.peak_rss_mib,
+            verdict(f.peak_rss_mib <= 64.0),
+            f.rest.requests.other,
+            verdict(f.rest.requests.other == 0)
+        ));
+    }
+    out
+}

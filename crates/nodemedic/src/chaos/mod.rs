@@ -1,0 +1,25 @@
+//! The fault campaign (`nodemedic chaos`, `make chaos`): randomized trials, reproducible from a
+//! seed, that mix node, network, control-plane, process and BMC faults on 3- and 5-node labs, and
+//! judge each trial from the lab timeline.
+//!
+//! [`plan`] draws a trial's plan and [`verdict`] judges a timeline; both are pure, so they are
+//! tested without a lab. [`run`] executes plans in labs.
+
+pub mod plan;
+pub mod run;
+pub mod verdict;
+
+#[cfg(test)]
+mod tests;
+
+pub use plan::{Action, Options, PathKind, Shape, Step, Strategy, TrialPlan, plan, plan_with};
+pub use verdict::{Snapshot, Violation, ViolationKind};
+
+/// The command that replays one trial, printed with every violation.
+pub fn replay(seed: u64, index: usize, nodes: Option<usize>) -> String {
+    let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
+    format!(
+        "make chaos SEED={seed} TRIALS={} ARGS=\"--only-trial {index}{nodes}\"",
+        index + 1
+    )
+}

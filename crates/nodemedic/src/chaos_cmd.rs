@@ -1,0 +1,173 @@
+//! `nodemedic chaos` (`make chaos SEED=.. TRIALS=..`): the fault campaign. Draws each trial's
+//! plan from the seed, runs it in a lab (one lab per shape, reused while sound), judges it, and
+//! writes `chaos-<stamp>.json` and `.md`. Exits non-zero when any trial found a violation or
+//! could not run.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use nodemedic::{
+    bench,
+    chaos::{
+        self, Options,
+        run::{Runner, TrialResult, kind},
+    },
+};
+use serde_json::json;
+
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 200)]
+    pub trials: usize,
+    /// Only labs of this many nodes.
+    #[arg(long, value_parser = lab_size)]
+    pub nodes: Option<usize>,
+    /// Replay one trial (its index, as a violation names it).
+    #[arg(long)]
+    pub only_trial: Option<usize>,
+    /// Where the JSON and markdown reports go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Print the trials' plans (JSON lines) and run nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn lab_size(s: &str) -> Result<usize, String> {
+    match s {
+        "3" => Ok(3),
+        "5" => Ok(5),
+        _ => Err("3 or 5".into()),
+    }
+}
+
+pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    crate::interruptible::run(campaign(args))
+}
+
+async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let options = Options { nodes: args.nodes };
+    let indices: Vec<usize> = match args.only_trial {
+        Some(i) => vec![i],
+        None => (0..args.trials).collect(),
+    };
+    if args.dry_run {
+        for index in indices {
+            println!(
+                "{}",
+                serde_json::to_string(&chaos::plan_with(args.seed, index, options))?
+            );
+        }
+        return Ok(());
+    }
+    let mut runner = Runner::new(&exe, args.nodes);
+    let mut results = Vec::new();
+    for index in indices {
+        let plan = chaos::plan_with(args.seed, index, options);
+        let steps: Vec<String> = plan.steps.iter().map(|s| kind(&s.action)).collect();
+        println!(
+            "==> trial {index}: {} nodes, {:?}{}, {:?}: {}",
+            plan.shape.nodes,
+            plan.shape.path,
+            if plan.shape.slow_bmc { " (slow BMC)" } else { "" },
+            plan.strategy,
+            steps.join(" ")
+        );
+        let result = runner.trial(&plan).await;
+        for line in &result.log {
+            println!("    {line}");
+        }
+        for v in &result.violations {
+            println!("    VIOLATION {:?}: {}  (replay: {})", v.kind, v.detail, result.replay);
+        }
+        if let Some(e) = &result.error {
+            println!("    ERROR: {e}  (replay: {})", result.replay);
+        }
+        results.push(result);
+    }
+    drop(runner);
+    std::fs::create_dir_all(&args.out)?;
+    let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
+    let machine = crate::bench_cmd::machine();
+    let json_path = args.out.join(format!("chaos-{stamp}.json"));
+    let report = json!({"seed": args.seed, "nodes": args.nodes, "machine": machine, "trials": results});
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    let md_path = args.out.join(format!("chaos-{stamp}.md"));
+    let md = markdown(args.seed, &machine, &results);
+    std::fs::write(&md_path, &md)?;
+    println!("{md}\nwrote {} and {}", json_path.display(), md_path.display());
+    let failed = results
+        .iter()
+        .filter(|r| !r.violations.is_empty() || r.error.is_some())
+        .count();
+    if failed > 0 {
+        bail!("{failed} of {} trials failed", results.len());
+    }
+    Ok(())
+}
+
+fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    for r in results {
+        for s in &r.plan.steps {
+            *faults.entry(kind(&s.action)).or_default() += 1;
+        }
+    }
+    let violations: usize = results.iter().map(|r| r.violations.len()).sum();
+    let errors = results.iter().filter(|r| r.error.is_some()).count();
+    let pct = |f: fn(&TrialResult) -> Option<f64>| {
+        let v: Vec<f64> = results.iter().filter_map(f).collect();
+        bench::summary(&v).map_or("-".into(), |s| format!("{:.1} / {:.1} / {:.1}", s.p50, s.p90, s.p99))
+    };
+    let mut out = format!(
+        "# Fault campaign\n\nSeed {seed}, {} trials on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
+         Recovery, seconds from the first fault (p50 / p90 / p99): workload Running again {}; every node healthy and nothing left behind {}.\n\n\
+         Faults injected: {}.\n\n\
+         | trial | nodes | path | strategy | faults | violations | workload back (s) | all healthy (s) |\n|---|---|---|---|---|---|---|---|\n",
+        results.len(),
+        pct(|r| r.workload_back_seconds),
+        pct(|r| r.all_healthy_seconds),
+        faults
+            .iter()
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let secs = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s:.1}"));
+    for r in results {
+        let p = &r.plan;
+        out.push_str(&format!(
+            "| {} | {} | {:?}{} | {:?} | {} | {} | {} | {} |\n",
+            p.index,
+            p.shape.nodes,
+            p.shape.path,
+            if p.shape.slow_bmc { " (slow BMC)" } else { "" },
+            p.strategy,
+            p.steps.iter().map(|s| kind(&s.action)).collect::<Vec<_>>().join(" "),
+            r.violations.len() + usize::from(r.error.is_some()),
+            secs(r.workload_back_seconds),
+            secs(r.all_healthy_seconds),
+        ));
+    }
+    let bad: Vec<&TrialResult> = results
+        .iter()
+        .filter(|r| !r.violations.is_empty() || r.error.is_some())
+        .collect();
+    if !bad.is_empty() {
+        out.push_str("\n## Violations\n\n");
+        for r in bad {
+            out.push_str(&format!("Trial {} (replay: `{}`):\n", r.plan.index, r.replay));
+            for v in &r.violations {
+                out.push_str(&format!("- {:?}: {}\n", v.kind, v.detail));
+            }
+            if let Some(e) = &r.error {
+                out.push_str(&format!("- could not run: {e}\n"));
+            }
+        }
+    }
+    out
+}

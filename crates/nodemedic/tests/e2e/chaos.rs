@@ -1,0 +1,124 @@
+//! A small fixed set of fault-campaign trials through the campaign's own runner (the full,
+//! randomized campaign is `make chaos`): partitions, flapping, freezes, crashes, API server and
+//! etcd restarts, controller and agent restarts mid-remediation, a hung BMC; each judged by the
+//! witness, the false-fence, remediation and leftover checks.
+
+use nodemedic::chaos::{
+    Action, PathKind, Shape, Step, Strategy, TrialPlan,
+    plan::validate,
+    run::{Runner, TrialResult},
+};
+
+use crate::support::logs;
+
+fn steps(list: &[(u64, Action)]) -> Vec<Step> {
+    list.iter()
+        .map(|(s, action)| Step {
+            at_ms: s * 1000,
+            action: action.clone(),
+        })
+        .collect()
+}
+
+fn plans() -> Vec<TrialPlan> {
+    let snr = Shape {
+        nodes: 3,
+        path: PathKind::SelfRemediation,
+        slow_bmc: false,
+    };
+    let far = Shape {
+        nodes: 3,
+        path: PathKind::FenceRedfish,
+        slow_bmc: false,
+    };
+    let plan = |index, shape, strategy, list: &[(u64, Action)]| TrialPlan {
+        seed: 0,
+        index,
+        shape,
+        strategy,
+        steps: steps(list),
+    };
+    vec![
+        // The workload's node cut off; the controller, a peer's agent and the API server restart
+        // while its remediation is in flight.
+        plan(
+            0,
+            snr,
+            Strategy::OutOfServiceTaint,
+            &[
+                (0, Action::Partition { nodes: vec![0] }),
+                (17, Action::RestartController { mid_remediation: true }),
+                (
+                    20,
+                    Action::RestartAgent {
+                        node: 1,
+                        mid_remediation: true,
+                    },
+                ),
+                (24, Action::StopApiserver),
+                (28, Action::StartApiserver),
+                (40, Action::Heal { node: 0 }),
+            ],
+        ),
+        // A peer flapping, etcd restarting, another peer hanging: nobody healthy may fence.
+        plan(
+            1,
+            snr,
+            Strategy::ResourceDeletion,
+            &[
+                (0, Action::Partition { nodes: vec![1] }),
+                (5, Action::Heal { node: 1 }),
+                (9, Action::Partition { nodes: vec![1] }),
+                (14, Action::Heal { node: 1 }),
+                (17, Action::RestartEtcd),
+                (20, Action::Freeze { node: 2 }),
+                (26, Action::Thaw { node: 2 }),
+            ],
+        ),
+        // The workload's node crashes with its BMC hung; the controller restarts mid-fencing.
+        plan(
+            2,
+            far,
+            Strategy::OutOfServiceTaint,
+            &[
+                (0, Action::Crash { node: 0 }),
+                (1, Action::HangBmc { node: 0 }),
+                (17, Action::RestartController { mid_remediation: true }),
+                (24, Action::ResumeBmc { node: 0 }),
+                (40, Action::PowerOn { node: 0 }),
+            ],
+        ),
+    ]
+}
+
+fn summary(r: &TrialResult) -> String {
+    format!(
+        "trial {}: nodes {:?}, workload back {:?}s, all healthy {:?}s\n  {}\n  violations: {:?}\n  error: {:?}",
+        r.plan.index,
+        r.nodes,
+        r.workload_back_seconds,
+        r.all_healthy_seconds,
+        r.log.join("\n  "),
+        r.violations,
+        r.error
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_chaos_trials_find_no_violation() {
+    logs();
+    let plans = plans();
+    for p in &plans {
+        assert_eq!(validate(p), Ok(()), "{p:?}");
+    }
+    let mut runner = Runner::new(std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), None);
+    let mut failed = Vec::new();
+    for p in &plans {
+        let result = runner.trial(p).await;
+        println!("{}", summary(&result));
+        if !result.violations.is_empty() || result.error.is_some() {
+            failed.push(summary(&result));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
