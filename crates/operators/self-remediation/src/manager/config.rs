@@ -101,7 +101,9 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
         )
         .await?;
     }
-    Ok(Action::requeue(Duration::from_secs(60)))
+    // Everything read here is watched (the config, its DaemonSet, the registrations): a change
+    // wakes this reconcile. No periodic pass: at rest the manager makes no requests.
+    Ok(Action::await_change())
 }
 
 async fn ensure_daemonset(

@@ -88,10 +88,13 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         out_of_service,
         observed: std::sync::Mutex::new(HashMap::new()),
     });
+    // Bounded: when hundreds of nodes fail at once, a few reconciles at a time keep the
+    // memory and the API server's load flat; each one is short (no reconcile waits inside).
     let controller = Controller::new(
         Api::<SelfNodeRemediation>::all(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let store = controller.store();
     let remediations = controller
         .watches(
