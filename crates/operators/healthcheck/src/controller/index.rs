@@ -32,6 +32,43 @@ pub struct Index {
     pub leases: RwLock<BTreeMap<String, LeaseFacts>>,
 }
 
+/// What one watch saw during a relist (between `Init` and `InitDone`). A watch that restarts
+/// (the API server or etcd restarted, a timeout) lists again, and the list only names what
+/// exists: anything deleted while the watch was down must be found by what the list left out.
+#[derive(Debug)]
+pub struct Relist<K>(Option<BTreeSet<K>>);
+
+impl<K: Ord + Clone> Default for Relist<K> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<K: Ord + Clone> Relist<K> {
+    pub fn start(&mut self) {
+        self.0 = Some(BTreeSet::new());
+    }
+
+    pub fn saw(&mut self, key: &K) {
+        if let Some(seen) = self.0.as_mut() {
+            seen.insert(key.clone());
+        }
+    }
+
+    /// At `InitDone`: removes from `all` every entry this watch is responsible for (`mine`)
+    /// that the list did not name, and returns them.
+    pub fn prune<V>(&mut self, all: &mut BTreeMap<K, V>, mine: impl Fn(&K) -> bool) -> Vec<(K, V)> {
+        let Some(seen) = self.0.take() else {
+            return Vec::new();
+        };
+        let stale: Vec<K> = all.keys().filter(|k| mine(k) && !seen.contains(*k)).cloned().collect();
+        stale
+            .into_iter()
+            .filter_map(|k| all.remove(&k).map(|v| (k, v)))
+            .collect()
+    }
+}
+
 fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
 }
@@ -202,6 +239,27 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relist_forgets_what_was_deleted_while_the_watch_was_down() {
+        let mut all: BTreeMap<(String, String), u32> = [
+            (("SNR".into(), "a".into()), 1),
+            (("SNR".into(), "b".into()), 2),
+            (("FAR".into(), "c".into()), 3),
+        ]
+        .into();
+        let mut relist = Relist::default();
+        // Before any Init: nothing is pruned.
+        assert!(relist.prune(&mut all, |_| true).is_empty());
+        relist.start();
+        relist.saw(&("SNR".to_owned(), "a".to_owned()));
+        // Only this watch's kind: the FAR object belongs to another watch.
+        let gone = relist.prune(&mut all, |k| k.0 == "SNR");
+        assert_eq!(gone, vec![(("SNR".to_owned(), "b".to_owned()), 2)]);
+        assert_eq!(all.len(), 2);
+        // A prune ends the relist: a later one without a new start removes nothing.
+        assert!(relist.prune(&mut all, |_| true).is_empty());
+    }
 
     #[test]
     fn a_remediation_object_yields_its_facts() {

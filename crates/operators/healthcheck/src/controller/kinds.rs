@@ -18,8 +18,8 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 
-use super::index::{self, Index};
-use crate::decide::{TEMPLATE_RETRY, TemplateRef};
+use super::index::{self, Index, Relist};
+use crate::decide::{RemediationId, TEMPLATE_RETRY, TemplateRef};
 
 /// Which role a watched kind plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -147,17 +147,67 @@ async fn watch(
     let api = Api::<DynamicObject>::all_with(client, &resource);
     let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
     let mut listed = Some(listed);
+    let mut remediations_listed = Relist::<RemediationId>::default();
+    let mut templates_listed = Relist::<TemplateRef>::default();
+    let this_kind = |api_version: &str, kind: &str| api_version == key.0 && kind == key.1;
     while let Some(event) = stream.next().await {
         let (obj, gone) = match event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+            Ok(watcher::Event::Init) => {
+                remediations_listed.start();
+                templates_listed.start();
+                continue;
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                match role {
+                    Role::Remediation => {
+                        if let Some(stored) = index::remediation_facts(&o, &key.0, &key.1) {
+                            remediations_listed.saw(&stored.facts.id);
+                        }
+                    }
+                    Role::Template => {
+                        if let Some(name) = o.metadata.name.clone() {
+                            templates_listed.saw(&TemplateRef {
+                                api_version: key.0.clone(),
+                                kind: key.1.clone(),
+                                namespace: o.metadata.namespace.clone(),
+                                name,
+                            });
+                        }
+                    }
+                }
+                (o, false)
+            }
+            Ok(watcher::Event::Apply(o)) => (o, false),
             Ok(watcher::Event::Delete(o)) => (o, true),
             Ok(watcher::Event::InitDone) => {
                 if let Some(tx) = listed.take() {
                     let _ = tx.send(());
                 }
+                match role {
+                    Role::Remediation => {
+                        let pruned = index.remediations.write().map_or(0, |mut all| {
+                            remediations_listed
+                                .prune(&mut all, |id| this_kind(&id.api_version, &id.kind))
+                                .len()
+                        });
+                        if pruned > 0 {
+                            tracing::info!(kind = %key.1, pruned, "forgot objects deleted while the watch was down");
+                            on_change(role, &key, None);
+                        }
+                    }
+                    Role::Template => {
+                        let pruned = index.templates.write().map_or_else(
+                            |_| Vec::new(),
+                            |mut all| templates_listed.prune(&mut all, |t| this_kind(&t.api_version, &t.kind)),
+                        );
+                        for (template, _) in &pruned {
+                            tracing::info!(%template, "forgot a template deleted while the watch was down");
+                            on_change(role, &key, Some(template));
+                        }
+                    }
+                }
                 continue;
             }
-            Ok(_) => continue,
             Err(error) => {
                 tracing::debug!(%error, kind = %key.1, "watch error; retrying");
                 continue;

@@ -163,7 +163,13 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
     let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default().page_size(200))
         .default_backoff()
         .boxed();
+    let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {
+        if let Ok(watcher::Event::InitApply(node)) = &event
+            && let Some(name) = &node.metadata.name
+        {
+            relist.saw(name);
+        }
         match event {
             Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
                 let Some(facts) = index::node_facts(&node) else {
@@ -184,10 +190,17 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
                 }
             }
             Ok(watcher::Event::InitDone) => {
+                let gone = index
+                    .nodes
+                    .write()
+                    .map_or_else(|_| Vec::new(), |mut all| relist.prune(&mut all, |_| true));
+                if !gone.is_empty() {
+                    tracing::info!(nodes = gone.len(), "forgot nodes deleted while the watch was down");
+                }
                 let _ = synced.send(true);
                 triggers.wake_where(|_| true);
             }
-            Ok(watcher::Event::Init) => {}
+            Ok(watcher::Event::Init) => relist.start(),
             Err(error) => tracing::debug!(%error, "node watch error; retrying"),
         }
     }
@@ -196,23 +209,47 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
 async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, synced: watch::Sender<bool>) {
     let api = Api::<Lease>::namespaced(client, leases::NAMESPACE);
     let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
-    while let Some(event) = stream.next().await {
-        let (lease, gone) = match event {
-            Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => (l, false),
-            Ok(watcher::Event::Delete(l)) => (l, true),
-            Ok(watcher::Event::InitDone) => {
-                let _ = synced.send(true);
-                continue;
-            }
-            _ => continue,
-        };
-        let Some(node) = lease
+    let mut relist = index::Relist::<String>::default();
+    let node_of = |lease: &Lease| {
+        lease
             .metadata
             .name
             .as_deref()
             .and_then(|n| n.strip_prefix("node-"))
             .map(str::to_owned)
-        else {
+    };
+    while let Some(event) = stream.next().await {
+        let (lease, gone) = match event {
+            Ok(watcher::Event::Init) => {
+                relist.start();
+                continue;
+            }
+            Ok(watcher::Event::InitApply(l)) => {
+                if let Some(node) = node_of(&l) {
+                    relist.saw(&node);
+                }
+                (l, false)
+            }
+            Ok(watcher::Event::Apply(l)) => (l, false),
+            Ok(watcher::Event::Delete(l)) => (l, true),
+            Ok(watcher::Event::InitDone) => {
+                let gone = index
+                    .leases
+                    .write()
+                    .map_or_else(|_| Vec::new(), |mut all| relist.prune(&mut all, |_| true));
+                if !gone.is_empty() {
+                    tracing::info!(
+                        leases = gone.len(),
+                        "forgot node leases deleted while the watch was down"
+                    );
+                    triggers.wake_where(|_| true);
+                }
+                let _ = synced.send(true);
+                continue;
+            }
+            _ => continue,
+        };
+        let Some(node) = node_of(&lease) else {
             continue;
         };
         let facts = if gone {
