@@ -37,10 +37,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     crate::interruptible::run(demo(&args))
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// The NodeHealthCheck's unhealthy durations: shortened, or the seed's.
 fn durations(manifest: &mut serde_json::Value, seconds: Option<u32>) {
     if let (Some(s), Some(conditions)) = (seconds, manifest["spec"]["unhealthyConditions"].as_array_mut()) {
@@ -74,19 +70,12 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let lab = Lab::start(config).await.context("starting the lab")?;
     let client = lab.client();
     scenario::create_namespace(&client, NS).await?;
-    let metrics = free_port()?;
+    let metrics = scenario::free_port()?;
     let check = if args.fence_agents {
         println!("==> installing nodemedic (controller) and the seed fence agents template (fence_redfish)");
         scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
         scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m))?;
-        scenario::start_controller(
-            &lab,
-            &exe,
-            "controller",
-            metrics,
-            &["--disable=self-remediation"],
-            "info,kube=warn",
-        )?;
+        scenario::start_fence_agents_controller(&lab, &exe, metrics)?;
         scenario::deploy_workload(&lab).await?;
         ("002-nhc-far-3node.yaml", "nhc-far-3node")
     } else {

@@ -104,6 +104,32 @@ pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, ex
     lab.add_host_process(name, spec)
 }
 
+/// The fence-agents path's controller (self remediation off), metrics on `metrics_port`.
+pub fn start_fence_agents_controller(lab: &Lab, exe: &Path, metrics_port: u16) -> Result<()> {
+    start_controller(
+        lab,
+        exe,
+        "controller",
+        metrics_port,
+        &["--disable=self-remediation"],
+        "info,kube=warn",
+    )
+}
+
+/// A SelfNodeRemediationTemplate `name` in [`NS`] with `strategy`.
+pub fn self_remediation_template(name: &str, strategy: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"template": {"spec": {"remediationStrategy": strategy}}}
+    })
+}
+
+/// A free local port (e.g. for the controller's metrics).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// The seed SelfNodeRemediationConfig with [`FAST_CONFIG`] applied, as the manager reads it.
 pub async fn configure(lab: &Lab) -> Result<SelfNodeRemediationConfig> {
     configure_with(lab, FAST_CONFIG).await

@@ -38,7 +38,7 @@ pub async fn run() -> anyhow::Result<Section> {
         .await
         .context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics = scenario::free_port()?;
     scenario::install_self_remediation(&lab, &exe, scenario::FAST_CONFIG, metrics).await?;
     scenario::agents_settled(&lab).await?;
     let pids: Vec<u32> = lab

@@ -187,7 +187,7 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
     }
     let lab = Lab::start(config).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics = scenario::free_port()?;
     let strategy_name = format!("{strategy:?}");
     let nhc = match path {
         Path::SelfRemediation => {
@@ -195,14 +195,7 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
                 Profile::Fast => scenario::FAST_CONFIG,
                 Profile::Seed => scenario::SEED_TIMINGS_CONFIG,
             };
-            lab.apply_yaml(
-                &json!({
-                    "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
-                    "metadata": {"name": TEMPLATE, "namespace": NS},
-                    "spec": {"template": {"spec": {"remediationStrategy": strategy_name}}}
-                })
-                .to_string(),
-            )?;
+            lab.apply_yaml(&scenario::self_remediation_template(TEMPLATE, &strategy_name).to_string())?;
             scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
             scenario::deploy_workload(&lab).await?;
             scenario::agents_settled(&lab).await?;
@@ -225,14 +218,7 @@ async fn series(path: Path, strategy: Strategy, profile: Profile, trials: usize)
                 );
                 lab.apply_yaml(&template.to_string())?;
             }
-            scenario::start_controller(
-                &lab,
-                &exe,
-                "controller",
-                metrics,
-                &["--disable=self-remediation"],
-                "info,kube=warn",
-            )?;
+            scenario::start_fence_agents_controller(&lab, &exe, metrics)?;
             scenario::deploy_workload(&lab).await?;
             "002-nhc-far-3node.yaml"
         }

@@ -76,7 +76,7 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
     let lab = Lab::start(LabConfig::fleet(nodes)).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
     scenario::configure_with(&lab, NO_AGENTS_CONFIG).await?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let metrics = scenario::free_port()?;
     scenario::start_controller(&lab, &exe, CONTROLLER, metrics, &[], "info,kube=warn")?;
     lab.apply_yaml(&health_check().to_string())?;
     all_healthy(&lab, nodes).await?;

@@ -470,8 +470,7 @@ async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
     }
     let lab = Lab::start(config).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let log = "info,kube=warn";
+    let metrics = scenario::free_port()?;
     let nhc = match shape.path {
         PathKind::SelfRemediation => {
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
@@ -483,7 +482,7 @@ async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
         PathKind::FenceRedfish => {
             scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
-            scenario::start_controller(&lab, exe, "controller", metrics, &["--disable=self-remediation"], log)?;
+            scenario::start_fence_agents_controller(&lab, exe, metrics)?;
             scenario::deploy_workload(&lab).await?;
             "002-nhc-far-3node.yaml"
         }
@@ -506,14 +505,7 @@ fn apply_template(lab: &Lab, path: PathKind, strategy: Strategy) -> anyhow::Resu
     let strategy = format!("{strategy:?}");
     match path {
         PathKind::SelfRemediation => {
-            lab.apply_yaml(
-                &json!({
-                    "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
-                    "metadata": {"name": TEMPLATE, "namespace": NS},
-                    "spec": {"template": {"spec": {"remediationStrategy": strategy}}}
-                })
-                .to_string(),
-            )?;
+            lab.apply_yaml(&scenario::self_remediation_template(TEMPLATE, &strategy).to_string())?;
         }
         PathKind::FenceRedfish => scenario::apply_seed(lab, "002-far-template.yaml", |m| {
             scenario::adapt_far_template(lab, m);

@@ -151,34 +151,15 @@ async fn watch(
     let mut templates_listed = Relist::<TemplateRef>::default();
     let this_kind = |api_version: &str, kind: &str| api_version == key.0 && kind == key.1;
     while let Some(event) = stream.next().await {
-        let (obj, gone) = match event {
+        let (obj, gone, relisted) = match event {
             Ok(watcher::Event::Init) => {
                 remediations_listed.start();
                 templates_listed.start();
                 continue;
             }
-            Ok(watcher::Event::InitApply(o)) => {
-                match role {
-                    Role::Remediation => {
-                        if let Some(stored) = index::remediation_facts(&o, &key.0, &key.1) {
-                            remediations_listed.saw(&stored.facts.id);
-                        }
-                    }
-                    Role::Template => {
-                        if let Some(name) = o.metadata.name.clone() {
-                            templates_listed.saw(&TemplateRef {
-                                api_version: key.0.clone(),
-                                kind: key.1.clone(),
-                                namespace: o.metadata.namespace.clone(),
-                                name,
-                            });
-                        }
-                    }
-                }
-                (o, false)
-            }
-            Ok(watcher::Event::Apply(o)) => (o, false),
-            Ok(watcher::Event::Delete(o)) => (o, true),
+            Ok(watcher::Event::InitApply(o)) => (o, false, true),
+            Ok(watcher::Event::Apply(o)) => (o, false, false),
+            Ok(watcher::Event::Delete(o)) => (o, true, false),
             Ok(watcher::Event::InitDone) => {
                 if let Some(tx) = listed.take() {
                     let _ = tx.send(());
@@ -218,6 +199,9 @@ async fn watch(
                 let Some(stored) = index::remediation_facts(&obj, &key.0, &key.1) else {
                     continue;
                 };
+                if relisted {
+                    remediations_listed.saw(&stored.facts.id);
+                }
                 let changed = match index.remediations.write() {
                     Ok(mut all) if gone => all.remove(&stored.facts.id).is_some(),
                     Ok(mut all) => all.insert(stored.facts.id.clone(), stored.clone()).as_ref() != Some(&stored),
@@ -237,6 +221,9 @@ async fn watch(
                     namespace: obj.metadata.namespace.clone(),
                     name,
                 };
+                if relisted {
+                    templates_listed.saw(&template);
+                }
                 let state = index::template_state(&obj);
                 let changed = match index.templates.write() {
                     Ok(mut all) if gone => all.remove(&template).is_some(),
