@@ -1,5 +1,6 @@
-# The one `nodemedic` binary (controller, agent, status), with the ClusterLabs fence agents the
-# Fence Agents Remediation controller runs. Build: docker build -t nodemedic .
+# The `nodemedic` binary (controller, agent, status) and the agent-only `nodemedic-agent`, with
+# the ClusterLabs fence agents the Fence Agents Remediation controller runs.
+# Build: docker build -t nodemedic .
 #
 # Stage 1: build with the same toolchain and lockfile CI uses.
 FROM docker.io/library/rust:1.95-bookworm AS build
@@ -8,8 +9,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p nodemedic \
- && strip target/release/nodemedic
+RUN cargo build --release --locked -p nodemedic --bins \
+ && strip target/release/nodemedic target/release/nodemedic-agent
 
 # Stage 2: Debian slim plus the fence agents (fence_redfish, fence_ipmilan, ... and ipmitool,
 # which fence_ipmilan calls). Nothing else: no shell tools the binary needs.
@@ -19,6 +20,8 @@ RUN apt-get update \
       fence-agents ipmitool ca-certificates \
  && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
 COPY --from=build /src/target/release/nodemedic /usr/local/bin/nodemedic
+# The agent alone, the DaemonSet's command: every node runs it, so it carries nothing else.
+COPY --from=build /src/target/release/nodemedic-agent /usr/local/bin/nodemedic-agent
 # `kubectl nodemedic` when the binary is copied out of the image onto a kubectl user's PATH.
 RUN ln -s /usr/local/bin/nodemedic /usr/local/bin/kubectl-nodemedic
 # The controller runs unprivileged; the agent DaemonSet runs privileged (it opens /dev/watchdog)

@@ -1,5 +1,10 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup test demo bench crds manifests fmt model-check
+.PHONY: setup build test demo bench crds manifests fmt model-check
+
+# Both executables: `nodemedic` and the agent-only `nodemedic-agent` the labs run on each node.
+NODEMEDIC = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic
+build:
+	cargo build --release --locked -p nodemedic --bins
 
 setup:
 	@bash scripts/setup.sh
@@ -7,21 +12,21 @@ setup:
 test: setup
 	@bash scripts/test.sh
 
-demo: setup
-	cargo run --release --locked -p nodemedic -- demo $(ARGS)
+demo: setup build
+	$(NODEMEDIC) demo $(ARGS)
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
 # in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic bench --help).
-bench: setup
-	cargo run --release --locked -p nodemedic -- bench $(ARGS)
+bench: setup build
+	$(NODEMEDIC) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes
 # bench/results/chaos-*.{json,md}; a violation names the command that replays its trial).
 .PHONY: chaos
 SEED ?= 1
 TRIALS ?= 200
-chaos: setup
-	cargo run --release --locked -p nodemedic -- chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
+chaos: setup build
+	$(NODEMEDIC) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).
 crds:

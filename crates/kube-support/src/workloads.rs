@@ -1,11 +1,15 @@
 //! A fenced node's workloads: the pods bound to it and the volume attachments naming it, and their
 //! release once the node is provably off. Shared by every remediator.
 
-use k8s_openapi::api::{core::v1::Pod, storage::v1::VolumeAttachment};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    storage::v1::VolumeAttachment,
+};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
+use serde_json::json;
 
 use crate::Result;
 
@@ -39,6 +43,31 @@ pub async fn force_delete_pods(client: &Client, pods: &[Pod]) -> Result<()> {
         let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
         delete_if_present(&api, &pod.name_any(), &force).await?;
     }
+    Ok(())
+}
+
+/// Says on the fenced node's behalf that it mounts nothing, by clearing `status.volumesInUse`.
+///
+/// Without the out-of-service taint, the attach-detach controller will not detach a volume its
+/// node last reported in use, and deleting the VolumeAttachment does not change its mind until
+/// its next resync (a minute by default): the workload's new pod waits on a Multi-Attach error.
+/// The node is provably off, so nothing is mounted; saying so lets the controller detach at once,
+/// as it would after the node's own kubelet restarted. A kubelet that comes back reports its
+/// real mounts again.
+pub async fn clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
+    let nodes = Api::<Node>::all(client.clone());
+    let reported = match nodes.get_status(node).await {
+        Ok(n) => n.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if reported.is_empty() {
+        return Ok(());
+    }
+    let patch = json!({"status": {"volumesInUse": null}});
+    nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 

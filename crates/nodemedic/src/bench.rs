@@ -1,5 +1,6 @@
-//! Time-to-recovery measurements: one trial's breakdown read from its story, and percentiles over
-//! trials. Pure: `nodemedic bench` runs the trials and writes what these compute.
+//! What the benchmarks compute, with no I/O: one crash trial's breakdown read from its story and
+//! percentiles over trials (here), decision latency ([`decision`]), API requests from the audit
+//! log ([`requests`]) and process usage from /proc ([`usage`]). `nodemedic bench` runs the labs.
 
 use serde::Serialize;
 

@@ -2,6 +2,7 @@
 //! nodemedic into a lab and run the stateful stand-in for a VM ([`scenario`]), and the story of a
 //! node failure read from the lab timeline ([`story`], [`report`]).
 
+pub mod agent;
 pub mod bench;
 pub mod chaos;
 pub mod report;

@@ -57,7 +57,7 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli().command {
         Command::Controller(args) => controller_cmd::run(args),
-        Command::Agent(args) => agent(args),
+        Command::Agent(args) => nodemedic::agent::run(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),
         Command::Demo(args) => demo_cmd::run(args),
@@ -79,16 +79,6 @@ fn cli() -> Cli {
         args.insert(1, "status".into());
     }
     Cli::parse_from(args)
-}
-
-fn agent(args: nodemedic_self_remediation::agent::AgentArgs) -> anyhow::Result<()> {
-    nodemedic_kube::logging::init(args.log_json);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(nodemedic_self_remediation::agent::run(args))?;
-    Ok(())
 }
 
 fn crds(write: Option<PathBuf>) -> anyhow::Result<()> {

@@ -2,7 +2,10 @@
 //! manifests with stated fast timings, and the StatefulSet stand-in for a VM. The demo and the
 //! end-to-end tests run exactly these steps.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
@@ -229,9 +232,22 @@ pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &Self
     Ok(())
 }
 
+/// The agent-only executable next to `exe` (both are built from this package), as the DaemonSet
+/// runs it: the agents' footprint is measured on what nodes would run.
+pub fn agent_executable(exe: &Path) -> Result<PathBuf> {
+    let agent = exe.with_file_name("nodemedic-agent");
+    if agent.is_file() {
+        Ok(agent)
+    } else {
+        Err(nodemedic_lab::Error::Invalid(format!(
+            "the agent executable {} is missing: build it with the nodemedic binary (cargo build -p nodemedic --bins)",
+            agent.display()
+        )))
+    }
+}
+
 fn start_agent(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig, node: &str, kubeconfig: &Path) -> Result<()> {
     let mut args = vec![
-        "agent".to_owned(),
         format!("--node={node}"),
         format!("--namespace={NS}"),
         format!("--address={}", lab.node_ip(node)?),
@@ -244,7 +260,7 @@ fn start_agent(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig, node: 
     args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
         &config.spec,
     ));
-    let spec = ProcessSpec::new(exe, args)
+    let spec = ProcessSpec::new(agent_executable(exe)?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())
         .env("RUST_LOG", "info,kube=warn");
     lab.add_node_process(node, "agent", spec)

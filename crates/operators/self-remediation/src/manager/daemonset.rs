@@ -91,13 +91,16 @@ fn env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// Where the image keeps the agent-only executable (see the Dockerfile).
+pub const AGENT_EXECUTABLE: &str = "/usr/local/bin/nodemedic-agent";
+
 /// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str) -> DaemonSet {
     let labels = BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
         ("app.kubernetes.io/component".to_owned(), NAME.to_owned()),
     ]);
-    let mut args = vec!["agent".to_owned(), format!("--watchdog={}", spec.watchdog_file_path)];
+    let mut args = vec![format!("--watchdog={}", spec.watchdog_file_path)];
     args.extend(agent_flags(spec));
     let mut tolerations = vec![Toleration {
         operator: Some("Exists".into()),
@@ -132,6 +135,8 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
     let container = Container {
         name: "agent".into(),
         image: Some(image.into()),
+        // The agent-only executable of the image: a fraction of the all-in-one binary's memory.
+        command: Some(vec![AGENT_EXECUTABLE.into()]),
         args: Some(args),
         env: Some(vec![
             env("MY_NODE_NAME", "spec.nodeName"),
