@@ -10,8 +10,17 @@ use std::{
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, Client, ResourceExt, api::PostParams};
+use k8s_openapi::{
+    api::{
+        coordination::v1::Lease,
+        core::v1::{Node, Pod},
+    },
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
 use nodemedic_api::{
     fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate},
     names::conditions as types,
@@ -497,4 +506,70 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
     })
     .await;
     assert_eq!(t.status.and_then(|s| s.validation_passed).map(|p| p.len()), Some(3));
+}
+
+/// A stale Ready=Unknown on a node whose kubelet still renews its lease (after a control-plane
+/// outage the node controller marks every node it has not heard from, and may itself be
+/// restarting): the health check reads the lease before remediating and holds back, so nothing is
+/// fenced. The lab's kwok would rewrite the condition at once and the node controller would mark
+/// it again, so both are stopped and the test plays them: the node is frozen, the condition set
+/// Unknown, and the lease renewed as the kubelet would. When the renewals stop, the hold is over
+/// and the remediation goes ahead: held back, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_unknown_with_a_renewing_kubelet_fences_nothing_until_the_renewals_stop() {
+    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
+    apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
+        for c in m["spec"]["unhealthyConditions"].as_array_mut().expect("conditions") {
+            c["duration"] = json!("5s");
+        }
+    });
+    let client = lab.client();
+    lab.kill_process("kube-controller-manager")
+        .expect("stop the node controller");
+    lab.freeze(&a).await.expect("freeze");
+    let leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease");
+    let renew = |leases: Api<Lease>, node: String| async move {
+        let now = json!({"spec": {"renewTime": MicroTime(jiff::Timestamp::now())}});
+        leases
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&now))
+            .await
+            .map(|_| ())
+    };
+    renew(leases.clone(), a.clone()).await.expect("renew");
+    let renewing = tokio::spawn({
+        let (leases, node) = (leases.clone(), a.clone());
+        async move {
+            loop {
+                let _ = renew(leases.clone(), node.clone()).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    let stale = json!({"status": {"conditions": [{
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastTransitionTime": jiff::Timestamp::now().to_string(),
+        "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+    }]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(&a, &PatchParams::default(), &Patch::Strategic(&stale))
+        .await
+        .expect("mark the node Unknown");
+    eventually("the health check holding the remediation back", LONG, || async {
+        event_with(&client, "RemediationHeldBack", &a).await
+    })
+    .await;
+    assert!(
+        history.find(|_| true).is_none(),
+        "a remediation was created while the kubelet renewed: {:?}",
+        history.summary()
+    );
+    renewing.abort();
+    eventually("the remediation once the renewals stopped", LONG, || async {
+        history.find(|f| node_is(f, &a))
+    })
+    .await;
 }

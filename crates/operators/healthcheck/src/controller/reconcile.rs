@@ -9,7 +9,10 @@ use std::{
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference},
+    api::{
+        coordination::v1::Lease,
+        core::v1::{Node, ObjectReference},
+    },
     apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
 };
 use kube::{
@@ -33,7 +36,7 @@ use crate::{
     Error, Result,
     decide::{
         self, Decision, Input, LeaseAction, NewRemediation, NodeFacts, Notice, RemediationFacts, Severity, TemplateRef,
-        TemplateState,
+        TemplateState, liveness,
     },
     metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
     spec,
@@ -98,7 +101,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    let (decision, node_uids) = {
+    let (mut decision, node_uids, unknown) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
         let refs: Vec<&NodeFacts> = nodes.values().collect();
         let input = Input {
@@ -120,8 +123,18 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 LeaseAction::Release { .. } => None,
             })
             .collect();
-        (decision, uids)
+        let unknown: BTreeMap<String, Timestamp> = decision
+            .create
+            .iter()
+            .filter_map(|new| {
+                let since = liveness::unknown_since(nodes.get(&new.node)?)?;
+                Some((new.node.clone(), since))
+            })
+            .collect();
+        (decision, uids, unknown)
     };
+    let evidence = kubelet_leases(&ctx.client, unknown).await;
+    liveness::hold_back_living(&mut decision, &evidence, Timestamp::now());
 
     let created = apply(&ctx, &nhc, &name, &holder, &decision, &resources, &node_uids).await?;
     for removed in remediations.iter().filter(|r| decision.delete.contains(&r.id)) {
@@ -184,6 +197,38 @@ fn node_ref(node: &str) -> ObjectReference {
         name: Some(node.to_owned()),
         ..Default::default()
     }
+}
+
+/// The kubelet leases of the nodes (mapped to when they turned Unknown) about to be remediated,
+/// read concurrently; a lease that cannot be read is no evidence of life.
+async fn kubelet_leases(
+    client: &Client,
+    unknown: BTreeMap<String, Timestamp>,
+) -> BTreeMap<String, (Timestamp, liveness::KubeletLease)> {
+    let api = Api::<Lease>::namespaced(client.clone(), KUBELET_LEASES);
+    let reads: Vec<_> = unknown
+        .into_iter()
+        .map(|(node, since)| kubelet_lease(api.clone(), node, since))
+        .collect();
+    stream::iter(reads)
+        .buffer_unordered(PARALLEL_WRITES)
+        .filter_map(|found| async move { found })
+        .collect()
+        .await
+}
+
+/// Where kubelets keep their node leases.
+const KUBELET_LEASES: &str = "kube-node-lease";
+
+async fn kubelet_lease(
+    api: Api<Lease>,
+    node: String,
+    since: Timestamp,
+) -> Option<(String, (Timestamp, liveness::KubeletLease))> {
+    let spec = api.get_opt(&node).await.ok()??.spec?;
+    let renewed = spec.renew_time?.0;
+    let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?);
+    Some((node, (since, liveness::KubeletLease { renewed, duration })))
 }
 
 /// Carries the decision out; returns the facts of the objects it created.

@@ -5,6 +5,7 @@
 mod budget;
 mod escalation;
 mod health;
+pub mod liveness;
 pub mod model;
 mod node;
 #[cfg(test)]
