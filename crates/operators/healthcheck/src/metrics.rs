@@ -38,6 +38,7 @@ pub struct Metrics {
     pub finished: Family<TemplateLabels, Counter>,
     pub timed_out: Family<TemplateLabels, Counter>,
     pub budget_blocks: Family<CheckLabels, Counter>,
+    pub held_back_alive: Family<CheckLabels, Counter>,
     pub unhealthy_duration: Family<CheckLabels, Histogram>,
     pub decision_seconds: Histogram,
     pub errors: Family<ErrorLabels, Counter>,
@@ -65,6 +66,7 @@ impl Metrics {
             finished: Family::default(),
             timed_out: Family::default(),
             budget_blocks: Family::default(),
+            held_back_alive: Family::default(),
             unhealthy_duration: Family::new_with_constructor(duration_buckets),
             decision_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             errors: Family::default(),
@@ -118,6 +120,11 @@ impl Metrics {
             "nodemedic_healthcheck_budget_blocks",
             "Times a node's remediation was held back by the budget or a storm",
             m.budget_blocks.clone(),
+        );
+        registry.register(
+            "nodemedic_healthcheck_held_back_alive",
+            "Times a Ready=Unknown node's remediation was held back because its kubelet still renews its lease",
+            m.held_back_alive.clone(),
         );
         registry.register(
             "nodemedic_healthcheck_unhealthy_node_duration_seconds",

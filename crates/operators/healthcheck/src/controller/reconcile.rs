@@ -134,7 +134,13 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         (decision, uids, unknown)
     };
     let evidence = kubelet_leases(&ctx.client, unknown).await;
-    liveness::hold_back_living(&mut decision, &evidence, Timestamp::now());
+    let held = liveness::hold_back_living(&mut decision, &evidence, Timestamp::now());
+    if held > 0 {
+        ctx.metrics
+            .held_back_alive
+            .get_or_create(&CheckLabels { nhc: name.clone() })
+            .inc_by(held as u64);
+    }
 
     let created = apply(&ctx, &nhc, &name, &holder, &decision, &resources, &node_uids).await?;
     for removed in remediations.iter().filter(|r| decision.delete.contains(&r.id)) {

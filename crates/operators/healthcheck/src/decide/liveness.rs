@@ -43,24 +43,26 @@ pub fn alive_since(unknown_since: Timestamp, lease: KubeletLease, now: Timestamp
 
 /// Removes from `decision` the new remediations (and their node-lease requests) of nodes the
 /// kubelet leases show alive; `evidence` maps a node to when it turned Unknown and its lease.
+/// Returns how many nodes were held back.
 pub fn hold_back_living(
     decision: &mut Decision,
     evidence: &BTreeMap<String, (Timestamp, KubeletLease)>,
     now: Timestamp,
-) {
+) -> usize {
     let living: BTreeMap<&str, (Timestamp, KubeletLease)> = evidence
         .iter()
         .filter(|(_, (since, lease))| alive_since(*since, *lease, now))
         .map(|(node, found)| (node.as_str(), *found))
         .collect();
     if living.is_empty() {
-        return;
+        return 0;
     }
     decision.create.retain(|new| !living.contains_key(new.node.as_str()));
     decision.leases.retain(|action| match action {
         LeaseAction::Request { node, .. } => !living.contains_key(node.as_str()),
         LeaseAction::Release { .. } => true,
     });
+    let held = living.len();
     for (node, (since, lease)) in living {
         decision.notice(
             Some(node),
@@ -73,6 +75,7 @@ pub fn hold_back_living(
         );
     }
     decision.requeue(LOOK_AGAIN);
+    held
 }
 
 #[cfg(test)]
@@ -126,7 +129,7 @@ mod tests {
             ("alive".to_owned(), (at(100), lease(105))),
             ("dead".to_owned(), (at(100), lease(60))),
         ]);
-        hold_back_living(&mut d, &evidence, at(110));
+        assert_eq!(hold_back_living(&mut d, &evidence, at(110)), 1);
         let nodes: Vec<_> = d.create.iter().map(|n| n.node.as_str()).collect();
         assert_eq!(nodes, ["dead"]);
         assert_eq!(d.leases.len(), 1);
@@ -139,7 +142,7 @@ mod tests {
     fn an_expired_renewal_holds_nothing_back() {
         let mut d = creating(&["n"]);
         let evidence = BTreeMap::from([("n".to_owned(), (at(100), lease(105)))]);
-        hold_back_living(&mut d, &evidence, at(146));
+        assert_eq!(hold_back_living(&mut d, &evidence, at(146)), 0);
         assert_eq!(d.create.len(), 1);
         assert!(d.notices.is_empty());
         assert_eq!(d.requeue_after, None);
