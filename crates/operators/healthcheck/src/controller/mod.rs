@@ -152,6 +152,9 @@ async fn watch_checks(client: Client, writer: reflector::store::Writer<NodeHealt
             Ok(watcher::Event::Delete(nhc)) => {
                 generations.remove(&nhc.metadata.name.clone().unwrap_or_default());
             }
+            // A relist names only what exists: a check deleted and created again while the
+            // watch was down has the same name and generation, so start afresh and wake all.
+            Ok(watcher::Event::Init) => generations.clear(),
             _ => {}
         }
     }
