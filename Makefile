@@ -3,7 +3,7 @@
 
 # Both executables: `nodemedic` and the agent-only `nodemedic-agent` the labs run on each node.
 NODEMEDIC = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic
-build:
+build: setup
 	cargo build --release --locked -p nodemedic --bins
 
 setup:
@@ -12,12 +12,12 @@ setup:
 test: setup
 	@bash scripts/test.sh
 
-demo: setup build
+demo: build
 	$(NODEMEDIC) demo $(ARGS)
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
 # in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic bench --help).
-bench: setup build
+bench: build
 	$(NODEMEDIC) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes
@@ -25,7 +25,7 @@ bench: setup build
 .PHONY: chaos
 SEED ?= 1
 TRIALS ?= 200
-chaos: setup build
+chaos: build
 	$(NODEMEDIC) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).

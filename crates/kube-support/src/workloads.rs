@@ -46,15 +46,27 @@ pub async fn force_delete_pods(client: &Client, pods: &[Pod]) -> Result<()> {
     Ok(())
 }
 
-/// Says on the fenced node's behalf that it mounts nothing, by clearing `status.volumesInUse`.
+/// Says on the fenced node's behalf that it mounts none of its old volumes, by clearing
+/// `status.volumesInUse`.
 ///
 /// Without the out-of-service taint, the attach-detach controller will not detach a volume its
 /// node last reported in use, and deleting the VolumeAttachment does not change its mind until
 /// its next resync (a minute by default): the workload's new pod waits on a Multi-Attach error.
-/// The node is provably off, so nothing is mounted; saying so lets the controller detach at once,
-/// as it would after the node's own kubelet restarted. A kubelet that comes back reports its
-/// real mounts again.
-pub async fn clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
+/// Callers have proven the node fenced: powered off, or reset and so rebooted since (self
+/// remediation's safe time, a fence agent's power cycle). Either way no mount from before the
+/// fence exists, and its pods are force-deleted; saying so lets the controller detach at once,
+/// as it would once the node's own kubelet reported after its reboot. A kubelet that comes back
+/// reports its real mounts again.
+///
+/// Best effort: without it the release still completes, only later (for example when the
+/// ClusterRole lacks `nodes/status`, as before an upgrade re-applies it).
+pub async fn clear_volumes_in_use(client: &Client, node: &str) {
+    if let Err(error) = try_clear_volumes_in_use(client, node).await {
+        tracing::warn!(%node, %error, "could not clear the node's volumes in use; the attach-detach controller will detach at its next resync");
+    }
+}
+
+async fn try_clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
     let nodes = Api::<Node>::all(client.clone());
     let reported = match nodes.get_status(node).await {
         Ok(n) => n.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),

@@ -116,7 +116,7 @@ impl Resources {
         self.net.destroy(&self.nodes);
         let _ = std::fs::remove_dir_all(&self.shm);
         // NODEMEDIC_KEEP_LAB_LOGS: keep a finished lab's logs too, to read what a run did.
-        let asked = std::env::var_os("NODEMEDIC_KEEP_LAB_LOGS").is_some();
+        let asked = std::env::var("NODEMEDIC_KEEP_LAB_LOGS").is_ok_and(|v| !v.is_empty() && v != "0");
         if std::thread::panicking() || asked || self.keep_logs.load(Ordering::SeqCst) {
             let _ = std::fs::write(self.dir.join("torn-down"), "");
             eprintln!("lab logs kept in {}", self.dir.join("logs").display());

@@ -239,7 +239,7 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
                     .collect();
                 let strategy = current.spec.remediation_strategy;
                 if strategy == FenceRemediationStrategy::ResourceDeletion {
-                    workloads::clear_volumes_in_use(&ctx.client, &node).await?;
+                    workloads::clear_volumes_in_use(&ctx.client, &node).await;
                     workloads::delete_attachments(&ctx.client, &fresh).await?;
                 }
                 if step_changed_something(&pods, &fresh, strategy) {

@@ -58,6 +58,7 @@ pub struct CheckMemory {
     /// When each node entered the unhealthy list, and the last remediation kind it had.
     first_unhealthy: BTreeMap<String, (Timestamp, String)>,
     blocked: BTreeSet<String>,
+    held_back_alive: BTreeSet<String>,
     ongoing: BTreeSet<NodeLabels>,
 }
 
@@ -101,7 +102,8 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    let (mut decision, node_uids, unknown) = {
+    let no_evidence = BTreeMap::new();
+    let (first, unknown) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
         let refs: Vec<&NodeFacts> = nodes.values().collect();
         let input = Input {
@@ -113,8 +115,38 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
             leases: &lease_facts,
             memory: &memory,
             lease_holder: &holder,
+            alive: &no_evidence,
         };
         let decision = decide::decide(&input);
+        // The Ready=Unknown nodes it would remediate: their kubelet leases may show them alive.
+        let unknown: BTreeMap<String, Timestamp> = decision
+            .create
+            .iter()
+            .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)))
+            .collect();
+        (decision, unknown)
+    };
+    let alive = living(&ctx.client, unknown, now).await;
+    let (decision, node_uids) = {
+        let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
+        let decision = if alive.is_empty() {
+            first
+        } else {
+            // Decided again with the evidence, so everything that follows from a creation (its
+            // lease, the one-control-plane-node rule, the phase) follows from what is created.
+            let refs: Vec<&NodeFacts> = nodes.values().collect();
+            decide::decide(&Input {
+                now,
+                check: &check,
+                nodes: &refs,
+                remediations: &remediations,
+                templates: &templates,
+                leases: &lease_facts,
+                memory: &memory,
+                lease_holder: &holder,
+                alive: &alive,
+            })
+        };
         let uids: BTreeMap<String, String> = decision
             .leases
             .iter()
@@ -123,24 +155,8 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 LeaseAction::Release { .. } => None,
             })
             .collect();
-        let unknown: BTreeMap<String, Timestamp> = decision
-            .create
-            .iter()
-            .filter_map(|new| {
-                let since = liveness::unknown_since(nodes.get(&new.node)?)?;
-                Some((new.node.clone(), since))
-            })
-            .collect();
-        (decision, uids, unknown)
+        (decision, uids)
     };
-    let evidence = kubelet_leases(&ctx.client, unknown).await;
-    let held = liveness::hold_back_living(&mut decision, &evidence, Timestamp::now());
-    if held > 0 {
-        ctx.metrics
-            .held_back_alive
-            .get_or_create(&CheckLabels { nhc: name.clone() })
-            .inc_by(held as u64);
-    }
 
     let created = apply(&ctx, &nhc, &name, &holder, &decision, &resources, &node_uids).await?;
     for removed in remediations.iter().filter(|r| decision.delete.contains(&r.id)) {
@@ -205,12 +221,13 @@ fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// The kubelet leases of the nodes (mapped to when they turned Unknown) about to be remediated,
-/// read concurrently; a lease that cannot be read is no evidence of life.
-async fn kubelet_leases(
+/// The nodes (mapped to when they turned Unknown) whose kubelet leases show them alive, read
+/// concurrently; a lease that cannot be read is no evidence of life.
+async fn living(
     client: &Client,
     unknown: BTreeMap<String, Timestamp>,
-) -> BTreeMap<String, (Timestamp, liveness::KubeletLease)> {
+    now: Timestamp,
+) -> BTreeMap<String, liveness::Alive> {
     let api = Api::<Lease>::namespaced(client.clone(), KUBELET_LEASES);
     let reads: Vec<_> = unknown
         .into_iter()
@@ -219,6 +236,7 @@ async fn kubelet_leases(
     stream::iter(reads)
         .buffer_unordered(PARALLEL_WRITES)
         .filter_map(|found| async move { found })
+        .filter_map(|(node, since, lease)| async move { Some((node, liveness::alive(since, lease, now)?)) })
         .collect()
         .await
 }
@@ -230,11 +248,11 @@ async fn kubelet_lease(
     api: Api<Lease>,
     node: String,
     since: Timestamp,
-) -> Option<(String, (Timestamp, liveness::KubeletLease))> {
+) -> Option<(String, Timestamp, liveness::KubeletLease)> {
     let spec = api.get_opt(&node).await.ok()??.spec?;
     let renewed = spec.renew_time?.0;
     let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?);
-    Some((node, (since, liveness::KubeletLease { renewed, duration })))
+    Some((node, since, liveness::KubeletLease { renewed, duration }))
 }
 
 /// Carries the decision out; returns the facts of the objects it created.
@@ -518,6 +536,11 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
         m.budget_blocks.get_or_create(&check).inc();
     }
     memory.blocked = decision.blocked_by_budget.clone();
+    for node in decision.held_back_alive.difference(&memory.held_back_alive) {
+        tracing::info!(nhc = %name, %node, "remediation held back: the node's kubelet still renews its lease");
+        m.held_back_alive.get_or_create(&check).inc();
+    }
+    memory.held_back_alive = decision.held_back_alive.clone();
     for node in plan.unhealthy.keys() {
         let entry = memory
             .first_unhealthy

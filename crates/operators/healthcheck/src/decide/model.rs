@@ -229,6 +229,8 @@ pub struct Input<'a> {
     pub memory: &'a Memory,
     /// The identity the check uses on node leases.
     pub lease_holder: &'a str,
+    /// Ready=Unknown nodes whose kubelet leases show them alive: their remediation is held back.
+    pub alive: &'a BTreeMap<String, super::liveness::Alive>,
 }
 
 /// A remediation object to create.
@@ -316,6 +318,8 @@ pub struct Decision {
     pub requeue_after: Option<Duration>,
     /// Nodes a new remediation was held back from by the budget or a storm (for metrics).
     pub blocked_by_budget: BTreeSet<String>,
+    /// Nodes a new remediation was held back from because their kubelet leases show them alive.
+    pub held_back_alive: BTreeSet<String>,
 }
 
 impl Decision {

@@ -7,6 +7,7 @@ use super::{
     Decision, HealthyDelay, Input, LeaseAction, NewRemediation, NodeFacts, RemediationFacts, Severity, TemplateState,
     budget::until,
     escalation::{self, LEASE_BUFFER, OVERDUE_FACTOR},
+    liveness,
 };
 
 /// Why new remediation may be held back for every node.
@@ -193,6 +194,22 @@ pub fn unhealthy(
         }
         if gate.over_budget {
             d.blocked_by_budget.insert(name.to_owned());
+            return;
+        }
+        // Before the control-plane rule: a living node is not being remediated and must not
+        // keep another control-plane node waiting.
+        if let Some(alive) = input.alive.get(name) {
+            d.held_back_alive.insert(name.to_owned());
+            d.notice(
+                Some(name),
+                Severity::Normal,
+                "RemediationHeldBack",
+                format!(
+                    "Node {name} is Ready=Unknown since {}, but its kubelet renewed its node lease at {}, after that: the status is stale (as after a control-plane outage), so no remediation is created while the renewals go on",
+                    alive.unknown_since, alive.lease.renewed
+                ),
+            );
+            d.requeue(liveness::LOOK_AGAIN);
             return;
         }
         let control_plane = is_control_plane(node);

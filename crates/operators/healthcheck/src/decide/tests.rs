@@ -120,6 +120,7 @@ struct World {
     templates: BTreeMap<TemplateRef, TemplateState>,
     leases: BTreeMap<String, LeaseFacts>,
     memory: Memory,
+    alive: BTreeMap<String, liveness::Alive>,
     now: Timestamp,
 }
 
@@ -145,6 +146,7 @@ impl World {
             templates,
             leases: BTreeMap::new(),
             memory: Memory::default(),
+            alive: BTreeMap::new(),
             now: at(NOW),
         }
     }
@@ -160,6 +162,7 @@ impl World {
             leases: &self.leases,
             memory: &self.memory,
             lease_holder: HOLDER,
+            alive: &self.alive,
         })
     }
 }
@@ -425,6 +428,56 @@ fn excluded_and_maintenance_leased_nodes_are_left_alone() {
         created_for(&w.decide()),
         ["b"],
         "an expired maintenance lease does not block"
+    );
+}
+
+#[test]
+fn a_living_node_is_held_back_and_keeps_no_control_plane_node_waiting() {
+    let nodes: Vec<NodeFacts> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|n| control_plane(node(n, "True", 0)))
+        .collect();
+    let mut w = World::new(classic(), nodes);
+    w.nodes[0] = control_plane(node("a", "Unknown", 0));
+    w.nodes[1] = control_plane(node("b", "Unknown", 0));
+    w.alive.insert(
+        "a".into(),
+        liveness::Alive {
+            unknown_since: at(0),
+            lease: liveness::KubeletLease {
+                renewed: at(NOW - 1),
+                duration: Duration::from_secs(40),
+            },
+        },
+    );
+    let d = w.decide();
+    assert_eq!(
+        created_for(&d),
+        ["b"],
+        "the dead control-plane node does not wait for the living one"
+    );
+    assert!(
+        !d.leases
+            .iter()
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a"))
+    );
+    assert_eq!(d.held_back_alive, BTreeSet::from(["a".to_owned()]));
+    let about_a: Vec<_> = d
+        .notices
+        .iter()
+        .filter(|n| n.node.as_deref() == Some("a"))
+        .map(|n| n.reason)
+        .collect();
+    assert!(about_a.contains(&"RemediationHeldBack"), "{about_a:?}");
+    assert!(!about_a.contains(&"RemediationCreated"), "{about_a:?}");
+    assert!(d.requeue_after.is_some_and(|r| r <= liveness::LOOK_AGAIN));
+    w.alive.clear();
+    w.nodes[1] = control_plane(node("b", "True", 0));
+    let d = w.decide();
+    assert_eq!(
+        created_for(&d),
+        ["a"],
+        "once the renewals stop, the remediation goes ahead"
     );
 }
 

@@ -282,7 +282,7 @@ pub async fn perform(
         }
         Step::DeleteAttachments => {
             let vas = workloads::attachments(&ctx.client, node).await?;
-            workloads::clear_volumes_in_use(&ctx.client, node).await?;
+            workloads::clear_volumes_in_use(&ctx.client, node).await;
             workloads::delete_attachments(&ctx.client, &vas).await?;
             events
                 .normal(
