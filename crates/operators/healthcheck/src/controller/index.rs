@@ -8,7 +8,10 @@ use std::{
 };
 
 use jiff::Timestamp;
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::Node},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::api::DynamicObject;
 use nodemedic_api::names::{annotations, conditions, labels};
 
@@ -30,6 +33,19 @@ pub struct Index {
     pub remediations: RwLock<BTreeMap<RemediationId, StoredRemediation>>,
     pub templates: RwLock<BTreeMap<TemplateRef, TemplateState>>,
     pub leases: RwLock<BTreeMap<String, LeaseFacts>>,
+    /// Each node's last kubelet lease renewal, by the API server's clock.
+    pub kubelet_renewals: RwLock<BTreeMap<String, Timestamp>>,
+}
+
+/// When the API server last recorded a write to the object: the newest time among its managed
+/// fields (every renewal rewrites renewTime, so its manager's entry moves). The API server's
+/// clock, not the writer's: a node whose clock is wrong cannot look alive.
+pub fn last_written(meta: &ObjectMeta) -> Option<Timestamp> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|f| f.time.as_ref().map(|t| t.0))
+        .max()
 }
 
 /// What one watch saw during a relist (between `Init` and `InitDone`). A watch that restarts
@@ -238,7 +254,26 @@ impl Index {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+
     use super::*;
+
+    #[test]
+    fn a_lease_was_last_written_at_its_newest_managed_field_time() {
+        let entry = |manager: &str, at: i64| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            time: Some(Time(Timestamp::from_second(at).expect("valid"))),
+            ..Default::default()
+        };
+        let mut meta = ObjectMeta {
+            managed_fields: Some(vec![entry("kube-controller-manager", 100), entry("kubelet", 250)]),
+            ..Default::default()
+        };
+        assert_eq!(last_written(&meta), Timestamp::from_second(250).ok());
+        meta.managed_fields = None;
+        assert_eq!(last_written(&meta), None);
+    }
 
     #[test]
     fn a_relist_forgets_what_was_deleted_while_the_watch_was_down() {

@@ -13,7 +13,7 @@ use futures::{StreamExt, channel::mpsc};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client,
-    core::SelectorExt,
+    core::{PartialObjectMeta, SelectorExt},
     runtime::{
         WatchStreamExt, applier,
         controller::Config,
@@ -79,6 +79,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
 
     let (nodes_synced, mut nodes_ready) = watch::channel(false);
     let (leases_synced, mut leases_ready) = watch::channel(false);
+    let (renewals_synced, mut renewals_ready) = watch::channel(false);
     let mut tasks = vec![
         tokio::spawn(watch_checks(client.clone(), writer, triggers.clone())),
         tokio::spawn(watch_nodes(
@@ -93,11 +94,15 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
             triggers.clone(),
             leases_synced,
         )),
+        tokio::spawn(watch_kubelet_leases(client.clone(), index.clone(), renewals_synced)),
     ];
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;
     let _ = leases_ready.wait_for(|ready| *ready).await;
+    // Without the kubelet renewals, a stale Ready=Unknown (a controller started right after a
+    // control-plane outage) would look like a dead node.
+    let _ = renewals_ready.wait_for(|ready| *ready).await;
     let _ = store.wait_until_ready().await;
     tracing::info!(nodes = index.node_names().len(), "health check ready");
 
@@ -279,3 +284,44 @@ async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, syn
         }
     }
 }
+
+/// The kubelets' node leases, metadata only (the renewal time is read from the API server's
+/// record of the write): evidence that a Ready=Unknown node is alive. No wake-ups: a node held
+/// back is looked at again shortly anyway.
+async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::Sender<bool>) {
+    // Api of PartialObjectMeta: metadata-only lists and watches.
+    let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, KUBELET_LEASES);
+    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut relist = index::Relist::<String>::default();
+    while let Some(event) = stream.next().await {
+        let Ok(mut renewals) = index.kubelet_renewals.write() else {
+            return;
+        };
+        match event {
+            Ok(watcher::Event::Init) => relist.start(),
+            Ok(watcher::Event::InitApply(lease) | watcher::Event::Apply(lease)) => {
+                let Some(node) = lease.metadata.name.clone() else {
+                    continue;
+                };
+                relist.saw(&node);
+                match index::last_written(&lease.metadata) {
+                    Some(at) => renewals.insert(node, at),
+                    None => renewals.remove(&node),
+                };
+            }
+            Ok(watcher::Event::Delete(lease)) => {
+                if let Some(node) = &lease.metadata.name {
+                    renewals.remove(node);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                relist.prune(&mut renewals, |_| true);
+                let _ = synced.send(true);
+            }
+            Err(error) => tracing::debug!(%error, "kubelet lease watch error; retrying"),
+        }
+    }
+}
+
+/// Where kubelets keep their node leases.
+const KUBELET_LEASES: &str = "kube-node-lease";

@@ -9,10 +9,7 @@ use std::{
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::{
-        coordination::v1::Lease,
-        core::v1::{Node, ObjectReference},
-    },
+    api::core::v1::{Node, ObjectReference},
     apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
 };
 use kube::{
@@ -126,7 +123,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
             .collect();
         (decision, unknown)
     };
-    let alive = living(&ctx.client, unknown, now).await;
+    let alive = living(&ctx.index, unknown, now);
     let (decision, node_uids) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
         let decision = if alive.is_empty() {
@@ -221,38 +218,22 @@ fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// The nodes (mapped to when they turned Unknown) whose kubelet leases show them alive, read
-/// concurrently; a lease that cannot be read is no evidence of life.
-async fn living(
-    client: &Client,
-    unknown: BTreeMap<String, Timestamp>,
-    now: Timestamp,
-) -> BTreeMap<String, liveness::Alive> {
-    let api = Api::<Lease>::namespaced(client.clone(), KUBELET_LEASES);
-    let reads: Vec<_> = unknown
+/// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.
+fn living(index: &Index, unknown: BTreeMap<String, Timestamp>, now: Timestamp) -> BTreeMap<String, liveness::Alive> {
+    let Ok(renewals) = index.kubelet_renewals.read() else {
+        return BTreeMap::new();
+    };
+    unknown
         .into_iter()
-        .map(|(node, since)| kubelet_lease(api.clone(), node, since))
-        .collect();
-    stream::iter(reads)
-        .buffer_unordered(PARALLEL_WRITES)
-        .filter_map(|found| async move { found })
-        .filter_map(|(node, since, lease)| async move { Some((node, liveness::alive(since, lease, now)?)) })
+        .filter_map(|(node, since)| {
+            let renewed = *renewals.get(&node)?;
+            let lease = liveness::KubeletLease {
+                renewed,
+                duration: liveness::RENEWAL_CURRENT_FOR,
+            };
+            Some((node, liveness::alive(since, lease, now)?))
+        })
         .collect()
-        .await
-}
-
-/// Where kubelets keep their node leases.
-const KUBELET_LEASES: &str = "kube-node-lease";
-
-async fn kubelet_lease(
-    api: Api<Lease>,
-    node: String,
-    since: Timestamp,
-) -> Option<(String, Timestamp, liveness::KubeletLease)> {
-    let spec = api.get_opt(&node).await.ok()??.spec?;
-    let renewed = spec.renew_time?.0;
-    let duration = Duration::from_secs(u64::try_from(spec.lease_duration_seconds?).ok()?);
-    Some((node, since, liveness::KubeletLease { renewed, duration }))
 }
 
 /// Carries the decision out; returns the facts of the objects it created.

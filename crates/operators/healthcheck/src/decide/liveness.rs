@@ -16,7 +16,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::model::NodeFacts;
 
-/// A node's kubelet lease, as last read.
+/// A node's last kubelet lease renewal, and how long it shows life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KubeletLease {
     pub renewed: Timestamp,
@@ -30,14 +30,18 @@ pub struct Alive {
     pub lease: KubeletLease,
 }
 
+/// How long a renewal shows life: the kubelet's default lease duration (it renews every quarter
+/// of it). A node that renewed after its Unknown and then died is held back at most this long.
+pub const RENEWAL_CURRENT_FOR: Duration = Duration::from_secs(40);
+
 /// How soon to look again at a node held back: about when the node controller notices the
 /// renewal, or the lease would expire.
 pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
 
-/// The renewal time is the kubelet's clock. One further ahead of ours than this is not believed:
-/// a node whose clock runs fast would otherwise look as if it renewed after it died. Dead nodes
-/// are never held back as long as this stays below the node controller's grace period (the
-/// last renewal of a dead node is a grace period before its Unknown).
+/// Renewal times are the API server's clock, Unknown transitions the node controller's, and now
+/// is ours; one renewal further ahead of ours than this is not believed. Dead nodes are never
+/// held back while the control plane's clocks agree to better than the node controller's grace
+/// period (the last renewal of a dead node is a grace period before its Unknown).
 pub const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(5);
 
 /// When the node's Ready condition turned Unknown, if it is Unknown.
