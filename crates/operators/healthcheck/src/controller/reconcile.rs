@@ -99,39 +99,10 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    let no_evidence = BTreeMap::new();
-    let (first, unknown) = {
-        let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
-        let refs: Vec<&NodeFacts> = nodes.values().collect();
-        let input = Input {
-            now,
-            check: &check,
-            nodes: &refs,
-            remediations: &remediations,
-            templates: &templates,
-            leases: &lease_facts,
-            memory: &memory,
-            lease_holder: &holder,
-            alive: &no_evidence,
-        };
-        let decision = decide::decide(&input);
-        // The Ready=Unknown nodes it would remediate: their kubelet leases may show them alive.
-        let unknown: BTreeMap<String, Timestamp> = decision
-            .create
-            .iter()
-            .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)))
-            .collect();
-        (decision, unknown)
-    };
-    let alive = living(&ctx.index, unknown, now);
     let (decision, node_uids) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
-        let decision = if alive.is_empty() {
-            first
-        } else {
-            // Decided again with the evidence, so everything that follows from a creation (its
-            // lease, the one-control-plane-node rule, the phase) follows from what is created.
-            let refs: Vec<&NodeFacts> = nodes.values().collect();
+        let refs: Vec<&NodeFacts> = nodes.values().collect();
+        let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
             decide::decide(&Input {
                 now,
                 check: &check,
@@ -141,9 +112,19 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 leases: &lease_facts,
                 memory: &memory,
                 lease_holder: &holder,
-                alive: &alive,
+                alive,
             })
         };
+        let first = decide_with(&BTreeMap::new());
+        // The Ready=Unknown nodes it would remediate: their kubelet renewals may show them alive.
+        let unknown = first
+            .create
+            .iter()
+            .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)));
+        let alive = living(&ctx.index, unknown, now);
+        // Decided again with the evidence, so everything that follows from a creation (its lease,
+        // the one-control-plane-node rule, the phase) follows from what is created.
+        let decision = if alive.is_empty() { first } else { decide_with(&alive) };
         let uids: BTreeMap<String, String> = decision
             .leases
             .iter()
@@ -219,19 +200,18 @@ fn node_ref(node: &str) -> ObjectReference {
 }
 
 /// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.
-fn living(index: &Index, unknown: BTreeMap<String, Timestamp>, now: Timestamp) -> BTreeMap<String, liveness::Alive> {
+fn living(
+    index: &Index,
+    unknown: impl Iterator<Item = (String, Timestamp)>,
+    now: Timestamp,
+) -> BTreeMap<String, liveness::Alive> {
     let Ok(renewals) = index.kubelet_renewals.read() else {
         return BTreeMap::new();
     };
     unknown
-        .into_iter()
         .filter_map(|(node, since)| {
             let renewed = *renewals.get(&node)?;
-            let lease = liveness::KubeletLease {
-                renewed,
-                duration: liveness::RENEWAL_CURRENT_FOR,
-            };
-            Some((node, liveness::alive(since, lease, now)?))
+            Some((node, liveness::alive(since, renewed, now)?))
         })
         .collect()
 }

@@ -16,18 +16,12 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::model::NodeFacts;
 
-/// A node's last kubelet lease renewal, and how long it shows life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KubeletLease {
-    pub renewed: Timestamp,
-    pub duration: Duration,
-}
-
-/// Evidence that a Ready=Unknown node is alive: when it turned Unknown and the lease renewed since.
+/// Evidence that a Ready=Unknown node is alive: when it turned Unknown and its kubelet's last
+/// lease renewal since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alive {
     pub unknown_since: Timestamp,
-    pub lease: KubeletLease,
+    pub renewed: Timestamp,
 }
 
 /// How long a renewal shows life: the kubelet's default lease duration (it renews every quarter
@@ -56,18 +50,18 @@ fn signed(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 
-/// The evidence, if the lease shows the node alive after it was marked Unknown at `since`.
-pub fn alive(since: Timestamp, lease: KubeletLease, now: Timestamp) -> Option<Alive> {
+/// The evidence, if a renewal at `renewed` shows the node alive after it was marked Unknown at
+/// `since`.
+pub fn alive(since: Timestamp, renewed: Timestamp, now: Timestamp) -> Option<Alive> {
     let believable = now
         .checked_add(signed(MAX_CLOCK_AHEAD))
-        .is_ok_and(|limit| lease.renewed <= limit);
-    let current = lease
-        .renewed
-        .checked_add(signed(lease.duration))
+        .is_ok_and(|limit| renewed <= limit);
+    let current = renewed
+        .checked_add(signed(RENEWAL_CURRENT_FOR))
         .is_ok_and(|expires| now < expires);
-    (lease.renewed > since && believable && current).then_some(Alive {
+    (renewed > since && believable && current).then_some(Alive {
         unknown_since: since,
-        lease,
+        renewed,
     })
 }
 
@@ -81,22 +75,12 @@ mod tests {
         Timestamp::from_second(s).expect("valid")
     }
 
-    fn lease(renewed: i64) -> KubeletLease {
-        KubeletLease {
-            renewed: at(renewed),
-            duration: Duration::from_secs(40),
-        }
-    }
-
     #[test]
     fn a_current_renewal_after_the_unknown_is_life() {
-        assert!(alive(at(100), lease(105), at(110)).is_some());
-        assert!(alive(at(100), lease(105), at(146)).is_none(), "expired");
-        assert!(
-            alive(at(100), lease(95), at(110)).is_none(),
-            "renewed before the Unknown"
-        );
-        assert!(alive(at(100), lease(120), at(110)).is_none(), "from a clock 10 s ahead");
+        assert!(alive(at(100), at(105), at(110)).is_some());
+        assert!(alive(at(100), at(105), at(146)).is_none(), "expired");
+        assert!(alive(at(100), at(95), at(110)).is_none(), "renewed before the Unknown");
+        assert!(alive(at(100), at(120), at(110)).is_none(), "from a clock 10 s ahead");
     }
 
     proptest! {
@@ -104,7 +88,7 @@ mod tests {
         /// life; a node whose last renewal came before the Unknown is never held back.
         #[test]
         fn alive_only_when_renewed_after_and_current(since in 0i64..1000, renewed in 0i64..1000, now in 0i64..2000) {
-            let found = alive(at(since), lease(renewed), at(now)).is_some();
+            let found = alive(at(since), at(renewed), at(now)).is_some();
             prop_assert_eq!(found, renewed > since && renewed <= now + 5 && now < renewed + 40);
             if renewed <= since {
                 prop_assert!(!found);

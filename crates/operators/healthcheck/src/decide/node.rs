@@ -206,7 +206,7 @@ pub fn unhealthy(
                 "RemediationHeldBack",
                 format!(
                     "Node {name} is Ready=Unknown since {}, but its kubelet renewed its node lease at {}, after that: the status is stale (as after a control-plane outage), so no remediation is created while the renewals go on",
-                    alive.unknown_since, alive.lease.renewed
+                    alive.unknown_since, alive.renewed
                 ),
             );
             d.requeue(liveness::LOOK_AGAIN);

@@ -431,8 +431,8 @@ fn excluded_and_maintenance_leased_nodes_are_left_alone() {
     );
 }
 
-#[test]
-fn a_living_node_is_held_back_and_keeps_no_control_plane_node_waiting() {
+/// Five control-plane nodes, `a` and `b` Ready=Unknown.
+fn control_plane_a_and_b_unknown() -> World {
     let nodes: Vec<NodeFacts> = ["a", "b", "c", "d", "e"]
         .iter()
         .map(|n| control_plane(node(n, "True", 0)))
@@ -440,14 +440,17 @@ fn a_living_node_is_held_back_and_keeps_no_control_plane_node_waiting() {
     let mut w = World::new(classic(), nodes);
     w.nodes[0] = control_plane(node("a", "Unknown", 0));
     w.nodes[1] = control_plane(node("b", "Unknown", 0));
+    w
+}
+
+#[test]
+fn a_living_node_is_held_back_and_keeps_no_control_plane_node_waiting() {
+    let mut w = control_plane_a_and_b_unknown();
     w.alive.insert(
         "a".into(),
         liveness::Alive {
             unknown_since: at(0),
-            lease: liveness::KubeletLease {
-                renewed: at(NOW - 1),
-                duration: Duration::from_secs(40),
-            },
+            renewed: at(NOW - 1),
         },
     );
     let d = w.decide();
@@ -483,13 +486,7 @@ fn a_living_node_is_held_back_and_keeps_no_control_plane_node_waiting() {
 
 #[test]
 fn one_control_plane_node_at_a_time() {
-    let nodes: Vec<NodeFacts> = ["a", "b", "c", "d", "e"]
-        .iter()
-        .map(|n| control_plane(node(n, "True", 0)))
-        .collect();
-    let mut w = World::new(classic(), nodes);
-    w.nodes[0] = control_plane(node("a", "Unknown", 0));
-    w.nodes[1] = control_plane(node("b", "Unknown", 0));
+    let mut w = control_plane_a_and_b_unknown();
     let d = w.decide();
     assert_eq!(created_for(&d), ["a"]);
     assert!(d.create[0].control_plane);
