@@ -17,6 +17,7 @@ fn params() -> Params {
         max_unhealthy: 1,
         remediate_after: Duration::from_secs(25),
         fence_grace: Duration::from_secs(20),
+        control_plane_one_at_a_time: true,
     }
 }
 
@@ -175,6 +176,23 @@ fn a_long_outage_without_a_remediation_is_flagged_unless_over_budget() {
         .remediation(16, "a", "created")
         .cond(40, "a", true, false);
     assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &params()), vec![]);
+}
+
+#[test]
+fn a_control_plane_node_waiting_its_turn_is_not_unremediated() {
+    let mut budget_of_two = params();
+    budget_of_two.max_unhealthy = 2;
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .cond(1, "b", false, false)
+        .remediation(16, "a", "created")
+        .cond(40, "a", true, false)
+        .cond(40, "b", true, false)
+        .remediation(45, "a", "removed");
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &budget_of_two), vec![]);
+    budget_of_two.control_plane_one_at_a_time = false;
+    let v = verdict::unremediated(&s.0, t(0), t(50), &budget_of_two);
+    assert_eq!(kinds(&v), [ViolationKind::Unremediated]);
 }
 
 #[test]

@@ -58,6 +58,9 @@ pub struct Params {
     /// A fence this soon after the node was disconnected or had a remediation is not false:
     /// an agent that lost its licence while cut off resets through its watchdog a little later.
     pub fence_grace: Duration,
+    /// The nodes are control-plane nodes, which the health check remediates one at a time: a
+    /// node waits while another node's remediation is in flight.
+    pub control_plane_one_at_a_time: bool,
 }
 
 impl Params {
@@ -68,6 +71,8 @@ impl Params {
             max_unhealthy: nodes.saturating_sub(budget.min_healthy(nodes)),
             remediate_after: timings.node_monitor_grace + duration + Duration::from_secs(10),
             fence_grace: timings.watchdog_timeout + Duration::from_secs(15),
+            // Every lab node is control-plane and worker, as in the seed's compact clusters.
+            control_plane_one_at_a_time: true,
         }
     }
 }
@@ -160,8 +165,9 @@ struct Outage<'a> {
 }
 
 /// Every node disconnected from `since` on for at least `remediate_after` (up to `until` when
-/// still down) while the budget allowed remediation throughout, with no remediation for it
-/// during its outage (or just after, for the observer's lag).
+/// still down) while the budget allowed remediation throughout (and, for control-plane nodes, no
+/// other node's remediation was in flight), with no remediation for it during its outage (or
+/// just after, for the observer's lag).
 pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
     let mut down: BTreeMap<&str, (Timestamp, bool)> = BTreeMap::new();
     // The health check counts a node unhealthy also while the API shows it not Ready.
@@ -200,6 +206,16 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
             + down.len();
         if unhealthy > params.max_unhealthy {
             down.values_mut().for_each(|d| d.1 = true);
+        }
+        if params.control_plane_one_at_a_time {
+            for (node, d) in down.iter_mut() {
+                if remediations
+                    .iter()
+                    .any(|(n, _, removed)| n != node && removed.is_none())
+                {
+                    d.1 = true;
+                }
+            }
         }
     }
     outages.extend(down.into_iter().map(|(node, (start, over_budget))| Outage {
