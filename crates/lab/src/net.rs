@@ -133,20 +133,31 @@ impl Network {
         self.replace_fault_rules(node, &rules)
     }
 
+    /// Removes the node's fault rules, if it has any. Tried a few times because a simulated
+    /// power-off kills every process in the node's namespace, `nft` included, and one may land
+    /// in the middle of a heal.
     pub fn heal(&self, node: &str) -> Result<()> {
         let ns = self.netns(node);
-        if cmd::run(
-            "ip",
-            &["netns", "exec", &ns, "nft", "list", "table", "inet", FAULT_TABLE],
-        )
-        .is_ok()
-        {
-            cmd::run(
-                "ip",
-                &["netns", "exec", &ns, "nft", "delete", "table", "inet", FAULT_TABLE],
-            )?;
+        let list = ["netns", "exec", &ns, "nft", "list", "tables"];
+        let delete = ["netns", "exec", &ns, "nft", "delete", "table", "inet", FAULT_TABLE];
+        let mut attempts_left = 3;
+        loop {
+            let attempt = cmd::run("ip", &list).and_then(|tables| {
+                if tables.contains(FAULT_TABLE) {
+                    cmd::run("ip", &delete).map(drop)
+                } else {
+                    Ok(())
+                }
+            });
+            match attempt {
+                Ok(()) => return Ok(()),
+                Err(error) if attempts_left == 0 => return Err(error),
+                Err(error) => {
+                    tracing::debug!(%error, node, "removing the fault rules failed; trying again");
+                    attempts_left -= 1;
+                }
+            }
         }
-        Ok(())
     }
 
     fn replace_fault_rules(&self, node: &str, rules: &str) -> Result<()> {
