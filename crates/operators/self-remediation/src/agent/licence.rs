@@ -1,4 +1,5 @@
-//! The licence loop: every `apiCheckInterval` a consistent API read; when it fails, a vote round.
+//! The licence loop: every `apiCheckInterval`, and at once when a remediation changes, a
+//! consistent API read; when it fails, a vote round.
 //! What it accepts it records in its registration.
 
 use std::{
@@ -226,6 +227,7 @@ pub async fn run(
     metrics: Metrics,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<()> {
+    let remediation_changed = super::wake::watch_remediations(client.clone());
     let mut published = Published {
         node: args.node.clone(),
         address: format!("{}:{}", args.address, args.host_port),
@@ -315,6 +317,7 @@ pub async fn run(
         // land after the shutdown's `disarmed` and undo it.
         tokio::select! {
             _ = tokio::time::sleep(args.api_check_interval) => {}
+            _ = remediation_changed.notified() => {}
             _ = stop.changed() => return Ok(()),
         }
     }

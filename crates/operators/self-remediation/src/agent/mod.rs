@@ -7,6 +7,7 @@ mod licence;
 mod peers;
 mod settings;
 mod shutdown;
+mod wake;
 
 use std::{
     net::SocketAddr,
