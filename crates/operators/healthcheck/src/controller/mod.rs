@@ -2,6 +2,7 @@
 //! concerns; kube's applier runs their reconciles (one at a time per check, requeued at the
 //! instant the next timer expires, never polled).
 
+mod apply;
 mod index;
 mod kinds;
 mod reconcile;

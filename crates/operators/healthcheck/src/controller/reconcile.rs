@@ -6,35 +6,26 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream};
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference},
-    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{ApiResource, Patch, PatchParams},
     runtime::controller::Action,
 };
-use nodemedic_api::{
-    healthcheck::NodeHealthCheck,
-    names::{annotations, labels, leases},
-};
-use nodemedic_kube::{events::Events, node_lease::NodeLeases, time::rfc3339};
+use nodemedic_api::{healthcheck::NodeHealthCheck, names::leases};
+use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 use serde_json::json;
 
 use super::{
+    apply::Apply,
     index::Index,
     kinds::{Kinds, Role},
     status,
 };
 use crate::{
     Error, Result,
-    decide::{
-        self, Decision, Input, LeaseAction, NewRemediation, NodeFacts, Notice, RemediationFacts, Severity, TemplateRef,
-        TemplateState, liveness,
-    },
+    decide::{self, Decision, Input, LeaseAction, NodeFacts, RemediationFacts, TemplateRef, TemplateState, liveness},
     metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
     spec,
 };
@@ -136,7 +127,16 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         (decision, uids)
     };
 
-    let created = apply(&ctx, &nhc, &name, &holder, &decision, &resources, &node_uids).await?;
+    let created = Apply {
+        ctx: &ctx,
+        nhc: &nhc,
+        name: &name,
+        holder: &holder,
+        resources: &resources,
+        node_uids: &node_uids,
+    }
+    .decision(&decision)
+    .await?;
     for removed in remediations.iter().filter(|r| decision.delete.contains(&r.id)) {
         let template = removed.template_name.clone().unwrap_or_default();
         ctx.metrics
@@ -190,15 +190,6 @@ async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) 
     Ok(Action::await_change())
 }
 
-fn node_ref(node: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.to_owned()),
-        ..Default::default()
-    }
-}
-
 /// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.
 fn living(
     index: &Index,
@@ -214,212 +205,6 @@ fn living(
             Some((node, liveness::alive(since, renewed, now)?))
         })
         .collect()
-}
-
-/// Carries the decision out; returns the facts of the objects it created.
-async fn apply(
-    ctx: &Context,
-    nhc: &NodeHealthCheck,
-    name: &str,
-    holder: &str,
-    decision: &Decision,
-    resources: &BTreeMap<TemplateRef, ApiResource>,
-    node_uids: &BTreeMap<String, String>,
-) -> Result<Vec<RemediationFacts>> {
-    let nhc_ref = nhc.object_ref(&());
-    // Each node's lease and remediation are independent of every other node's: when many nodes
-    // fail at once, the API round trips overlap instead of queueing (500 nodes at 10 ms each
-    // would otherwise delay the last remediation by seconds). The futures are built first, by
-    // named functions: borrowing closures inside the stream would not be Send for every lifetime.
-    let lease_calls: Vec<_> = decision
-        .leases
-        .iter()
-        .map(|action| lease_action(ctx, holder, &nhc_ref, node_uids, action))
-        .collect();
-    let lease_results: Vec<Result<Option<String>>> = stream::iter(lease_calls)
-        .buffer_unordered(PARALLEL_WRITES)
-        .collect()
-        .await;
-    let mut lease_refused = BTreeSet::new();
-    for result in lease_results {
-        lease_refused.extend(result?);
-    }
-    let mut creations = Vec::new();
-    for new in decision.create.iter().filter(|n| !lease_refused.contains(&n.node)) {
-        if let Some(resource) = resources.get(&new.template) {
-            creations.push(create(ctx, nhc, name, resource, new));
-        }
-    }
-    let creations: Vec<Result<Option<RemediationFacts>>> = stream::iter(creations)
-        .buffer_unordered(PARALLEL_WRITES)
-        .collect()
-        .await;
-    let mut created = Vec::new();
-    for result in creations {
-        created.extend(result?);
-    }
-    let time = rfc3339(&Timestamp::now());
-    for (ids, key) in [
-        (&decision.mark_timed_out, annotations::NHC_TIMED_OUT),
-        (&decision.mark_healthy_since, annotations::HEALTHY_DELAY),
-    ] {
-        for id in ids {
-            let Some(resource) = resources
-                .values()
-                .find(|r| r.kind == id.kind && r.api_version == id.api_version)
-            else {
-                continue;
-            };
-            let api = dynamic_api(&ctx.client, resource, &id.namespace);
-            let patch = json!({ "metadata": { "annotations": { key: time } } });
-            match api
-                .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) | Err(kube::Error::Api(_)) => {
-                    tracing::info!(nhc = %name, object = %id, annotation = key, "annotated")
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-    for id in &decision.delete {
-        let Some(resource) = resources
-            .values()
-            .find(|r| r.kind == id.kind && r.api_version == id.api_version)
-        else {
-            continue;
-        };
-        match dynamic_api(&ctx.client, resource, &id.namespace)
-            .delete(&id.name, &DeleteParams::background())
-            .await
-        {
-            Ok(_) => tracing::info!(nhc = %name, object = %id, "deleted remediation"),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let nodes = Api::<Node>::all(ctx.client.clone());
-    for node in &decision.clear_confirmation {
-        let patch = json!({ "metadata": { "annotations": { annotations::MANUALLY_CONFIRMED_HEALTHY: null } } });
-        let _ = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await;
-    }
-    let notices: Vec<_> = decision
-        .notices
-        .iter()
-        .map(|notice| publish(ctx, name, &nhc_ref, notice))
-        .collect();
-    stream::iter(notices)
-        .buffer_unordered(PARALLEL_WRITES)
-        .collect::<Vec<()>>()
-        .await;
-    Ok(created)
-}
-
-fn dynamic_api(client: &Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
-    if namespace.is_empty() {
-        Api::all_with(client.clone(), resource)
-    } else {
-        Api::namespaced_with(client.clone(), namespace, resource)
-    }
-}
-
-/// API writes in flight at once while carrying a decision out.
-const PARALLEL_WRITES: usize = 16;
-
-async fn lease_action(
-    ctx: &Context,
-    holder: &str,
-    nhc_ref: &ObjectReference,
-    node_uids: &BTreeMap<String, String>,
-    action: &LeaseAction,
-) -> Result<Option<String>> {
-    match action {
-        LeaseAction::Request { node, duration } => {
-            let uid = node_uids.get(node).map(String::as_str).unwrap_or_default();
-            match ctx.leases.request(node, uid, holder, *duration).await {
-                Ok(()) => Ok(None),
-                Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
-                    ctx.events
-                        .warning(
-                            nhc_ref,
-                            "RemediationSkipped",
-                            format!(
-                                "Skipped remediation of node {node} because node lease is already taken by {other}"
-                            ),
-                        )
-                        .await;
-                    Ok(Some(node.clone()))
-                }
-                Err(e) => Err(e.into()),
-            }
-        }
-        LeaseAction::Release { node } => match ctx.leases.invalidate(node, holder).await {
-            Ok(()) | Err(nodemedic_kube::Error::LeaseHeld { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        },
-    }
-}
-
-async fn publish(ctx: &Context, name: &str, nhc_ref: &ObjectReference, notice: &Notice) {
-    tracing::info!(nhc = %name, node = notice.node.as_deref().unwrap_or(""), reason = notice.reason, "{}", notice.message);
-    let on_each = |on: ObjectReference| async move {
-        match notice.severity {
-            Severity::Normal => ctx.events.normal(&on, notice.reason, notice.message.clone()).await,
-            Severity::Warning => ctx.events.warning(&on, notice.reason, notice.message.clone()).await,
-        }
-    };
-    on_each(nhc_ref.clone()).await;
-    if let Some(node) = &notice.node {
-        on_each(node_ref(node)).await;
-    }
-}
-
-async fn create(
-    ctx: &Context,
-    nhc: &NodeHealthCheck,
-    name: &str,
-    resource: &ApiResource,
-    new: &NewRemediation,
-) -> Result<Option<RemediationFacts>> {
-    let owner = OwnerReference {
-        api_version: NodeHealthCheck::api_version(&()).into(),
-        kind: NodeHealthCheck::kind(&()).into(),
-        name: nhc.name_any(),
-        uid: nhc.metadata.uid.clone().unwrap_or_default(),
-        ..Default::default()
-    };
-    let mut object_labels = BTreeMap::from([(labels::PART_OF.to_owned(), labels::PART_OF_NHC.to_owned())]);
-    if new.control_plane {
-        object_labels.insert(labels::IS_CONTROL_PLANE_NODE.into(), String::new());
-    }
-    let mut obj = DynamicObject::new(new.name.as_deref().unwrap_or(""), resource);
-    obj.metadata.name = new.name.clone();
-    obj.metadata.generate_name = new.name.is_none().then(|| format!("{}-", new.node));
-    obj.metadata.namespace = Some(new.namespace.clone()).filter(|n| !n.is_empty());
-    obj.metadata.annotations = Some(BTreeMap::from([
-        (annotations::NODE_NAME.to_owned(), new.node.clone()),
-        (annotations::TEMPLATE_NAME.to_owned(), new.template.name.clone()),
-    ]));
-    obj.metadata.labels = Some(object_labels);
-    obj.metadata.owner_references = Some(vec![owner]);
-    obj.data = json!({ "spec": new.spec });
-    match dynamic_api(&ctx.client, resource, &new.namespace)
-        .create(&PostParams::default(), &obj)
-        .await
-    {
-        Ok(made) => {
-            let facts = super::index::remediation_facts(&made, &new.api_version, &new.kind)
-                .map(|s| RemediationFacts { owned: true, ..s.facts });
-            if let Some(facts) = &facts {
-                tracing::info!(nhc = %name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
-            }
-            Ok(facts)
-        }
-        // Someone (a previous leader, another check) made it already; the watch will tell.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 async fn write_status(

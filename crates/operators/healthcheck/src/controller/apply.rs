@@ -1,0 +1,285 @@
+//! Carries a decision out: leases, new remediation objects, annotations, deletions, events.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::{StreamExt, stream};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, ObjectReference},
+    apimachinery::pkg::apis::meta::v1::OwnerReference,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+};
+use nodemedic_api::{
+    healthcheck::NodeHealthCheck,
+    names::{annotations, labels},
+};
+use nodemedic_kube::{events::Events, time::rfc3339};
+use serde_json::json;
+
+use super::reconcile::Context;
+use crate::{
+    Result,
+    decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, Severity, TemplateRef},
+};
+
+/// API writes in flight at once while carrying a decision out.
+const PARALLEL_WRITES: usize = 16;
+
+/// What every write of one decision needs to know.
+pub struct Apply<'a> {
+    pub ctx: &'a Context,
+    pub nhc: &'a NodeHealthCheck,
+    pub name: &'a str,
+    pub holder: &'a str,
+    pub resources: &'a BTreeMap<TemplateRef, ApiResource>,
+    pub node_uids: &'a BTreeMap<String, String>,
+}
+
+impl Apply<'_> {
+    /// Carries the decision out; returns the facts of the objects it created.
+    pub async fn decision(&self, decision: &Decision) -> Result<Vec<RemediationFacts>> {
+        // Each node's lease and remediation are independent of every other node's: when many
+        // nodes fail at once, the API round trips overlap instead of queueing, and each node's
+        // remediation follows its own lease at once rather than waiting for every other lease
+        // (500 nodes at 10 ms a write would otherwise delay the last remediation by seconds).
+        // The futures are built first, by named methods: borrowing closures inside the stream
+        // would not be Send for every lifetime.
+        let creating: BTreeSet<&str> = decision.create.iter().map(|n| n.node.as_str()).collect();
+        let lease_for = |node: &str| {
+            decision
+                .leases
+                .iter()
+                .find(|a| matches!(a, LeaseAction::Request { node: n, .. } if n == node))
+        };
+        let creations: Vec<_> = decision
+            .create
+            .iter()
+            .filter_map(|new| {
+                let resource = self.resources.get(&new.template)?;
+                Some(self.lease_then_create(lease_for(&new.node), resource, new))
+            })
+            .collect();
+        let created: Vec<Result<Option<RemediationFacts>>> = stream::iter(creations)
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        let other_leases: Vec<_> = decision
+            .leases
+            .iter()
+            .filter(|a| !matches!(a, LeaseAction::Request { node, .. } if creating.contains(node.as_str())))
+            .map(|action| self.lease(action))
+            .collect();
+        let other_leases: Vec<Result<bool>> = stream::iter(other_leases)
+            .buffer_unordered(PARALLEL_WRITES)
+            .collect()
+            .await;
+        other_leases.into_iter().collect::<Result<Vec<_>>>()?;
+        let created = created
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        self.annotate(decision).await?;
+        self.delete(decision).await?;
+        let nodes = Api::<Node>::all(self.ctx.client.clone());
+        for node in &decision.clear_confirmation {
+            let patch = json!({ "metadata": { "annotations": { annotations::MANUALLY_CONFIRMED_HEALTHY: null } } });
+            let _ = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await;
+        }
+        self.publish_in_background(&decision.notices);
+        Ok(created)
+    }
+
+    /// One node's new remediation: its lease first, then the object (none when another holder
+    /// has the lease).
+    async fn lease_then_create(
+        &self,
+        lease: Option<&LeaseAction>,
+        resource: &ApiResource,
+        new: &NewRemediation,
+    ) -> Result<Option<RemediationFacts>> {
+        if let Some(action) = lease
+            && !self.lease(action).await?
+        {
+            return Ok(None);
+        }
+        self.create(resource, new).await
+    }
+
+    /// Takes, extends or releases a node's lease; false when another holder has it.
+    async fn lease(&self, action: &LeaseAction) -> Result<bool> {
+        let ctx = self.ctx;
+        match action {
+            LeaseAction::Request { node, duration } => {
+                let uid = self.node_uids.get(node).map(String::as_str).unwrap_or_default();
+                match ctx.leases.request(node, uid, self.holder, *duration).await {
+                    Ok(()) => Ok(true),
+                    Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
+                        let message = format!(
+                            "Skipped remediation of node {node} because node lease is already taken by {other}"
+                        );
+                        ctx.events
+                            .warning(&self.nhc.object_ref(&()), "RemediationSkipped", message)
+                            .await;
+                        Ok(false)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            LeaseAction::Release { node } => match ctx.leases.invalidate(node, self.holder).await {
+                Ok(()) | Err(nodemedic_kube::Error::LeaseHeld { .. }) => Ok(true),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    async fn create(&self, resource: &ApiResource, new: &NewRemediation) -> Result<Option<RemediationFacts>> {
+        let nhc = self.nhc;
+        let owner = OwnerReference {
+            api_version: NodeHealthCheck::api_version(&()).into(),
+            kind: NodeHealthCheck::kind(&()).into(),
+            name: nhc.name_any(),
+            uid: nhc.metadata.uid.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut object_labels = BTreeMap::from([(labels::PART_OF.to_owned(), labels::PART_OF_NHC.to_owned())]);
+        if new.control_plane {
+            object_labels.insert(labels::IS_CONTROL_PLANE_NODE.into(), String::new());
+        }
+        let mut obj = DynamicObject::new(new.name.as_deref().unwrap_or(""), resource);
+        obj.metadata.name = new.name.clone();
+        obj.metadata.generate_name = new.name.is_none().then(|| format!("{}-", new.node));
+        obj.metadata.namespace = Some(new.namespace.clone()).filter(|n| !n.is_empty());
+        obj.metadata.annotations = Some(BTreeMap::from([
+            (annotations::NODE_NAME.to_owned(), new.node.clone()),
+            (annotations::TEMPLATE_NAME.to_owned(), new.template.name.clone()),
+        ]));
+        obj.metadata.labels = Some(object_labels);
+        obj.metadata.owner_references = Some(vec![owner]);
+        obj.data = json!({ "spec": new.spec });
+        match dynamic_api(&self.ctx.client, resource, &new.namespace)
+            .create(&PostParams::default(), &obj)
+            .await
+        {
+            Ok(made) => {
+                let facts = super::index::remediation_facts(&made, &new.api_version, &new.kind)
+                    .map(|s| RemediationFacts { owned: true, ..s.facts });
+                if let Some(facts) = &facts {
+                    tracing::info!(nhc = %self.name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
+                }
+                Ok(facts)
+            }
+            // Someone (a previous leader, another check) made it already; the watch will tell.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn annotate(&self, decision: &Decision) -> Result<()> {
+        let time = rfc3339(&Timestamp::now());
+        for (ids, key) in [
+            (&decision.mark_timed_out, annotations::NHC_TIMED_OUT),
+            (&decision.mark_healthy_since, annotations::HEALTHY_DELAY),
+        ] {
+            for id in ids {
+                let Some(resource) = self.resource_of(&id.kind, &id.api_version) else {
+                    continue;
+                };
+                let api = dynamic_api(&self.ctx.client, resource, &id.namespace);
+                let patch = json!({ "metadata": { "annotations": { key: time } } });
+                match api
+                    .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) | Err(kube::Error::Api(_)) => {
+                        tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated")
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, decision: &Decision) -> Result<()> {
+        for id in &decision.delete {
+            let Some(resource) = self.resource_of(&id.kind, &id.api_version) else {
+                continue;
+            };
+            match dynamic_api(&self.ctx.client, resource, &id.namespace)
+                .delete(&id.name, &DeleteParams::background())
+                .await
+            {
+                Ok(_) => tracing::info!(nhc = %self.name, object = %id, "deleted remediation"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn resource_of(&self, kind: &str, api_version: &str) -> Option<&ApiResource> {
+        self.resources
+            .values()
+            .find(|r| r.kind == kind && r.api_version == api_version)
+    }
+
+    /// Logs the notices now and records them as events off the reconcile: with hundreds of nodes
+    /// failing at once, two event writes a node would otherwise hold back the next reconcile,
+    /// and with it the remediations of the nodes whose durations end meanwhile.
+    fn publish_in_background(&self, notices: &[Notice]) {
+        if notices.is_empty() {
+            return;
+        }
+        for notice in notices {
+            tracing::info!(nhc = %self.name, node = notice.node.as_deref().unwrap_or(""), reason = notice.reason, "{}", notice.message);
+        }
+        let events = self.ctx.events.clone();
+        let nhc_ref = self.nhc.object_ref(&());
+        let notices = notices.to_vec();
+        tokio::spawn(async move {
+            let records = notices
+                .into_iter()
+                .map(|notice| record(events.clone(), nhc_ref.clone(), notice));
+            stream::iter(records)
+                .buffer_unordered(PARALLEL_WRITES)
+                .collect::<Vec<()>>()
+                .await;
+        });
+    }
+}
+
+async fn record(events: Events, nhc_ref: ObjectReference, notice: Notice) {
+    let (events, notice) = (&events, &notice);
+    let on_each = |on: ObjectReference| async move {
+        match notice.severity {
+            Severity::Normal => events.normal(&on, notice.reason, notice.message.clone()).await,
+            Severity::Warning => events.warning(&on, notice.reason, notice.message.clone()).await,
+        }
+    };
+    on_each(nhc_ref).await;
+    if let Some(node) = &notice.node {
+        on_each(node_ref(node)).await;
+    }
+}
+
+fn node_ref(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    }
+}
+
+fn dynamic_api(client: &Client, resource: &ApiResource, namespace: &str) -> Api<DynamicObject> {
+    if namespace.is_empty() {
+        Api::all_with(client.clone(), resource)
+    } else {
+        Api::namespaced_with(client.clone(), namespace, resource)
+    }
+}
