@@ -133,14 +133,6 @@ impl NodeLeases {
         let existing = self.api.get_opt(&name).await?;
         let now = Timestamp::now();
         let decision = decide(existing.as_ref().map(view).as_ref(), holder, duration / 2, now);
-        let spec = |transitions: i32, acquired: Option<MicroTime>| LeaseSpec {
-            holder_identity: Some(holder.to_owned()),
-            lease_duration_seconds: Some(duration.as_secs() as i32),
-            acquire_time: acquired.or(Some(MicroTime(now))),
-            renew_time: Some(MicroTime(now)),
-            lease_transitions: Some(transitions),
-            ..Default::default()
-        };
         match (decision, existing) {
             (LeaseDecision::Keep, _) => Ok(()),
             (LeaseDecision::HeldBy(other), _) => Err(Error::LeaseHeld {
@@ -148,30 +140,41 @@ impl NodeLeases {
                 holder: other,
             }),
             (LeaseDecision::Create, _) | (_, None) => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(leases::NAMESPACE.into()),
-                        owner_references: owner(node, node_uid).map(|o| vec![o]),
-                        ..Default::default()
-                    },
-                    spec: Some(spec(0, None)),
-                };
-                self.api.create(&PostParams::default(), &lease).await?;
+                self.api
+                    .create(
+                        &PostParams::default(),
+                        &new_lease(node, node_uid, holder, duration, now),
+                    )
+                    .await?;
                 Ok(())
             }
             (LeaseDecision::Renew, Some(mut lease)) => {
                 let old = lease.spec.take().unwrap_or_default();
-                lease.spec = Some(spec(old.lease_transitions.unwrap_or(0), old.acquire_time));
+                let transitions = old.lease_transitions.unwrap_or(0);
+                lease.spec = Some(spec(holder, duration, now, transitions, old.acquire_time));
                 self.api.replace(&name, &PostParams::default(), &lease).await?;
                 Ok(())
             }
             (LeaseDecision::TakeOver, Some(mut lease)) => {
                 let old = lease.spec.take().unwrap_or_default();
-                lease.spec = Some(spec(old.lease_transitions.unwrap_or(0) + 1, None));
+                let transitions = old.lease_transitions.unwrap_or(0) + 1;
+                lease.spec = Some(spec(holder, duration, now, transitions, None));
                 self.api.replace(&name, &PostParams::default(), &lease).await?;
                 Ok(())
             }
+        }
+    }
+
+    /// [`Self::request`] for a lease the caller has no record of: creates it straight away, one
+    /// request instead of a read and a create (which counts when hundreds of nodes fail at
+    /// once); when it exists after all, the creation fails without harm and the full request
+    /// decides.
+    pub async fn request_unseen(&self, node: &str, node_uid: &str, holder: &str, duration: Duration) -> Result<()> {
+        let lease = new_lease(node, node_uid, holder, duration, Timestamp::now());
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => self.request(node, node_uid, holder, duration).await,
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -219,6 +222,29 @@ fn owner(node: &str, uid: &str) -> Option<OwnerReference> {
         uid: uid.to_owned(),
         ..Default::default()
     })
+}
+
+fn spec(holder: &str, duration: Duration, now: Timestamp, transitions: i32, acquired: Option<MicroTime>) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(holder.to_owned()),
+        lease_duration_seconds: Some(duration.as_secs() as i32),
+        acquire_time: acquired.or(Some(MicroTime(now))),
+        renew_time: Some(MicroTime(now)),
+        lease_transitions: Some(transitions),
+        ..Default::default()
+    }
+}
+
+fn new_lease(node: &str, node_uid: &str, holder: &str, duration: Duration, now: Timestamp) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(leases::node_lease_name(node)),
+            namespace: Some(leases::NAMESPACE.into()),
+            owner_references: owner(node, node_uid).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(spec(holder, duration, now, 0, None)),
+    }
 }
 
 #[cfg(test)]

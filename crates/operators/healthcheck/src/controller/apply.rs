@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// API writes in flight at once while carrying a decision out.
-const PARALLEL_WRITES: usize = 16;
+const PARALLEL_WRITES: usize = 32;
 
 /// What every write of one decision needs to know.
 pub struct Apply<'a> {
@@ -116,7 +116,13 @@ impl Apply<'_> {
         match action {
             LeaseAction::Request { node, duration } => {
                 let uid = self.node_uids.get(node).map(String::as_str).unwrap_or_default();
-                match ctx.leases.request(node, uid, self.holder, *duration).await {
+                let seen = ctx.index.leases.read().map_or(true, |leases| leases.contains_key(node));
+                let requested = if seen {
+                    ctx.leases.request(node, uid, self.holder, *duration).await
+                } else {
+                    ctx.leases.request_unseen(node, uid, self.holder, *duration).await
+                };
+                match requested {
                     Ok(()) => Ok(true),
                     Err(nodemedic_kube::Error::LeaseHeld { holder: other, .. }) => {
                         let message = format!(

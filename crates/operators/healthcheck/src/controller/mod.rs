@@ -292,7 +292,10 @@ async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, syn
 async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::Sender<bool>) {
     // Api of PartialObjectMeta: metadata-only lists and watches.
     let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, KUBELET_LEASES);
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    // Paged, like the nodes' list: one response with every lease would add to the peak memory.
+    let mut stream = watcher(api, watcher::Config::default().page_size(200))
+        .default_backoff()
+        .boxed();
     let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {
         let Ok(mut renewals) = index.kubelet_renewals.write() else {
