@@ -1,5 +1,5 @@
-# The `nodemedic` binary (controller, agent, status) and the agent-only `nodemedic-agent`, with
-# the ClusterLabs fence agents the Fence Agents Remediation controller runs.
+# The `nodemedic` binary (every role, status, crds), the single-role `nodemedic-controller` and
+# `nodemedic-agent`, and the ClusterLabs fence agents the Fence Agents Remediation controller runs.
 # Build: docker build -t nodemedic .
 #
 # Stage 1: build with the same toolchain and lockfile CI uses.
@@ -10,7 +10,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p nodemedic --bins \
- && strip target/release/nodemedic target/release/nodemedic-agent
+ && strip target/release/nodemedic target/release/nodemedic-controller target/release/nodemedic-agent
 
 # Stage 2: Debian slim plus the fence agents (fence_redfish, fence_ipmilan, ... and ipmitool,
 # which fence_ipmilan calls). Nothing else: no shell tools the binary needs.
@@ -20,6 +20,8 @@ RUN apt-get update \
       fence-agents ipmitool ca-certificates \
  && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
 COPY --from=build /src/target/release/nodemedic /usr/local/bin/nodemedic
+# The operators alone, the Deployment's command; the lab and benchmarks stay out of its memory.
+COPY --from=build /src/target/release/nodemedic-controller /usr/local/bin/nodemedic-controller
 # The agent alone, the DaemonSet's command: every node runs it, so it carries nothing else.
 COPY --from=build /src/target/release/nodemedic-agent /usr/local/bin/nodemedic-agent
 # `kubectl nodemedic` when the binary is copied out of the image onto a kubectl user's PATH.

@@ -7,7 +7,6 @@ use clap::{Parser, Subcommand};
 
 mod bench_cmd;
 mod chaos_cmd;
-mod controller_cmd;
 mod demo_cmd;
 mod interruptible;
 mod lab_cmd;
@@ -28,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the operators (health check, self remediation, ...): the Deployment's command.
-    Controller(controller_cmd::ControllerArgs),
+    Controller(nodemedic::controller::ControllerArgs),
     /// The self-remediation agent, one per node: the DaemonSet's command.
     Agent(nodemedic_self_remediation::agent::AgentArgs),
     /// Print every CustomResourceDefinition (or write one file per CRD into a directory).
@@ -56,7 +55,7 @@ fn main() -> anyhow::Result<()> {
     // One crypto provider for every TLS user in the process (kube, tonic): ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli().command {
-        Command::Controller(args) => controller_cmd::run(args),
+        Command::Controller(args) => nodemedic::controller::run(args),
         Command::Agent(args) => nodemedic::agent::run(args),
         Command::Crds { write } => crds(write),
         Command::Lab { command } => lab_cmd::run(command),

@@ -7,7 +7,7 @@ mod tests {
 
     use prometheus_client::registry::Registry;
 
-    use crate::controller_cmd::OperatorMetrics;
+    use nodemedic::controller::OperatorMetrics;
 
     /// Every family the controller and the agent register. Empty families are left out of the
     /// exposition until they get a series, so the registry's descriptors are read instead.

@@ -85,7 +85,7 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     }
 }
 
-/// Starts `nodemedic controller` (`exe`) on the host as lab process `name`, authenticated as the
+/// Starts `nodemedic-controller` (next to `exe`) on the host as lab process `name`, authenticated as the
 /// chart's controller ServiceAccount with exactly the permissions the chart grants it;
 /// metrics on `metrics_port`.
 pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, extra: &[&str], log: &str) -> Result<()> {
@@ -95,13 +95,12 @@ pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, ex
         &["system:serviceaccounts", &format!("system:serviceaccounts:{NS}")],
     )?;
     let mut args = vec![
-        "controller".to_owned(),
         format!("--metrics-bind=127.0.0.1:{metrics_port}"),
         format!("--identity={name}"),
         format!("--namespace={NS}"),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let spec = ProcessSpec::new(exe, args)
+    let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-controller")?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())
         .env("RUST_LOG", log);
     lab.add_host_process(name, spec)
@@ -232,16 +231,16 @@ pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &Self
     Ok(())
 }
 
-/// The agent-only executable next to `exe` (both are built from this package), as the DaemonSet
-/// runs it: the agents' footprint is measured on what nodes would run.
-pub fn agent_executable(exe: &Path) -> Result<PathBuf> {
-    let agent = exe.with_file_name("nodemedic-agent");
-    if agent.is_file() {
-        Ok(agent)
+/// One of the single-role executables (`nodemedic-controller`, `nodemedic-agent`), which are
+/// built next to `exe`: the labs run what a cluster runs.
+pub fn sibling_executable(exe: &Path, name: &str) -> Result<PathBuf> {
+    let sibling = exe.with_file_name(name);
+    if sibling.is_file() {
+        Ok(sibling)
     } else {
         Err(nodemedic_lab::Error::Invalid(format!(
-            "the agent executable {} is missing: build it with the nodemedic binary (cargo build -p nodemedic --bins)",
-            agent.display()
+            "the executable {} is missing: build it with the nodemedic binary (cargo build -p nodemedic --bins)",
+            sibling.display()
         )))
     }
 }
@@ -260,7 +259,7 @@ fn start_agent(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig, node: 
     args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
         &config.spec,
     ));
-    let spec = ProcessSpec::new(agent_executable(exe)?, args)
+    let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-agent")?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())
         .env("RUST_LOG", "info,kube=warn");
     lab.add_node_process(node, "agent", spec)

@@ -51,7 +51,7 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-/// Starts `nodemedic controller` on the host as lab process `name` (see
+/// Starts `nodemedic-controller` on the host as lab process `name` (see
 /// [`scenario::start_controller`]); returns its metrics port.
 pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
     let port = free_port();

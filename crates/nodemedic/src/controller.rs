@@ -1,4 +1,4 @@
-//! `nodemedic controller`: every operator in one process, each can be switched off, behind
+//! `nodemedic-controller` (or `nodemedic controller`): every operator in one process, each can be switched off, behind
 //! leader election so two replicas can run and exactly one acts.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -80,6 +80,8 @@ fn default_identity() -> String {
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    // One crypto provider for every TLS user in the process (kube, the fence agents' clients): ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     nodemedic_kube::logging::init(args.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
