@@ -78,6 +78,13 @@ pub fn summary(values: &[f64]) -> Option<Summary> {
     })
 }
 
+/// The value of the first sample in a Prometheus text exposition whose line starts with `prefix`.
+pub fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

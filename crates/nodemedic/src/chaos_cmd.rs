@@ -124,11 +124,14 @@ fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
         bench::summary(&v).map_or("-".into(), |s| format!("{:.1} / {:.1} / {:.1}", s.p50, s.p90, s.p99))
     };
     let mut out = format!(
-        "# Fault campaign\n\nSeed {seed}, {} trials on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
+        "# Fault campaign\n\nSeed {seed}, {} on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
          Recovery, seconds from the first fault (p50 / p90 / p99): workload Running again {}; every node healthy and nothing left behind {}.\n\n\
          Faults injected: {}.\n\n\
          | trial | nodes | path | strategy | faults | violations | workload back (s) | all healthy (s) |\n|---|---|---|---|---|---|---|---|\n",
-        results.len(),
+        match results.len() {
+            1 => "1 trial".to_owned(),
+            n => format!("{n} trials"),
+        },
         pct(|r| r.workload_back_seconds),
         pct(|r| r.all_healthy_seconds),
         faults

@@ -370,3 +370,16 @@ pub async fn running_pod(client: &Client, not_on: &[&str], timeout: Duration) ->
 pub fn node_of(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
+
+/// GET http://127.0.0.1:<port>/metrics (None while it does not answer).
+pub fn metrics(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}

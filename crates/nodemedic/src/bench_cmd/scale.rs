@@ -36,6 +36,12 @@ struct Window {
     seconds: f64,
     cpu_millicores: f64,
     rss_mib: f64,
+    /// The highest RSS the controller has had so far (its VmHWM at the window's end).
+    peak_rss_mib: f64,
+    /// Health-check reconciles in the window, and the seconds they took together (from the
+    /// controller's own histogram): what the controller was busy with.
+    reconciles: f64,
+    reconcile_seconds: f64,
     requests: requests::Requests,
 }
 
@@ -84,7 +90,7 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
 
     // Let the start-up's first reconciles of every node finish before calling it rest.
     tokio::time::sleep(SETTLE).await;
-    let rest = window(&lab, pid, || async {
+    let rest = window(&lab, pid, metrics, || async {
         tokio::time::sleep(REST).await;
         Ok(())
     })
@@ -95,7 +101,7 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
         let failed: Vec<String> = lab.fleet_nodes().into_iter().step_by(100 / percent).collect();
         let since = jiff::Timestamp::now();
         let expected: BTreeSet<String> = failed.iter().cloned().collect();
-        let window = window(&lab, pid, || async {
+        let window = window(&lab, pid, metrics, || async {
             lab.silence_fleet_nodes(&failed).await?;
             remediated(&lab, &expected, since).await
         })
@@ -141,18 +147,26 @@ fn health_check() -> serde_json::Value {
     })
 }
 
-/// Runs `during`, measuring the controller's CPU, memory and requests over it.
-async fn window<F, Fut>(lab: &Lab, pid: u32, during: F) -> anyhow::Result<Window>
+/// Runs `during`, measuring the controller's CPU, memory, reconciles and requests over it.
+async fn window<F, Fut>(lab: &Lab, pid: u32, metrics_port: u16, during: F) -> anyhow::Result<Window>
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
+    let reconciles = || {
+        let text = scenario::metrics(metrics_port).unwrap_or_default();
+        let count = bench::sample(&text, "nodemedic_healthcheck_decision_duration_seconds_count").unwrap_or(0.0);
+        let sum = bench::sample(&text, "nodemedic_healthcheck_decision_duration_seconds_sum").unwrap_or(0.0);
+        (count, sum)
+    };
+    let reconciled_before = reconciles();
     let before = usage::sample(pid).context("sampling the controller")?;
     let (from, started) = (jiff::Timestamp::now(), std::time::Instant::now());
     during().await?;
     let seconds = started.elapsed().as_secs_f64();
     let to = jiff::Timestamp::now();
     let after = usage::sample(pid).context("sampling the controller")?;
+    let reconciled_after = reconciles();
     // The audit log is written as requests complete: give the last ones a moment to land.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = std::fs::read_to_string(lab.audit_log()).unwrap_or_default();
@@ -160,6 +174,9 @@ where
         seconds,
         cpu_millicores: usage::millicores(&before, &after, seconds),
         rss_mib: after.rss_kib as f64 / 1024.0,
+        peak_rss_mib: after.peak_rss_kib as f64 / 1024.0,
+        reconciles: reconciled_after.0 - reconciled_before.0,
+        reconcile_seconds: reconciled_after.1 - reconciled_before.1,
         requests: requests::count(&log, CONTROLLER_USER, from, to),
     })
 }
@@ -206,10 +223,12 @@ async fn all_healthy(lab: &Lab, nodes: usize) -> anyhow::Result<()> {
 
 fn describe(w: &Window) -> String {
     format!(
-        "{:.0} s, {:.0} mCPU, RSS {:.1} MiB, {} requests ({} beyond watches and leases)",
+        "{:.0} s, {:.0} mCPU, RSS {:.1} MiB (peak {:.1}), {:.0} reconciles, {} requests ({} beyond watches and leases)",
         w.seconds,
         w.cpu_millicores,
         w.rss_mib,
+        w.peak_rss_mib,
+        w.reconciles,
         w.requests.total(),
         w.requests.other
     )
@@ -226,22 +245,25 @@ fn verbs(r: &requests::Requests) -> String {
 fn markdown(fleets: &[Fleet]) -> String {
     let mut out = String::from(
         "## Scale\n\nOne kwok process simulates the fleet (leases renewed every 30 s, Unknown after 60 s of silence); the controller runs every operator, one NodeHealthCheck covers the fleet (durations 10 s, minHealthy 51%); *at rest* is a minute after a 30 s settle. \
-         *Decision*: from a node's unhealthy condition having lasted 10 s (its lastTransitionTime, one-second resolution, plus 10 s: when the check's rule fires) to the lab's watch seeing its remediation object (p50 / p90 / p99 seconds). Requests: the controller's, from the API server's audit log.\n\n\
-         | nodes | window | seconds | decision | CPU (mCPU) | RSS (MiB) | requests by verb | beyond watches and leases |\n|---|---|---|---|---|---|---|---|\n",
+         *Decision*: from a node's unhealthy condition having lasted 10 s (its lastTransitionTime, one-second resolution, plus 10 s: when the check's rule fires) to the lab's watch seeing its remediation object (p50 / p90 / p99 seconds). *Peak RSS*: the highest so far (VmHWM at the window's end). *Reconciles*: the health check's, and the seconds they took together. Requests: the controller's, from the API server's audit log.\n\n\
+         | nodes | window | seconds | decision | CPU (mCPU) | RSS (MiB) | peak RSS (MiB) | reconciles (s) | requests by verb | beyond watches and leases |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in fleets {
         out.push_str(&format!(
-            "| {} | at rest | {:.0} | - | {:.0} | {:.1} | {} | {} |\n",
+            "| {} | at rest | {:.0} | - | {:.0} | {:.1} | {:.1} | {:.0} ({:.1}) | {} | {} |\n",
             f.nodes,
             f.rest.seconds,
             f.rest.cpu_millicores,
             f.rest.rss_mib,
+            f.rest.peak_rss_mib,
+            f.rest.reconciles,
+            f.rest.reconcile_seconds,
             verbs(&f.rest.requests),
             f.rest.requests.other
         ));
         for r in &f.rounds {
             out.push_str(&format!(
-                "| {} | {}% failed ({} nodes{}) | {:.0} | {} | {:.0} | {:.1} | {} | {} |\n",
+                "| {} | {}% failed ({} nodes{}) | {:.0} | {} | {:.0} | {:.1} | {:.1} | {:.0} ({:.1}) | {} | {} |\n",
                 f.nodes,
                 r.failed_percent,
                 r.failed_nodes,
@@ -256,6 +278,9 @@ fn markdown(fleets: &[Fleet]) -> String {
                     .map_or("-".into(), |s| format!("{:.2} / {:.2} / {:.2}", s.p50, s.p90, s.p99)),
                 r.window.cpu_millicores,
                 r.window.rss_mib,
+                r.window.peak_rss_mib,
+                r.window.reconciles,
+                r.window.reconcile_seconds,
                 verbs(&r.window.requests),
                 r.window.requests.other
             ));

@@ -1,17 +1,16 @@
 //! What the end-to-end tests share: starting labs and nodemedic processes in them, applying seed
 //! manifests, reading metrics, waiting for objects.
 
-use std::{
-    io::{Read, Write},
-    sync::Once,
-    time::Duration,
-};
+use std::{sync::Once, time::Duration};
 
 use kube::{Api, Client, api::ListParams};
 use nodemedic_lab::{Lab, LabConfig, wait};
 use serde::de::DeserializeOwned;
 
-pub use nodemedic::scenario::{self, NS};
+pub use nodemedic::{
+    bench::sample,
+    scenario::{self, NS, metrics},
+};
 
 pub fn logs() {
     static INIT: Once = Once::new();
@@ -65,25 +64,6 @@ pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
     )
     .expect("controller starts");
     port
-}
-
-/// GET http://127.0.0.1:<port>/metrics (None while it does not answer).
-pub fn metrics(port: u16) -> Option<String> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
-
-/// The value of the first sample whose line starts with `prefix`.
-pub fn sample(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 pub async fn list<K>(client: &Client, ns: &str) -> Vec<K>
