@@ -540,6 +540,13 @@ impl Lab {
 
     /// The API server's audit log: one JSON line per request nodemedic's controller or agents
     /// made, with its verb and resource.
+    /// Keeps this lab's logs when it is torn down (as `NODEMEDIC_KEEP_LAB_LOGS=1` does for
+    /// every lab); returns where they are.
+    pub fn keep_logs(&self) -> PathBuf {
+        self.inner.resources.keep_logs.store(true, Ordering::SeqCst);
+        self.dir().join("logs")
+    }
+
     pub fn audit_log(&self) -> PathBuf {
         self.dir().join("logs").join("audit.log")
     }

@@ -87,6 +87,9 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         if let Some(e) = &result.error {
             println!("    ERROR: {e}  (replay: {})", result.replay);
         }
+        if let Some(logs) = &result.logs {
+            println!("    the lab's logs are kept in {}", logs.display());
+        }
         results.push(result);
     }
     drop(runner);
@@ -169,6 +172,12 @@ fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
             }
             if let Some(e) = &r.error {
                 out.push_str(&format!("- could not run: {e}\n"));
+            }
+            if let Some(logs) = &r.logs {
+                out.push_str(&format!(
+                    "- the lab's logs (on the machine that ran it): `{}`\n",
+                    logs.display()
+                ));
             }
         }
     }

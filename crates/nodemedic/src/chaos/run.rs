@@ -56,6 +56,8 @@ pub struct TrialResult {
     /// The trial could not run as planned (a lab that did not start, a fault that failed).
     pub error: Option<String>,
     pub replay: String,
+    /// Where the lab's logs were kept (a trial with a violation or an error keeps them).
+    pub logs: Option<PathBuf>,
 }
 
 /// Runs trials; keeps the last lab for the next trial of its shape.
@@ -86,12 +88,15 @@ impl Runner {
             all_healthy_seconds: None,
             error: None,
             replay: super::replay(plan.seed, plan.index, self.nodes_option),
+            logs: None,
         };
         if let Err(e) = self.run(plan, &mut result).await {
             result.error = Some(format!("{e:#}"));
         }
-        // A lab is reused only after a trial that ran and recovered cleanly.
+        // A lab is reused only after a trial that ran and recovered cleanly; the logs of one that
+        // did not are kept, to find out why (a replay is a race run again, and may pass).
         if result.error.is_some() || !result.violations.is_empty() {
+            result.logs = self.lab.as_ref().map(|(_, lab)| lab.keep_logs());
             self.lab = None;
         }
         result
