@@ -538,8 +538,6 @@ impl Lab {
         Ok(path)
     }
 
-    /// The API server's audit log: one JSON line per request nodemedic's controller or agents
-    /// made, with its verb and resource.
     /// Keeps this lab's logs when it is torn down (as `NODEMEDIC_KEEP_LAB_LOGS=1` does for
     /// every lab); returns where they are.
     pub fn keep_logs(&self) -> PathBuf {
@@ -547,6 +545,8 @@ impl Lab {
         self.dir().join("logs")
     }
 
+    /// The API server's audit log: one JSON line per request nodemedic's controller or agents
+    /// made, with its verb and resource.
     pub fn audit_log(&self) -> PathBuf {
         self.dir().join("logs").join("audit.log")
     }

@@ -155,6 +155,8 @@ impl Network {
                 Err(error) => {
                     tracing::debug!(%error, node, "removing the fault rules failed; trying again");
                     attempts_left -= 1;
+                    // Past the sweep that killed it.
+                    std::thread::sleep(std::time::Duration::from_millis(200));
                 }
             }
         }

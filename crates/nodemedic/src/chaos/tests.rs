@@ -196,6 +196,21 @@ fn a_control_plane_node_waiting_its_turn_is_not_unremediated() {
 }
 
 #[test]
+fn a_control_plane_node_whose_turn_came_and_went_is_unremediated() {
+    let mut budget_of_two = params();
+    budget_of_two.max_unhealthy = 2;
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .cond(1, "b", false, false)
+        .remediation(16, "a", "created")
+        .remediation(30, "a", "removed");
+    // b's turn came at 30: still nothing at 50 is within its 25 s, at 60 it is not.
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &budget_of_two), vec![]);
+    let v = verdict::unremediated(&s.0, t(0), t(60), &budget_of_two);
+    assert_eq!(kinds(&v), [ViolationKind::Unremediated]);
+}
+
+#[test]
 fn two_writers_are_reported_from_the_witness() {
     let mut s = Script::default();
     s.running(1, "u1", "a").cond(2, "a", true, true).running(30, "u2", "b");

@@ -165,16 +165,27 @@ struct Outage<'a> {
 }
 
 /// Every node disconnected from `since` on for at least `remediate_after` (up to `until` when
-/// still down) while the budget allowed remediation throughout (and, for control-plane nodes, no
-/// other node's remediation was in flight), with no remediation for it during its outage (or
-/// just after, for the observer's lag).
+/// still down; for control-plane nodes, counted from the last moment another node's remediation
+/// was in flight) while the budget allowed remediation throughout, with no remediation for it
+/// during its outage (or just after, for the observer's lag).
 pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
     let mut down: BTreeMap<&str, (Timestamp, bool)> = BTreeMap::new();
     // The health check counts a node unhealthy also while the API shows it not Ready.
     let mut not_ready: BTreeMap<&str, bool> = BTreeMap::new();
     let mut outages = Vec::new();
     let mut remediations: Vec<(&str, Timestamp, Option<Timestamp>)> = Vec::new();
+    let waiting_turn = |node: &str, remediations: &[(&str, Timestamp, Option<Timestamp>)]| {
+        params.control_plane_one_at_a_time
+            && remediations
+                .iter()
+                .any(|(n, _, removed)| *n != node && removed.is_none())
+    };
     for e in entries {
+        let waited: Vec<&str> = down
+            .keys()
+            .copied()
+            .filter(|node| waiting_turn(node, &remediations))
+            .collect();
         match &e.event {
             Event::NodeCondition { node, condition } => {
                 if !condition.connected() {
@@ -207,14 +218,12 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
         if unhealthy > params.max_unhealthy {
             down.values_mut().for_each(|d| d.1 = true);
         }
-        if params.control_plane_one_at_a_time {
-            for (node, d) in down.iter_mut() {
-                if remediations
-                    .iter()
-                    .any(|(n, _, removed)| n != node && removed.is_none())
-                {
-                    d.1 = true;
-                }
+        // A control-plane node's turn comes only when no other node's remediation is in
+        // flight: its deadline counts from then, so its outage starts again at every moment it
+        // was still waiting.
+        for (node, d) in down.iter_mut() {
+            if waited.contains(node) || waiting_turn(node, &remediations) {
+                d.0 = e.at;
             }
         }
     }

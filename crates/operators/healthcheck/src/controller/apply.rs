@@ -62,7 +62,7 @@ impl Apply<'_> {
                 Some(self.lease_then_create(lease_for(&new.node), resource, new))
             })
             .collect();
-        let created: Vec<Result<Option<RemediationFacts>>> = stream::iter(creations)
+        let outcomes: Vec<(&str, Result<Option<RemediationFacts>>)> = stream::iter(creations)
             .buffer_unordered(PARALLEL_WRITES)
             .collect()
             .await;
@@ -76,38 +76,68 @@ impl Apply<'_> {
             .buffer_unordered(PARALLEL_WRITES)
             .collect()
             .await;
-        other_leases.into_iter().collect::<Result<Vec<_>>>()?;
-        let created = created
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .collect();
-        self.annotate(decision).await?;
-        self.delete(decision).await?;
+        // One failed write must not cost the round what the others did: the rest of the
+        // decision is still carried out and its events still recorded (a remediation that was
+        // created is never announced later), except those of the nodes whose creation failed,
+        // which the next round decides again. The first error is returned at the end.
+        let mut first_error = None;
+        let mut failed: BTreeSet<&str> = BTreeSet::new();
+        let mut created = Vec::new();
+        for (node, outcome) in outcomes {
+            match outcome {
+                Ok(facts) => created.extend(facts),
+                Err(error) => {
+                    failed.insert(node);
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        for outcome in other_leases {
+            if let Err(error) = outcome {
+                first_error.get_or_insert(error);
+            }
+        }
+        if let Err(error) = self.annotate(decision).await {
+            first_error.get_or_insert(error);
+        }
+        if let Err(error) = self.delete(decision).await {
+            first_error.get_or_insert(error);
+        }
         let nodes = Api::<Node>::all(self.ctx.client.clone());
         for node in &decision.clear_confirmation {
             let patch = json!({ "metadata": { "annotations": { annotations::MANUALLY_CONFIRMED_HEALTHY: null } } });
             let _ = nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await;
         }
-        self.publish_in_background(&decision.notices);
-        Ok(created)
+        let notices: Vec<Notice> = decision
+            .notices
+            .iter()
+            .filter(|n| n.node.as_deref().is_none_or(|node| !failed.contains(node)))
+            .cloned()
+            .collect();
+        self.publish_in_background(&notices);
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(created),
+        }
     }
 
     /// One node's new remediation: its lease first, then the object (none when another holder
     /// has the lease).
-    async fn lease_then_create(
+    async fn lease_then_create<'n>(
         &self,
         lease: Option<&LeaseAction>,
         resource: &ApiResource,
-        new: &NewRemediation,
-    ) -> Result<Option<RemediationFacts>> {
-        if let Some(action) = lease
-            && !self.lease(action).await?
-        {
-            return Ok(None);
-        }
-        self.create(resource, new).await
+        new: &'n NewRemediation,
+    ) -> (&'n str, Result<Option<RemediationFacts>>) {
+        let outcome = match lease {
+            Some(action) => match self.lease(action).await {
+                Ok(true) => self.create(resource, new).await,
+                Ok(false) => Ok(None),
+                Err(error) => Err(error),
+            },
+            None => self.create(resource, new).await,
+        };
+        (new.node.as_str(), outcome)
     }
 
     /// Takes, extends or releases a node's lease; false when another holder has it.

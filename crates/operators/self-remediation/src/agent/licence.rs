@@ -211,6 +211,9 @@ async fn annotate_node(client: &Client, node: &str, timing: &Timing) {
     }
 }
 
+/// The shortest time between the start of one read and an early one.
+const EARLY_READ_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The agent's two clients: kube's default (registration writes) and the fail-fast one whose
 /// answers renew the licence.
 pub struct Clients {
@@ -317,7 +320,10 @@ pub async fn run(
         // land after the shutdown's `disarmed` and undo it.
         tokio::select! {
             _ = tokio::time::sleep(args.api_check_interval) => {}
-            _ = remediation_changed.notified() => {}
+            _ = remediation_changed.notified() => {
+                // At most one early read a second: a burst of new remediations wakes every agent.
+                tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
+            }
             _ = stop.changed() => return Ok(()),
         }
     }

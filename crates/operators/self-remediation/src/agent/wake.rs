@@ -1,40 +1,111 @@
-//! Wakes the licence loop as soon as a remediation appears, changes or goes, instead of at its
-//! next `apiCheckInterval`: the manager starts a remediation's safe time only once a majority of
-//! the agents has recorded accepting it, so every interval an agent sleeps through is added to
-//! the workload's downtime (up to 15 s at the seed configuration's interval).
+//! Wakes the licence loop as soon as a remediation appears or goes, instead of at its next
+//! `apiCheckInterval`: the manager starts a remediation's safe time only once a majority of the
+//! agents has recorded accepting it, so every interval an agent sleeps through is added to the
+//! workload's downtime (up to 15 s at the seed configuration's interval).
 //!
 //! The wake-up only brings the next read forward: the licence still rests on that consistent
-//! read, never on what the watch says.
+//! read, never on what the watch says. Only what changes an agent's intents wakes it (a new
+//! remediation, a deletion, the timed-out mark), not every status write: each wake-up is a read
+//! by every agent at once.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::StreamExt;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     core::PartialObjectMeta,
     runtime::{WatchStreamExt, watcher},
 };
-use nodemedic_api::self_remediation::SelfNodeRemediation;
+use nodemedic_api::{names::annotations, self_remediation::SelfNodeRemediation};
 use tokio::sync::Notify;
 
-/// Watches the remediations, metadata only (any write, status included, moves the metadata's
-/// resource version, and the change is all the loop needs to know), and notifies on every change
-/// after the first list.
+/// What of a remediation's metadata the agent's intents depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Relevant {
+    deleting: bool,
+    timed_out: bool,
+}
+
+fn relevant(meta: &PartialObjectMeta<SelfNodeRemediation>) -> Relevant {
+    Relevant {
+        deleting: meta.metadata.deletion_timestamp.is_some(),
+        timed_out: meta.annotations().contains_key(annotations::NHC_TIMED_OUT),
+    }
+}
+
+/// Whether a change from `before` (None: not seen) to `now` is worth a read.
+fn matters(before: Option<Relevant>, now: Relevant) -> bool {
+    before != Some(now)
+}
+
+/// Watches the remediations, metadata only, and notifies on every change that matters.
 pub fn watch_remediations(client: Client) -> Arc<Notify> {
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();
     tokio::spawn(async move {
         let api = Api::<PartialObjectMeta<SelfNodeRemediation>>::all(client);
         let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut seen: BTreeMap<String, Relevant> = BTreeMap::new();
+        let mut relisted: BTreeMap<String, Relevant> = BTreeMap::new();
         while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                Ok(watcher::Event::Apply(meta)) => {
+                    let now = relevant(&meta);
+                    if matters(seen.insert(meta.uid().unwrap_or_default(), now), now) {
+                        notify.notify_one();
+                    }
+                }
+                Ok(watcher::Event::Delete(meta)) => {
+                    seen.remove(&meta.uid().unwrap_or_default());
                     notify.notify_one();
                 }
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                Ok(watcher::Event::Init) => relisted.clear(),
+                Ok(watcher::Event::InitApply(meta)) => {
+                    relisted.insert(meta.uid().unwrap_or_default(), relevant(&meta));
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if relisted != seen {
+                        notify.notify_one();
+                    }
+                    seen = std::mem::take(&mut relisted);
+                }
                 Err(error) => tracing::debug!(%error, "remediation watch error; retrying"),
             }
         }
     });
     wake
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: Relevant = Relevant {
+        deleting: false,
+        timed_out: false,
+    };
+
+    #[test]
+    fn a_new_remediation_matters_and_a_status_write_does_not() {
+        assert!(matters(None, PLAIN));
+        assert!(!matters(Some(PLAIN), PLAIN));
+    }
+
+    #[test]
+    fn a_deletion_or_the_timed_out_mark_matters() {
+        assert!(matters(
+            Some(PLAIN),
+            Relevant {
+                deleting: true,
+                ..PLAIN
+            }
+        ));
+        assert!(matters(
+            Some(PLAIN),
+            Relevant {
+                timed_out: true,
+                ..PLAIN
+            }
+        ));
+    }
 }
