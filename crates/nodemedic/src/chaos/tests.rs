@@ -178,15 +178,21 @@ fn a_long_outage_without_a_remediation_is_flagged_unless_over_budget() {
     assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &params()), vec![]);
 }
 
-#[test]
-fn a_control_plane_node_waiting_its_turn_is_not_unremediated() {
+/// Two control-plane nodes down within a budget of two; a's remediation is created at 16 s.
+fn a_remediated_while_b_waits() -> (Params, Script) {
     let mut budget_of_two = params();
     budget_of_two.max_unhealthy = 2;
     let mut s = Script::default();
     s.cond(0, "a", false, false)
         .cond(1, "b", false, false)
-        .remediation(16, "a", "created")
-        .cond(40, "a", true, false)
+        .remediation(16, "a", "created");
+    (budget_of_two, s)
+}
+
+#[test]
+fn a_control_plane_node_waiting_its_turn_is_not_unremediated() {
+    let (mut budget_of_two, mut s) = a_remediated_while_b_waits();
+    s.cond(40, "a", true, false)
         .cond(40, "b", true, false)
         .remediation(45, "a", "removed");
     assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &budget_of_two), vec![]);
@@ -197,13 +203,8 @@ fn a_control_plane_node_waiting_its_turn_is_not_unremediated() {
 
 #[test]
 fn a_control_plane_node_whose_turn_came_and_went_is_unremediated() {
-    let mut budget_of_two = params();
-    budget_of_two.max_unhealthy = 2;
-    let mut s = Script::default();
-    s.cond(0, "a", false, false)
-        .cond(1, "b", false, false)
-        .remediation(16, "a", "created")
-        .remediation(30, "a", "removed");
+    let (budget_of_two, mut s) = a_remediated_while_b_waits();
+    s.remediation(30, "a", "removed");
     // b's turn came at 30: still nothing at 50 is within its 25 s, at 60 it is not.
     assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &budget_of_two), vec![]);
     let v = verdict::unremediated(&s.0, t(0), t(60), &budget_of_two);
