@@ -10,6 +10,7 @@ pub mod logging;
 pub mod metrics_server;
 pub mod node_lease;
 pub mod pki;
+pub mod shutdown;
 pub mod taints;
 pub mod time;
 pub mod workloads;

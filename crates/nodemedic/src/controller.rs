@@ -80,14 +80,7 @@ fn default_identity() -> String {
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    // One crypto provider for every TLS user in the process (kube, the fence agents' clients): ring.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    nodemedic_kube::logging::init(args.log_json);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(controller(args))
+    crate::process::run(args.log_json, controller(args))
 }
 
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
@@ -178,13 +171,6 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 }
 
 async fn shutdown() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
-    }
+    nodemedic_kube::shutdown::signal().await;
     tracing::info!("shutting down");
 }

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod bench;
 pub mod chaos;
 pub mod controller;
+pub mod process;
 pub mod report;
 pub mod scenario;
 pub mod story;

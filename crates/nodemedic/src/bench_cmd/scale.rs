@@ -151,14 +151,25 @@ fn health_check() -> serde_json::Value {
     })
 }
 
+/// The health check's reconciles so far and the seconds they took, from the controller's
+/// histogram (zeros while it does not answer).
+fn reconciled(metrics_port: u16) -> (f64, f64) {
+    let text = scenario::metrics(metrics_port).unwrap_or_default();
+    let total = |suffix: &str| {
+        bench::sample(
+            &text,
+            &format!("nodemedic_healthcheck_decision_duration_seconds_{suffix}"),
+        )
+        .unwrap_or(0.0)
+    };
+    (total("count"), total("sum"))
+}
+
 /// Waits until the health check has not reconciled for `QUIET` (at most `SETTLE_AT_MOST`);
 /// returns the seconds it took.
 async fn settle(metrics_port: u16) -> f64 {
     let started = std::time::Instant::now();
-    let count = || {
-        let text = scenario::metrics(metrics_port).unwrap_or_default();
-        bench::sample(&text, "nodemedic_healthcheck_decision_duration_seconds_count").unwrap_or(0.0)
-    };
+    let count = || reconciled(metrics_port).0;
     let (mut last, mut quiet_since) = (count(), std::time::Instant::now());
     while started.elapsed() < SETTLE_AT_MOST && quiet_since.elapsed() < QUIET {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -176,20 +187,14 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let reconciles = || {
-        let text = scenario::metrics(metrics_port).unwrap_or_default();
-        let count = bench::sample(&text, "nodemedic_healthcheck_decision_duration_seconds_count").unwrap_or(0.0);
-        let sum = bench::sample(&text, "nodemedic_healthcheck_decision_duration_seconds_sum").unwrap_or(0.0);
-        (count, sum)
-    };
-    let reconciled_before = reconciles();
+    let reconciled_before = reconciled(metrics_port);
     let before = usage::sample(pid).context("sampling the controller")?;
     let (from, started) = (jiff::Timestamp::now(), std::time::Instant::now());
     during().await?;
     let seconds = started.elapsed().as_secs_f64();
     let to = jiff::Timestamp::now();
     let after = usage::sample(pid).context("sampling the controller")?;
-    let reconciled_after = reconciles();
+    let reconciled_after = reconciled(metrics_port);
     // The audit log is written as requests complete: give the last ones a moment to land.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = std::fs::read_to_string(lab.audit_log()).unwrap_or_default();

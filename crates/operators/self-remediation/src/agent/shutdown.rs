@@ -33,16 +33,7 @@ pub const ROUND_GRACE: Duration = Duration::from_secs(20);
 /// What the async side asks the feeder thread: close the watchdog, and say how it went.
 pub type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
 
-pub async fn signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
-    }
-}
+pub use nodemedic_kube::shutdown::signal;
 
 pub async fn stop(args: &AgentArgs, client: &Client, fast: &Client, feeder: &mpsc::Sender<DisarmRequest>) {
     tracing::info!("stopping: the watchdog is closed only if no remediation of this node exists");
