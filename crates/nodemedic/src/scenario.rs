@@ -351,11 +351,16 @@ pub async fn deploy_workload(lab: &Lab) -> Result<()> {
 
 /// Waits for `db-0` Running on a node not in `not_on`.
 pub async fn running_pod(client: &Client, not_on: &[&str], timeout: Duration) -> Result<Pod> {
+    running_pod_named(client, "db-0", not_on, timeout).await
+}
+
+/// Waits for pod `name` of namespace `vm` Running on a node not in `not_on`.
+pub async fn running_pod_named(client: &Client, name: &str, not_on: &[&str], timeout: Duration) -> Result<Pod> {
     let pods = Api::<Pod>::namespaced(client.clone(), "vm");
-    wait::until(&format!("db-0 Running, not on {not_on:?}"), timeout, || {
+    wait::until(&format!("{name} Running, not on {not_on:?}"), timeout, || {
         let pods = pods.clone();
         async move {
-            let Some(pod) = pods.get_opt("db-0").await? else {
+            let Some(pod) = pods.get_opt(name).await? else {
                 return Ok(None);
             };
             let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")

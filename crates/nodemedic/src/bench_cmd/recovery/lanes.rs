@@ -1,0 +1,259 @@
+//! A recovery lab and its trials. A lane is one strategy's share of a lab: its nodes, its
+//! health check, its remediation template and its workload. A lane alone has the seed lab and
+//! manifests unchanged; lanes that share a lab get three nodes each, told apart by a label the
+//! lane's health check selects and its workload is pinned to, so one lane's failure never
+//! touches another's budget, nodes or pod.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use kube::Api;
+use nodemedic::{
+    bench::{self, Breakdown},
+    scenario::{self, NS},
+    story::{self, Milestone, Subject},
+};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, wait, workloads::STATEFULSET};
+use serde_json::{Map, Value, json};
+
+use super::{Path, Profile, Strategy};
+
+const LANE_LABEL: &str = "bench.nodemedic.io/lane";
+const NODES_PER_LANE: usize = 3;
+
+pub struct Lane {
+    pub strategy: Strategy,
+    /// The lane's label value when it shares its lab; `None` when it is alone.
+    shared_as: Option<String>,
+}
+
+impl Lane {
+    pub fn for_strategies(strategies: &[Strategy]) -> Vec<Lane> {
+        let shared = strategies.len() > 1;
+        strategies
+            .iter()
+            .map(|strategy| Lane {
+                strategy: *strategy,
+                shared_as: shared
+                    .then(|| strategy.to_possible_value().map(|v| v.get_name().to_owned()))
+                    .flatten(),
+            })
+            .collect()
+    }
+
+    fn suffixed(&self, base: &str) -> String {
+        match &self.shared_as {
+            Some(lane) => format!("{base}-{lane}"),
+            None => base.to_owned(),
+        }
+    }
+
+    fn template(&self) -> String {
+        self.suffixed("bench")
+    }
+
+    fn workload(&self) -> String {
+        self.suffixed("db")
+    }
+
+    fn pod(&self) -> String {
+        format!("{}-0", self.workload())
+    }
+
+    fn strategy_name(&self) -> String {
+        format!("{:?}", self.strategy)
+    }
+}
+
+fn lane_selector(lane: &str) -> Value {
+    let mut labels = Map::new();
+    labels.insert(LANE_LABEL.into(), json!(lane));
+    Value::Object(labels)
+}
+
+fn config(path: Path, lanes: &[Lane]) -> LabConfig {
+    let mut config = if lanes.len() == 1 {
+        LabConfig::seed()
+    } else {
+        let nodes = lanes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, lane)| {
+                (1..=NODES_PER_LANE).map(move |j| {
+                    let mut spec = NodeSpec::control_plane_worker(&format!("node-{}", i * NODES_PER_LANE + j));
+                    if let Some(name) = &lane.shared_as {
+                        spec.labels.insert(LANE_LABEL.into(), name.clone());
+                    }
+                    spec
+                })
+            })
+            .collect();
+        LabConfig::new(nodes)
+    };
+    if path != Path::SelfRemediation {
+        config = config.with_bmcs(BmcOptions {
+            delays: PowerDelays::None,
+            ..BmcOptions::default()
+        });
+    }
+    config
+}
+
+/// A lab with nodemedic, each lane's template, workload and health check.
+pub async fn start(path: Path, profile: Profile, lanes: &[Lane]) -> anyhow::Result<Lab> {
+    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let lab = Lab::start(config(path, lanes)).await.context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    let metrics = scenario::free_port()?;
+    let nhc = match path {
+        Path::SelfRemediation => {
+            let patch = match profile {
+                Profile::Fast => scenario::FAST_CONFIG,
+                Profile::Seed => scenario::SEED_TIMINGS_CONFIG,
+            };
+            for lane in lanes {
+                lab.apply_yaml(&scenario::self_remediation_template(&lane.template(), &lane.strategy_name()).to_string())?;
+            }
+            scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
+            deploy_workloads(&lab, lanes).await?;
+            scenario::agents_settled(&lab).await?;
+            "002-nhc-snr-3node.yaml"
+        }
+        Path::FenceRedfish | Path::FenceIpmi => {
+            scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+            for lane in lanes {
+                if path == Path::FenceRedfish {
+                    scenario::apply_seed(&lab, "002-far-template.yaml", |m| {
+                        scenario::adapt_far_template(&lab, m);
+                        m["metadata"]["name"] = json!(lane.template());
+                        m["spec"]["template"]["spec"]["remediationStrategy"] = json!(lane.strategy_name());
+                    })?;
+                } else {
+                    let template = scenario::ipmi_far_template(
+                        &lab,
+                        &lane.template(),
+                        "fence-agents-credentials-shared-sm-bmc",
+                        &lane.strategy_name(),
+                    );
+                    lab.apply_yaml(&template.to_string())?;
+                }
+            }
+            scenario::start_fence_agents_controller(&lab, &exe, metrics)?;
+            deploy_workloads(&lab, lanes).await?;
+            "002-nhc-far-3node.yaml"
+        }
+    };
+    for lane in lanes {
+        scenario::apply_seed(&lab, nhc, |m| {
+            m["spec"]["remediationTemplate"]["name"] = json!(lane.template());
+            if let Some(name) = &lane.shared_as {
+                let seed_name = m["metadata"]["name"].as_str().unwrap_or("bench").to_owned();
+                m["metadata"]["name"] = json!(format!("{seed_name}-{name}"));
+                m["spec"]["selector"]["matchLabels"] = lane_selector(name);
+            }
+            if profile == Profile::Fast
+                && let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut()
+            {
+                for c in conditions {
+                    c["duration"] = json!("5s");
+                }
+            }
+        })?;
+    }
+    Ok(lab)
+}
+
+/// The lab's StatefulSet; a shared lane's copy is named after the lane and pinned to its nodes.
+async fn deploy_workloads(lab: &Lab, lanes: &[Lane]) -> anyhow::Result<()> {
+    scenario::create_namespace(&lab.client(), "vm").await?;
+    for lane in lanes {
+        let mut workload: Value = serde_saphyr::from_str(STATEFULSET).context("the lab's StatefulSet")?;
+        if let Some(name) = &lane.shared_as {
+            let app = lane.workload();
+            workload["metadata"]["name"] = json!(app);
+            workload["spec"]["serviceName"] = json!(app);
+            workload["spec"]["selector"]["matchLabels"]["app"] = json!(app);
+            workload["spec"]["template"]["metadata"]["labels"]["app"] = json!(app);
+            workload["spec"]["template"]["spec"]["nodeSelector"] = lane_selector(name);
+        }
+        lab.apply_yaml(&workload.to_string())?;
+    }
+    Ok(())
+}
+
+/// Crash each lane's pod's node at once, measure until each pod runs elsewhere, then bring the
+/// nodes back and wait until nothing of the remediations is left. One breakdown per lane.
+pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<Breakdown>> {
+    let client = lab.client();
+    let mut subjects = Vec::new();
+    for lane in lanes {
+        let pod = scenario::running_pod_named(&client, &lane.pod(), &[], Duration::from_secs(300)).await?;
+        subjects.push(Subject {
+            node: scenario::node_of(&pod),
+            pod: format!("vm/{}", lane.pod()),
+        });
+    }
+    let since = jiff::Timestamp::now();
+    for subject in &subjects {
+        lab.crash(&subject.node).await?;
+    }
+    let mut breakdowns = Vec::new();
+    for subject in &subjects {
+        let story = wait::until(
+            &format!("{} Running elsewhere", subject.pod),
+            Duration::from_secs(600),
+            || {
+                let entries: Vec<_> = lab.timeline().entries().into_iter().filter(|e| e.at >= since).collect();
+                let story = story::milestones(&entries, subject);
+                async move {
+                    Ok(story
+                        .iter()
+                        .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
+                        .then_some(story))
+                }
+            },
+        )
+        .await?;
+        breakdowns.push(bench::breakdown(&story).context("an incomplete story")?);
+    }
+    for subject in &subjects {
+        if path == Path::SelfRemediation {
+            lab.power_on(&subject.node).await?;
+        }
+    }
+    for subject in &subjects {
+        lab.wait_ready_status(&subject.node, "True", Duration::from_secs(300)).await?;
+    }
+    let snrs = Api::<SelfNodeRemediation>::namespaced(client.clone(), NS);
+    let fars = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
+    wait::until("every remediation removed", Duration::from_secs(300), || {
+        let (snrs, fars) = (snrs.clone(), fars.clone());
+        async move {
+            let left =
+                snrs.list(&Default::default()).await?.items.len() + fars.list(&Default::default()).await?.items.len();
+            Ok((left == 0).then_some(()))
+        }
+    })
+    .await?;
+    Ok(breakdowns)
+}
+
+/// The safe time the manager waits: the configured one, or the provable minimum when larger.
+pub async fn safe_time(lab: &Lab) -> Option<f64> {
+    let config = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get(CONFIG_NAME)
+        .await
+        .ok()?;
+    let minimum = config.status.as_ref()?.minimum_safe_time_seconds? as f64;
+    let configured = config
+        .spec
+        .safe_time_to_assume_node_rebooted_seconds
+        .map(f64::from)
+        .unwrap_or(0.0);
+    Some(minimum.max(configured))
+}

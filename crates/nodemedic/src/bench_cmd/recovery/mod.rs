@@ -1,0 +1,235 @@
+//! Time to safe recovery. For each path (self remediation with the lab
+//! watchdog; fence agents through Redfish; through IPMI) and strategy (ResourceDeletion,
+//! OutOfServiceTaint), a lab runs N trials: crash the node running a one-replica StatefulSet
+//! with a ReadWriteOnce volume, read the story from the lab timeline, bring the node back, repeat.
+//! Self remediation's two strategies share one lab ([`lanes`]): its trials wait out the safe
+//! time, and side by side they cost half the hour.
+
+mod lanes;
+
+use anyhow::bail;
+use clap::ValueEnum;
+use nodemedic::bench::{self, Breakdown};
+use nodemedic_lab::witness;
+use serde_json::json;
+
+use self::lanes::Lane;
+use super::{BenchArgs, Section, verdict};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    SelfRemediation,
+    FenceRedfish,
+    FenceIpmi,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum Strategy {
+    ResourceDeletion,
+    OutOfServiceTaint,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// The lab's fast timings: health-check durations 5 s, the fast SelfNodeRemediationConfig.
+    Fast,
+    /// The seed manifests' own: health-check durations 10 s, the seed SelfNodeRemediationConfig
+    /// (safe time 180 s).
+    Seed,
+}
+
+#[derive(serde::Serialize)]
+struct Series {
+    path: Path,
+    strategy: Strategy,
+    profile: Profile,
+    /// The lab's nodes, and whether another strategy's series ran in the same lab at once.
+    nodes: usize,
+    side_by_side: bool,
+    /// Self remediation: the safe time the manager used (seconds).
+    safe_time: Option<f64>,
+    trials: Vec<Breakdown>,
+    failures: Vec<String>,
+}
+
+fn or_all<T: Clone>(chosen: &[T], all: Vec<T>) -> Vec<T> {
+    if chosen.is_empty() { all } else { chosen.to_vec() }
+}
+
+pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
+    let paths = or_all(
+        &args.paths,
+        vec![Path::SelfRemediation, Path::FenceRedfish, Path::FenceIpmi],
+    );
+    let strategies = or_all(
+        &args.strategies,
+        vec![Strategy::ResourceDeletion, Strategy::OutOfServiceTaint],
+    );
+    let profiles = or_all(&args.profiles, vec![Profile::Fast, Profile::Seed]);
+    let mut all = Vec::new();
+    for profile in &profiles {
+        let trials = match profile {
+            Profile::Fast => args.trials,
+            Profile::Seed => args.seed_trials,
+        };
+        for path in &paths {
+            let labs: Vec<Vec<Strategy>> = if *path == Path::SelfRemediation {
+                vec![strategies.clone()]
+            } else {
+                strategies.iter().map(|s| vec![*s]).collect()
+            };
+            for shared in labs {
+                println!("==> {path:?} / {shared:?} / {profile:?}: {trials} trials");
+                all.extend(series(*path, &shared, *profile, trials).await?);
+            }
+        }
+    }
+    Ok(Section {
+        name: "recovery",
+        json: json!({"series": all}),
+        markdown: markdown(&all),
+    })
+}
+
+fn markdown(all: &[Series]) -> String {
+    let mut out = String::from(
+        "## Time to safe recovery
+
+Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
+         Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig).\n\n\
+         Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
+         | path | strategy | profile | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in all {
+        let col = |f: fn(&Breakdown) -> f64| {
+            let values: Vec<f64> = s.trials.iter().map(f).collect();
+            bench::summary(&values).map_or("-".into(), |v| format!("{:.1} / {:.1} / {:.1}", v.p50, v.p90, v.p99))
+        };
+        out.push_str(&format!(
+            "| {:?} | {:?} | {:?} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s.path,
+            s.strategy,
+            s.profile,
+            s.trials.len(),
+            if s.failures.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} failed)", s.failures.len())
+            },
+            col(|b| b.detection),
+            col(|b| b.health_check),
+            col(|b| b.fencing),
+            col(|b| b.deletion),
+            col(|b| b.rescheduling),
+            col(|b| b.controlled),
+            col(|b| b.total),
+        ));
+    }
+    if let Some(shared) = all.iter().find(|s| s.side_by_side) {
+        out.push_str(&format!(
+            "\nThe {:?} series of both strategies ran side by side in one lab of {} nodes: each strategy had half the nodes, \
+             its own copy of the seed health check over them, its own template and StatefulSet, and each trial crashed one node of each at once.\n",
+            shared.path, shared.nodes
+        ));
+    }
+    out.push_str("\nTargets:\n");
+    for s in all {
+        if let Some(line) = target(s) {
+            out.push_str(&format!("- {line}\n"));
+        }
+    }
+    for s in all.iter().filter(|s| !s.failures.is_empty()) {
+        out.push_str(&format!(
+            "\nFailures ({:?} / {:?} / {:?}):\n",
+            s.path, s.strategy, s.profile
+        ));
+        for f in &s.failures {
+            out.push_str(&format!("- {f}\n"));
+        }
+    }
+    out
+}
+
+/// The issue's target for a series, with the measured figure.
+fn target(s: &Series) -> Option<String> {
+    let p = |f: fn(&Breakdown) -> f64, q: f64| bench::percentile(&s.trials.iter().map(f).collect::<Vec<_>>(), q);
+    let name = format!("{:?} / {:?} / {:?}", s.path, s.strategy, s.profile);
+    match (s.path, s.profile) {
+        (Path::FenceRedfish | Path::FenceIpmi, Profile::Fast) => {
+            let p99 = p(|b| b.controlled, 99.0)?;
+            Some(format!(
+                "{name}: controlled p99 {p99:.1} s <= 5 s: {}",
+                verdict(p99 <= 5.0)
+            ))
+        }
+        (Path::SelfRemediation, _) => {
+            let p99 = p(|b| b.controlled, 99.0)?;
+            let safe = s.safe_time?;
+            Some(format!(
+                "{name}: controlled p99 {p99:.1} s <= safe time {safe:.0} s + 5 s: {}",
+                verdict(p99 <= safe + 5.0)
+            ))
+        }
+        (Path::FenceRedfish, Profile::Seed) => {
+            let p50 = p(|b| b.total, 50.0)?;
+            Some(format!(
+                "{name} (nhc-far-3node, 10 s durations): crash to Running p50 {p50:.1} s <= 30 s: {}",
+                verdict(p50 <= 30.0)
+            ))
+        }
+        _ => None,
+    }
+}
+
+
+/// One lab, one lane per strategy; every trial crashes each lane's node at once.
+async fn series(path: Path, strategies: &[Strategy], profile: Profile, trials: usize) -> anyhow::Result<Vec<Series>> {
+    let lanes = Lane::for_strategies(strategies);
+    let lab = lanes::start(path, profile, &lanes).await?;
+    let mut out: Vec<Series> = lanes
+        .iter()
+        .map(|lane| Series {
+            path,
+            strategy: lane.strategy,
+            profile,
+            nodes: lab.nodes().len(),
+            side_by_side: lanes.len() > 1,
+            safe_time: None,
+            trials: Vec::new(),
+            failures: Vec::new(),
+        })
+        .collect();
+    for trial in 1..=trials {
+        match lanes::one_trial(&lab, path, &lanes).await {
+            Ok(breakdowns) => {
+                for (series, b) in out.iter_mut().zip(breakdowns) {
+                    println!(
+                        "    trial {trial} ({:?}): total {:.1}s, controlled {:.1}s",
+                        series.strategy, b.total, b.controlled
+                    );
+                    series.trials.push(b);
+                }
+            }
+            Err(e) => {
+                println!("    trial {trial} failed: {e:#}");
+                for series in &mut out {
+                    series.failures.push(format!("trial {trial}: {e:#}"));
+                }
+                break;
+            }
+        }
+    }
+    if path == Path::SelfRemediation {
+        let safe_time = lanes::safe_time(&lab).await;
+        for series in &mut out {
+            series.safe_time = safe_time;
+        }
+    }
+    let violations = witness::check(&lab.timeline().entries());
+    if !violations.is_empty() {
+        bail!("the at-most-one witness failed: {violations:?}");
+    }
+    Ok(out)
+}
