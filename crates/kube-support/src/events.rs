@@ -1,48 +1,194 @@
-//! One shared event recorder per process, so kube can aggregate repeats into series.
+//! One shared event publisher per process. Repeats of an event (same object, type and reason)
+//! within six minutes count into the first one's series instead of making new objects, as
+//! client-go and kube's `Recorder` do.
+//!
+//! Not kube's `Recorder`: it keeps every event it published (the whole object) for six minutes
+//! and publishes as many at once as it is asked to. When 500 nodes fail at once that is
+//! thousands of events, megabytes held, and as many HTTP/1 connections (each a TLS handshake
+//! on both sides) opened at once. Here the memory of recent events is a name and a count each,
+//! bounded, and a few events are written at a time.
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::{
-    Client, Resource,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+use std::{
+    collections::HashMap,
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex},
 };
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
+use kube::{
+    Api, Client, Resource,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+/// How long a repeat joins the first event's series.
+const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
+/// Events remembered for series at most; beyond, a new event is written but not remembered.
+const REMEMBERED: usize = 4096;
+/// Event writes in flight at most.
+const WRITES_AT_ONCE: usize = 8;
 
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    client: Client,
+    controller: String,
+    instance: String,
+    recent: Arc<Mutex<Recent>>,
+    writes: Arc<Semaphore>,
 }
 
 impl Events {
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
-        let reporter = Reporter {
-            controller: controller.to_owned(),
-            instance,
-        };
         Self {
-            recorder: Recorder::new(client, reporter),
+            client,
+            controller: controller.to_owned(),
+            instance: instance.unwrap_or_else(|| controller.to_owned()),
+            recent: Arc::default(),
+            writes: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
         }
     }
 
     /// Records a Normal event. A failure to record is logged, never fatal: events explain
     /// decisions, they do not make them.
     pub async fn normal(&self, on: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(on, EventType::Normal, reason, note.into()).await;
+        self.publish(on, "Normal", reason, note.into()).await;
     }
 
     pub async fn warning(&self, on: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(on, EventType::Warning, reason, note.into()).await;
+        self.publish(on, "Warning", reason, note.into()).await;
     }
 
-    async fn publish(&self, on: &ObjectReference, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(truncate(note)),
-            action: reason.to_owned(),
-            secondary: None,
+    async fn publish(&self, on: &ObjectReference, type_: &str, reason: &str, note: String) {
+        let Ok(_permit) = self.writes.acquire().await else {
+            return;
         };
-        if let Err(error) = self.recorder.publish(&event, on).await {
+        let key = Key::of(on, type_, reason);
+        let now = Timestamp::now();
+        let repeat = self.remember(|recent| recent.repeat(key, now));
+        let namespace = on.namespace.clone().unwrap_or_else(|| "default".to_owned());
+        let api = Api::<Event>::namespaced(self.client.clone(), &namespace);
+        let note = truncate(note);
+        let written = match repeat {
+            Some(series) => {
+                let patch = json!({
+                    "note": note,
+                    "series": {"count": series.count, "lastObservedTime": MicroTime(now)},
+                });
+                let written = api
+                    .patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                if written.is_err() {
+                    // Expired or deleted: the next repeat starts a new event.
+                    self.remember(|recent| recent.forget(key));
+                }
+                written.map(|_| ())
+            }
+            None => {
+                let event = self.event(on, type_, reason, note, now);
+                let name = event.metadata.name.clone().unwrap_or_default();
+                let written = api.create(&PostParams::default(), &event).await;
+                if written.is_ok() {
+                    self.remember(|recent| recent.created(key, name, now));
+                }
+                written.map(|_| ())
+            }
+        };
+        if let Err(error) = written {
             tracing::warn!(%error, reason, "could not record event");
         }
+    }
+
+    fn remember<T>(&self, f: impl FnOnce(&mut Recent) -> T) -> T {
+        // A panic elsewhere while holding the lock leaves a map that is still whole.
+        let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut recent)
+    }
+
+    fn event(&self, on: &ObjectReference, type_: &str, reason: &str, note: String, now: Timestamp) -> Event {
+        Event {
+            action: Some(reason.to_owned()),
+            reason: Some(reason.to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(on.clone()),
+            note: Some(note),
+            metadata: ObjectMeta {
+                namespace: on.namespace.clone(),
+                name: Some(format!(
+                    "{}.{:x}",
+                    on.name.as_deref().unwrap_or(&self.controller),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(type_.to_owned()),
+            ..Default::default()
+        }
+    }
+}
+
+/// What makes two events one series: the object, the type and the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key(u64);
+
+impl Key {
+    fn of(on: &ObjectReference, type_: &str, reason: &str) -> Self {
+        let mut hasher = DefaultHasher::new();
+        (&on.kind, &on.namespace, &on.name, &on.uid, type_, reason).hash(&mut hasher);
+        Self(hasher.finish())
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct Series {
+    name: String,
+    count: i32,
+}
+
+struct Seen {
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
+
+/// The events written in the last [`SERIES_WINDOW`], by key.
+#[derive(Default)]
+struct Recent(HashMap<Key, Seen>);
+
+impl Recent {
+    /// The series a new occurrence joins (counted in), or `None` when it is a new event.
+    fn repeat(&mut self, key: Key, now: Timestamp) -> Option<Series> {
+        self.0.retain(|_, seen| seen.last + SERIES_WINDOW > now);
+        let seen = self.0.get_mut(&key)?;
+        seen.count += 1;
+        seen.last = now;
+        Some(Series {
+            name: seen.name.clone(),
+            count: seen.count,
+        })
+    }
+
+    fn created(&mut self, key: Key, name: String, now: Timestamp) {
+        if self.0.len() < REMEMBERED {
+            self.0.insert(
+                key,
+                Seen {
+                    name,
+                    count: 1,
+                    last: now,
+                },
+            );
+        }
+    }
+
+    fn forget(&mut self, key: Key) {
+        self.0.remove(&key);
     }
 }
 
@@ -62,4 +208,90 @@ fn truncate(mut note: String) -> String {
         note.truncate(cut);
     }
     note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::constant(1_800_000_000 + seconds, 0)
+    }
+
+    #[test]
+    fn repeats_within_the_window_join_the_first_events_series() {
+        let mut recent = Recent::default();
+        let key = Key::of(&node("a"), "Warning", "RemediationSkipped");
+        assert_eq!(recent.repeat(key, at(0)), None);
+        recent.created(key, "a.1".into(), at(0));
+        let second = recent.repeat(key, at(60));
+        assert_eq!(
+            second,
+            Some(Series {
+                name: "a.1".into(),
+                count: 2
+            })
+        );
+        let third = recent.repeat(key, at(400));
+        assert_eq!(
+            third,
+            Some(Series {
+                name: "a.1".into(),
+                count: 3
+            })
+        );
+    }
+
+    #[test]
+    fn a_repeat_after_the_window_is_a_new_event() {
+        let mut recent = Recent::default();
+        let key = Key::of(&node("a"), "Normal", "RemediationCreated");
+        recent.created(key, "a.1".into(), at(0));
+        assert_eq!(recent.repeat(key, at(361)), None);
+        assert!(recent.0.is_empty());
+    }
+
+    #[test]
+    fn other_objects_types_and_reasons_are_other_series() {
+        let mut recent = Recent::default();
+        let key = Key::of(&node("a"), "Normal", "RemediationCreated");
+        recent.created(key, "a.1".into(), at(0));
+        for other in [
+            Key::of(&node("b"), "Normal", "RemediationCreated"),
+            Key::of(&node("a"), "Warning", "RemediationCreated"),
+            Key::of(&node("a"), "Normal", "RemediationDeleted"),
+        ] {
+            assert_eq!(recent.repeat(other, at(1)), None);
+        }
+    }
+
+    #[test]
+    fn memory_is_bounded_and_a_failed_write_is_forgotten() {
+        let mut recent = Recent::default();
+        for i in 0..REMEMBERED + 10 {
+            let key = Key::of(&node(&i.to_string()), "Normal", "X");
+            recent.created(key, i.to_string(), at(0));
+        }
+        assert_eq!(recent.0.len(), REMEMBERED);
+        let key = Key::of(&node("0"), "Normal", "X");
+        recent.forget(key);
+        assert_eq!(recent.repeat(key, at(1)), None);
+    }
+
+    #[test]
+    fn long_notes_are_cut_at_a_character_boundary() {
+        let note = "é".repeat(600);
+        let cut = truncate(note);
+        assert!(cut.len() <= 1000);
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
 }

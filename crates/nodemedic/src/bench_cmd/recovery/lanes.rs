@@ -117,7 +117,9 @@ pub async fn start(path: Path, profile: Profile, lanes: &[Lane]) -> anyhow::Resu
                 Profile::Seed => scenario::SEED_TIMINGS_CONFIG,
             };
             for lane in lanes {
-                lab.apply_yaml(&scenario::self_remediation_template(&lane.template(), &lane.strategy_name()).to_string())?;
+                lab.apply_yaml(
+                    &scenario::self_remediation_template(&lane.template(), &lane.strategy_name()).to_string(),
+                )?;
             }
             scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
             deploy_workloads(&lab, lanes).await?;
@@ -227,7 +229,8 @@ pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<
         }
     }
     for subject in &subjects {
-        lab.wait_ready_status(&subject.node, "True", Duration::from_secs(300)).await?;
+        lab.wait_ready_status(&subject.node, "True", Duration::from_secs(300))
+            .await?;
     }
     let snrs = Api::<SelfNodeRemediation>::namespaced(client.clone(), NS);
     let fars = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);

@@ -183,7 +183,6 @@ fn target(s: &Series) -> Option<String> {
     }
 }
 
-
 /// One lab, one lane per strategy; every trial crashes each lane's node at once.
 async fn series(path: Path, strategies: &[Strategy], profile: Profile, trials: usize) -> anyhow::Result<Vec<Series>> {
     let lanes = Lane::for_strategies(strategies);
