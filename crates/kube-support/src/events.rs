@@ -22,6 +22,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::events::EventType,
 };
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -56,44 +57,47 @@ impl Events {
     /// Records a Normal event. A failure to record is logged, never fatal: events explain
     /// decisions, they do not make them.
     pub async fn normal(&self, on: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(on, "Normal", reason, note.into()).await;
+        self.publish(on, EventType::Normal, reason, note.into()).await;
     }
 
     pub async fn warning(&self, on: &ObjectReference, reason: &str, note: impl Into<String>) {
-        self.publish(on, "Warning", reason, note.into()).await;
+        self.publish(on, EventType::Warning, reason, note.into()).await;
     }
 
-    async fn publish(&self, on: &ObjectReference, type_: &str, reason: &str, note: String) {
+    async fn publish(&self, on: &ObjectReference, type_: EventType, reason: &str, note: String) {
         let Ok(_permit) = self.writes.acquire().await else {
             return;
         };
         let key = Key::of(on, type_, reason);
         let now = Timestamp::now();
-        let repeat = self.remember(|recent| recent.repeat(key, now));
+        let repeat = self.with_recent(|recent| recent.repeat(key, now));
         let namespace = on.namespace.clone().unwrap_or_else(|| "default".to_owned());
         let api = Api::<Event>::namespaced(self.client.clone(), &namespace);
-        let note = truncate(note);
         let written = match repeat {
             Some(series) => {
-                let patch = json!({
-                    "note": note,
-                    "series": {"count": series.count, "lastObservedTime": MicroTime(now)},
-                });
+                // Only the series may change: the API server keeps an event's note as first
+                // written. Two repeats in flight may land out of order, leaving the count one
+                // behind until the next.
+                let patch = json!({"series": {"count": series.count, "lastObservedTime": MicroTime(now)}});
                 let written = api
                     .patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await;
-                if written.is_err() {
+                if matches!(&written, Err(kube::Error::Api(status)) if status.code == 404) {
                     // Expired or deleted: the next repeat starts a new event.
-                    self.remember(|recent| recent.forget(key));
+                    self.with_recent(|recent| recent.forget(key));
                 }
                 written.map(|_| ())
             }
             None => {
-                let event = self.event(on, type_, reason, note, now);
-                let name = event.metadata.name.clone().unwrap_or_default();
+                let name = format!(
+                    "{}.{:x}",
+                    on.name.as_deref().unwrap_or(&self.controller),
+                    now.as_nanosecond()
+                );
+                let event = self.event(on, &name, type_, reason, truncate(note), now);
                 let written = api.create(&PostParams::default(), &event).await;
                 if written.is_ok() {
-                    self.remember(|recent| recent.created(key, name, now));
+                    self.with_recent(|recent| recent.created(key, name, now));
                 }
                 written.map(|_| ())
             }
@@ -103,13 +107,21 @@ impl Events {
         }
     }
 
-    fn remember<T>(&self, f: impl FnOnce(&mut Recent) -> T) -> T {
+    fn with_recent<T>(&self, f: impl FnOnce(&mut Recent) -> T) -> T {
         // A panic elsewhere while holding the lock leaves a map that is still whole.
         let mut recent = self.recent.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&mut recent)
     }
 
-    fn event(&self, on: &ObjectReference, type_: &str, reason: &str, note: String, now: Timestamp) -> Event {
+    fn event(
+        &self,
+        on: &ObjectReference,
+        name: &str,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        now: Timestamp,
+    ) -> Event {
         Event {
             action: Some(reason.to_owned()),
             reason: Some(reason.to_owned()),
@@ -118,16 +130,12 @@ impl Events {
             note: Some(note),
             metadata: ObjectMeta {
                 namespace: on.namespace.clone(),
-                name: Some(format!(
-                    "{}.{:x}",
-                    on.name.as_deref().unwrap_or(&self.controller),
-                    now.as_nanosecond()
-                )),
+                name: Some(name.to_owned()),
                 ..Default::default()
             },
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
-            type_: Some(type_.to_owned()),
+            type_: Some(format!("{type_:?}")),
             ..Default::default()
         }
     }
@@ -138,7 +146,7 @@ impl Events {
 struct Key(u64);
 
 impl Key {
-    fn of(on: &ObjectReference, type_: &str, reason: &str) -> Self {
+    fn of(on: &ObjectReference, type_: EventType, reason: &str) -> Self {
         let mut hasher = DefaultHasher::new();
         (&on.kind, &on.namespace, &on.name, &on.uid, type_, reason).hash(&mut hasher);
         Self(hasher.finish())
@@ -230,7 +238,7 @@ mod tests {
     #[test]
     fn repeats_within_the_window_join_the_first_events_series() {
         let mut recent = Recent::default();
-        let key = Key::of(&node("a"), "Warning", "RemediationSkipped");
+        let key = Key::of(&node("a"), EventType::Warning, "RemediationSkipped");
         assert_eq!(recent.repeat(key, at(0)), None);
         recent.created(key, "a.1".into(), at(0));
         let second = recent.repeat(key, at(60));
@@ -254,7 +262,7 @@ mod tests {
     #[test]
     fn a_repeat_after_the_window_is_a_new_event() {
         let mut recent = Recent::default();
-        let key = Key::of(&node("a"), "Normal", "RemediationCreated");
+        let key = Key::of(&node("a"), EventType::Normal, "RemediationCreated");
         recent.created(key, "a.1".into(), at(0));
         assert_eq!(recent.repeat(key, at(361)), None);
         assert!(recent.0.is_empty());
@@ -263,12 +271,12 @@ mod tests {
     #[test]
     fn other_objects_types_and_reasons_are_other_series() {
         let mut recent = Recent::default();
-        let key = Key::of(&node("a"), "Normal", "RemediationCreated");
+        let key = Key::of(&node("a"), EventType::Normal, "RemediationCreated");
         recent.created(key, "a.1".into(), at(0));
         for other in [
-            Key::of(&node("b"), "Normal", "RemediationCreated"),
-            Key::of(&node("a"), "Warning", "RemediationCreated"),
-            Key::of(&node("a"), "Normal", "RemediationDeleted"),
+            Key::of(&node("b"), EventType::Normal, "RemediationCreated"),
+            Key::of(&node("a"), EventType::Warning, "RemediationCreated"),
+            Key::of(&node("a"), EventType::Normal, "RemediationDeleted"),
         ] {
             assert_eq!(recent.repeat(other, at(1)), None);
         }
@@ -278,11 +286,11 @@ mod tests {
     fn memory_is_bounded_and_a_failed_write_is_forgotten() {
         let mut recent = Recent::default();
         for i in 0..REMEMBERED + 10 {
-            let key = Key::of(&node(&i.to_string()), "Normal", "X");
+            let key = Key::of(&node(&i.to_string()), EventType::Normal, "X");
             recent.created(key, i.to_string(), at(0));
         }
         assert_eq!(recent.0.len(), REMEMBERED);
-        let key = Key::of(&node("0"), "Normal", "X");
+        let key = Key::of(&node("0"), EventType::Normal, "X");
         recent.forget(key);
         assert_eq!(recent.repeat(key, at(1)), None);
     }

@@ -1,13 +1,13 @@
 //! A recovery lab and its trials. A lane is one strategy's share of a lab: its nodes, its
 //! health check, its remediation template and its workload. A lane alone has the seed lab and
-//! manifests unchanged; lanes that share a lab get three nodes each, told apart by a label the
-//! lane's health check selects and its workload is pinned to, so one lane's failure never
-//! touches another's budget, nodes or pod.
+//! manifests unchanged. Lanes that share a lab get three worker nodes each, told apart by a
+//! label that the lane's health check selects (instead of the seed's control-plane nodes, which
+//! the health check remediates one at a time across all checks) and its workload is pinned to,
+//! so one lane's failure never touches another's budget, nodes or pod.
 
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::ValueEnum;
 use kube::Api;
 use nodemedic::{
     bench::{self, Breakdown},
@@ -39,9 +39,7 @@ impl Lane {
             .iter()
             .map(|strategy| Lane {
                 strategy: *strategy,
-                shared_as: shared
-                    .then(|| strategy.to_possible_value().map(|v| v.get_name().to_owned()))
-                    .flatten(),
+                shared_as: shared.then(|| strategy.label().to_owned()),
             })
             .collect()
     }
@@ -85,7 +83,7 @@ fn config(path: Path, lanes: &[Lane]) -> LabConfig {
             .enumerate()
             .flat_map(|(i, lane)| {
                 (1..=NODES_PER_LANE).map(move |j| {
-                    let mut spec = NodeSpec::control_plane_worker(&format!("node-{}", i * NODES_PER_LANE + j));
+                    let mut spec = NodeSpec::worker(&format!("node-{}", i * NODES_PER_LANE + j));
                     if let Some(name) = &lane.shared_as {
                         spec.labels.insert(LANE_LABEL.into(), name.clone());
                     }
@@ -156,7 +154,7 @@ pub async fn start(path: Path, profile: Profile, lanes: &[Lane]) -> anyhow::Resu
             if let Some(name) = &lane.shared_as {
                 let seed_name = m["metadata"]["name"].as_str().unwrap_or("bench").to_owned();
                 m["metadata"]["name"] = json!(format!("{seed_name}-{name}"));
-                m["spec"]["selector"]["matchLabels"] = lane_selector(name);
+                m["spec"]["selector"] = json!({"matchLabels": lane_selector(name)});
             }
             if profile == Profile::Fast
                 && let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut()
@@ -189,8 +187,9 @@ async fn deploy_workloads(lab: &Lab, lanes: &[Lane]) -> anyhow::Result<()> {
 }
 
 /// Crash each lane's pod's node at once, measure until each pod runs elsewhere, then bring the
-/// nodes back and wait until nothing of the remediations is left. One breakdown per lane.
-pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<Breakdown>> {
+/// nodes back and wait until nothing of the remediations is left. One measurement per lane; the
+/// error is the lab's, when it could not be brought back for the next trial.
+pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<anyhow::Result<Breakdown>>> {
     let client = lab.client();
     let mut subjects = Vec::new();
     for lane in lanes {
@@ -204,24 +203,9 @@ pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<
     for subject in &subjects {
         lab.crash(&subject.node).await?;
     }
-    let mut breakdowns = Vec::new();
+    let mut measured = Vec::new();
     for subject in &subjects {
-        let story = wait::until(
-            &format!("{} Running elsewhere", subject.pod),
-            Duration::from_secs(600),
-            || {
-                let entries: Vec<_> = lab.timeline().entries().into_iter().filter(|e| e.at >= since).collect();
-                let story = story::milestones(&entries, subject);
-                async move {
-                    Ok(story
-                        .iter()
-                        .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
-                        .then_some(story))
-                }
-            },
-        )
-        .await?;
-        breakdowns.push(bench::breakdown(&story).context("an incomplete story")?);
+        measured.push(measure(lab, subject, since).await);
     }
     for subject in &subjects {
         if path == Path::SelfRemediation {
@@ -243,7 +227,27 @@ pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<
         }
     })
     .await?;
-    Ok(breakdowns)
+    Ok(measured)
+}
+
+/// The subject's story since the crash, until its pod runs elsewhere.
+async fn measure(lab: &Lab, subject: &Subject, since: jiff::Timestamp) -> anyhow::Result<Breakdown> {
+    let story = wait::until(
+        &format!("{} Running elsewhere", subject.pod),
+        Duration::from_secs(600),
+        || {
+            let entries: Vec<_> = lab.timeline().entries().into_iter().filter(|e| e.at >= since).collect();
+            let story = story::milestones(&entries, subject);
+            async move {
+                Ok(story
+                    .iter()
+                    .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
+                    .then_some(story))
+            }
+        },
+    )
+    .await?;
+    bench::breakdown(&story).context("an incomplete story")
 }
 
 /// The safe time the manager waits: the configured one, or the provable minimum when larger.

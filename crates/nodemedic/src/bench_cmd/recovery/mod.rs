@@ -30,6 +30,16 @@ pub enum Strategy {
     OutOfServiceTaint,
 }
 
+impl Strategy {
+    /// A name fit for labels and object names.
+    fn label(self) -> &'static str {
+        match self {
+            Strategy::ResourceDeletion => "resource-deletion",
+            Strategy::OutOfServiceTaint => "out-of-service-taint",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Profile {
@@ -45,8 +55,9 @@ struct Series {
     path: Path,
     strategy: Strategy,
     profile: Profile,
-    /// The lab's nodes, and whether another strategy's series ran in the same lab at once.
+    /// The lab's nodes.
     nodes: usize,
+    /// Whether another strategy's series ran in the same lab at the same time.
     side_by_side: bool,
     /// Self remediation: the safe time the manager used (seconds).
     safe_time: Option<f64>,
@@ -54,8 +65,18 @@ struct Series {
     failures: Vec<String>,
 }
 
-fn or_all<T: Clone>(chosen: &[T], all: Vec<T>) -> Vec<T> {
-    if chosen.is_empty() { all } else { chosen.to_vec() }
+/// The chosen ones, each once and in their first order, or all when none is chosen.
+fn or_all<T: Clone + PartialEq>(chosen: &[T], all: Vec<T>) -> Vec<T> {
+    if chosen.is_empty() {
+        return all;
+    }
+    let mut once = Vec::new();
+    for c in chosen {
+        if !once.contains(c) {
+            once.push(c.clone());
+        }
+    }
+    once
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
@@ -75,7 +96,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
             Profile::Seed => args.seed_trials,
         };
         for path in &paths {
-            let labs: Vec<Vec<Strategy>> = if *path == Path::SelfRemediation {
+            let labs: Vec<Vec<Strategy>> = if *path == Path::SelfRemediation && strategies.len() > 1 {
                 vec![strategies.clone()]
             } else {
                 strategies.iter().map(|s| vec![*s]).collect()
@@ -129,8 +150,9 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
     }
     if let Some(shared) = all.iter().find(|s| s.side_by_side) {
         out.push_str(&format!(
-            "\nThe {:?} series of both strategies ran side by side in one lab of {} nodes: each strategy had half the nodes, \
-             its own copy of the seed health check over them, its own template and StatefulSet, and each trial crashed one node of each at once.\n",
+            "\nThe {:?} series of both strategies ran side by side in one lab of {} worker nodes: each strategy had half the nodes, \
+             a copy of the seed health check selecting them (the seed's own selects the control-plane nodes, which are remediated one at a time), \
+             its own template and StatefulSet, and each trial crashed one node of each at once.\n",
             shared.path, shared.nodes
         ));
     }
@@ -202,19 +224,29 @@ async fn series(path: Path, strategies: &[Strategy], profile: Profile, trials: u
         .collect();
     for trial in 1..=trials {
         match lanes::one_trial(&lab, path, &lanes).await {
-            Ok(breakdowns) => {
-                for (series, b) in out.iter_mut().zip(breakdowns) {
-                    println!(
-                        "    trial {trial} ({:?}): total {:.1}s, controlled {:.1}s",
-                        series.strategy, b.total, b.controlled
-                    );
-                    series.trials.push(b);
+            Ok(measured) => {
+                for (series, result) in out.iter_mut().zip(measured) {
+                    match result {
+                        Ok(b) => {
+                            println!(
+                                "    trial {trial} ({:?}): total {:.1}s, controlled {:.1}s",
+                                series.strategy, b.total, b.controlled
+                            );
+                            series.trials.push(b);
+                        }
+                        Err(e) => {
+                            println!("    trial {trial} ({:?}) failed: {e:#}", series.strategy);
+                            series.failures.push(format!("trial {trial}: {e:#}"));
+                        }
+                    }
                 }
             }
             Err(e) => {
-                println!("    trial {trial} failed: {e:#}");
+                println!("    trial {trial}: the lab could not be brought back: {e:#}");
                 for series in &mut out {
-                    series.failures.push(format!("trial {trial}: {e:#}"));
+                    series
+                        .failures
+                        .push(format!("trial {trial}: the lab could not be brought back: {e:#}"));
                 }
                 break;
             }
