@@ -75,6 +75,14 @@ pub struct SelfNodeRemediationStatus {
     /// nodemedic: the strategy actually applied (Automatic resolved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_strategy: Option<RemediationStrategy>,
+    /// nodemedic: when the safe-time wait began, on the API server's clock, so a new leader
+    /// continues it instead of starting again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_started_at: Option<Time>,
+    /// nodemedic: the membership epoch the acceptance quorum was counted in; a membership change
+    /// during the wait makes it start again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership_epoch: Option<i64>,
 }
 
 /// The phases medik8s SNR reports, in order.
@@ -137,15 +145,28 @@ pub struct TemplateStatus {
     doc = "SelfNodeRemediationConfig holds the agents' timings, watchdog and peer settings.",
     printcolumn(name = "Watchdog", type_ = "string", json_path = ".spec.watchdogFilePath"),
     printcolumn(name = "Safe-Time", type_ = "integer", json_path = ".status.minimumSafeTimeSeconds"),
+    printcolumn(name = "Agents", type_ = "integer", json_path = ".status.registeredAgents"),
+    printcolumn(name = "Epoch", type_ = "integer", json_path = ".status.membershipEpoch", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("self.metadata.name == 'self-node-remediation-config'")
         .message("the SelfNodeRemediationConfig must be named self-node-remediation-config; nodemedic reads only that one")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SelfNodeRemediationConfigSpec {
+    /// The watchdog device the agents open. When it cannot be opened an agent falls back to an
+    /// existing softdog device, then (with isSoftwareRebootEnabled) to a software reboot driven by
+    /// its own timer, and otherwise reports that its node cannot be self-remediated. nodemedic
+    /// never loads the softdog module itself.
     #[serde(default = "defaults::watchdog_file_path")]
     #[schemars(length(min = 1))]
     pub watchdog_file_path: String,
+
+    /// nodemedic: the timeout the agents program into their watchdog device (WDIOC_SETTIMEOUT),
+    /// e.g. 10s. Unset: the driver's own (softdog's is 60s). Each agent publishes the timeout the
+    /// driver applied, and the safe time is computed from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('1h')").message("watchdogTimeout must be between 1s and 1h"))]
+    pub watchdog_timeout: Option<GoDuration>,
 
     /// Wait at least this long before recovering workloads. Values below the provable minimum
     /// are not used; the minimum is.
@@ -153,37 +174,55 @@ pub struct SelfNodeRemediationConfigSpec {
     #[schemars(range(min = 0))]
     pub safe_time_to_assume_node_rebooted_seconds: Option<i32>,
 
+    /// The timeout of an agent's read of its peer list (registrations and membership).
     #[serde(default = "defaults::five_seconds")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerApiServerTimeout must be at least 10ms"))]
     pub peer_api_server_timeout: GoDuration,
 
+    /// How often an agent reads the remediations (its licence check).
     #[serde(default = "defaults::fifteen_seconds")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1s')").message("apiCheckInterval must be at least 1s"))]
     pub api_check_interval: GoDuration,
 
+    /// How often an agent reads its peer list again. A membership change (a node joining or
+    /// leaving) is read at once as well. No view of the peers ever expires: an agent that reaches
+    /// a majority of its peers keeps running through an API outage of any length.
     #[serde(default = "defaults::fifteen_minutes")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10s')").message("peerUpdateInterval must be at least 10s"))]
     pub peer_update_interval: GoDuration,
 
+    /// The timeout of an agent's licence check.
     #[serde(default = "defaults::five_seconds")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("apiServerTimeout must be at least 10ms"))]
     pub api_server_timeout: GoDuration,
 
+    /// The timeout of a connection to a peer.
     #[serde(default = "defaults::five_seconds")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerDialTimeout must be at least 10ms"))]
     pub peer_dial_timeout: GoDuration,
 
+    /// The timeout of a vote asked of a peer.
     #[serde(default = "defaults::seven_seconds")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("peerRequestTimeout must be at least 10ms"))]
     pub peer_request_timeout: GoDuration,
 
+    /// How many failed API checks in a row an agent rides out before it must hold a majority of
+    /// its peers' votes (with one peer round more) or fence. Unlike medik8s, which asks its peers
+    /// only from this many failures on, nodemedic asks them from the first failure: the time to
+    /// self-fence when isolated is the same, and a slow peer round has more chances.
     #[serde(default = "defaults::max_api_error_threshold")]
     #[schemars(range(min = 1))]
     pub max_api_error_threshold: i32,
 
+    /// Reboot through sysrq: at once when a node must fence, and as the watchdog of a node
+    /// without a watchdog device (only as sure as the agent process keeps running).
     #[serde(default = "defaults::yes")]
     pub is_software_reboot_enabled: bool,
 
+    /// Probed by an agent when its API check starts failing, as a diagnostic for the log and
+    /// the metric nodemedic_agent_endpoint_checks. medik8s uses it in control-plane nodes'
+    /// isolation decision; nodemedic does not, because reaching an endpoint proves nothing about
+    /// remediations (a TCP connection, where medik8s pings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_health_check_url: Option<String>,
 
@@ -211,6 +250,7 @@ impl Default for SelfNodeRemediationConfigSpec {
     fn default() -> Self {
         Self {
             watchdog_file_path: defaults::watchdog_file_path(),
+            watchdog_timeout: None,
             safe_time_to_assume_node_rebooted_seconds: None,
             peer_api_server_timeout: defaults::five_seconds(),
             api_check_interval: defaults::fifteen_seconds(),
@@ -238,6 +278,19 @@ pub struct SelfNodeRemediationConfigStatus {
     /// nodemedic: agents registered, by node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered_agents: Option<i32>,
+    /// nodemedic: the committed membership epoch (who votes in the licence protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership_epoch: Option<i64>,
+    /// nodemedic: the members of the committed configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<String>>,
+    /// nodemedic: the members of a proposed configuration still waiting for acknowledgements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposed_members: Option<Vec<String>>,
+    /// nodemedic: each registered node's fencing means (hardware-watchdog, softdog,
+    /// software-reboot, none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_means: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Option<Vec<Condition>>,

@@ -18,6 +18,8 @@ pub enum Error {
     Conflict { what: String, attempts: u32 },
     #[error("serving {what} failed: {source}")]
     Serve { what: &'static str, source: std::io::Error },
+    #[error("the API server's answer has no usable Date header: {0}")]
+    ServerClock(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

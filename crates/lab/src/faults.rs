@@ -119,16 +119,22 @@ impl Inner {
 }
 
 impl Lab {
-    fn fault(&self, node: Option<&str>, fault: &str) {
+    /// Records a fault of `node` (checked first: an unknown or removed node gets no entry) or of
+    /// the whole lab.
+    fn fault(&self, node: Option<&str>, fault: &str) -> Result<()> {
+        if let Some(node) = node {
+            self.inner.index(node)?;
+        }
         self.inner.timeline.record(Event::Fault {
             node: node.map(str::to_owned),
             fault: fault.to_owned(),
         });
+        Ok(())
     }
 
     /// Powers the node off and leaves it off.
     pub async fn crash(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "crash");
+        self.fault(Some(node), "crash")?;
         self.inner.power_off(node, "crash")
     }
 
@@ -144,21 +150,21 @@ impl Lab {
 
     /// Power cycle.
     pub async fn reset(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "reset");
+        self.fault(Some(node), "reset")?;
         self.inner.power_off(node, "reset")?;
         self.inner.power_on(node, "reset").await
     }
 
     /// SIGSTOPs every process of the node (a hung kernel).
     pub async fn freeze(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "freeze");
+        self.fault(Some(node), "freeze")?;
         self.inner.signal_node(node, Signal::SIGSTOP);
         self.inner.set_condition(node, |c| c.frozen = true)?;
         Ok(())
     }
 
     pub async fn thaw(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "thaw");
+        self.fault(Some(node), "thaw")?;
         self.inner.signal_node(node, Signal::SIGCONT);
         self.inner.set_condition(node, |c| c.frozen = false)?;
         Ok(())
@@ -166,8 +172,8 @@ impl Lab {
 
     /// Cuts these nodes from everything (the API server, the other nodes) except each other.
     pub async fn partition(&self, nodes: &[&str]) -> Result<()> {
-        self.fault(None, &format!("partition {}", nodes.join(",")));
         let ips = nodes.iter().map(|n| self.node_ip(n)).collect::<Result<Vec<_>>>()?;
+        self.fault(None, &format!("partition {}", nodes.join(",")))?;
         for node in nodes {
             let others: Vec<_> = ips
                 .iter()
@@ -185,7 +191,7 @@ impl Lab {
 
     /// Drops only the node's traffic to and from the API server; its peers stay reachable.
     pub async fn isolate_from_api(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "isolate-from-api");
+        self.fault(Some(node), "isolate-from-api")?;
         self.inner
             .resources
             .net
@@ -199,7 +205,7 @@ impl Lab {
 
     /// Undoes a partition or an API isolation of the node.
     pub async fn heal(&self, node: &str) -> Result<()> {
-        self.fault(Some(node), "heal");
+        self.fault(Some(node), "heal")?;
         self.inner.resources.net.heal(node)?;
         self.inner.set_condition(node, |c| {
             c.partitioned = false;
@@ -209,18 +215,30 @@ impl Lab {
     }
 
     pub async fn stop_apiserver(&self) -> Result<()> {
-        self.fault(None, "stop-apiserver");
+        self.fault(None, "stop-apiserver")?;
         self.kill_process("kube-apiserver")
     }
 
     pub async fn start_apiserver(&self) -> Result<()> {
-        self.fault(None, "start-apiserver");
+        self.fault(None, "start-apiserver")?;
         self.restart_process("kube-apiserver")?;
         self.wait_api(Duration::from_secs(60)).await
     }
 
+    /// Stops etcd and leaves it stopped: the API server still answers, with errors.
+    pub async fn stop_etcd(&self) -> Result<()> {
+        self.fault(None, "stop-etcd")?;
+        self.kill_process("etcd")
+    }
+
+    pub async fn start_etcd(&self) -> Result<()> {
+        self.fault(None, "start-etcd")?;
+        self.restart_process("etcd")?;
+        self.wait_api(Duration::from_secs(60)).await
+    }
+
     pub async fn restart_etcd(&self) -> Result<()> {
-        self.fault(None, "restart-etcd");
+        self.fault(None, "restart-etcd")?;
         self.restart_process("etcd")?;
         self.wait_api(Duration::from_secs(60)).await
     }

@@ -5,7 +5,7 @@ use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -28,6 +28,7 @@ use crate::{
     control_plane::{self, API_PORT, Ports},
     error::io,
     lock::{self, LabLock},
+    membership::{Namespaces, NodeTable, NodeTasks},
     net::Network,
     nodes::{self, KwokArgs},
     observer,
@@ -54,7 +55,10 @@ pub(crate) struct Inner {
     pub bins: Binaries,
     pub kubeconfig: PathBuf,
     pub client: Client,
-    pub node_index: BTreeMap<String, usize>,
+    /// The lab's nodes of this moment: nodes join and leave a running lab (see `membership`).
+    pub nodes: NodeTable,
+    /// Each node's watchdog socket and device servers, stopped when the node leaves.
+    pub node_tasks: NodeTasks,
     pub conditions: Arc<Mutex<BTreeMap<String, NodeCondition>>>,
     pub watchdogs: Watchdogs,
     pub timeline: Timeline,
@@ -69,7 +73,8 @@ pub(crate) struct Resources {
     pub dir: PathBuf,
     pub shm: PathBuf,
     pub net: Network,
-    pub nodes: Vec<String>,
+    /// Every node namespace made, from the moment its index is reserved until it is removed.
+    pub nodes: Mutex<Namespaces>,
     pub processes: Mutex<Processes>,
     torn_down: AtomicBool,
     /// Keep the logs at teardown: true until start-up succeeds, so a failed start can be read.
@@ -108,12 +113,15 @@ impl Resources {
                 }
             }
         }
-        for node in &self.nodes {
+        // Also when a panic poisoned the lock: teardown must still find every namespace.
+        let made = self.nodes.lock().unwrap_or_else(PoisonError::into_inner).made();
+        for node in made.keys() {
             for pid in self.net.pids(node) {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             }
         }
-        self.net.destroy(&self.nodes);
+        self.net.destroy(&made);
+        crate::watchdog_device::unmount_under(&self.dir);
         let _ = std::fs::remove_dir_all(&self.shm);
         // NODEMEDIC_KEEP_LAB_LOGS: keep a finished lab's logs too, to read what a run did.
         let asked = std::env::var("NODEMEDIC_KEEP_LAB_LOGS").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -137,6 +145,7 @@ impl Drop for Lab {
         for task in &self.tasks {
             task.abort();
         }
+        self.inner.node_tasks.abort_all();
         self.inner.resources.teardown();
     }
 }
@@ -188,7 +197,7 @@ impl Lab {
             dir: dir.clone(),
             shm: shm.clone(),
             net: net.clone(),
-            nodes: node_names.clone(),
+            nodes: Mutex::new(Namespaces::planned(&node_names)),
             processes: Mutex::new(Processes::default()),
             torn_down: AtomicBool::new(false),
             keep_logs: AtomicBool::new(true),
@@ -247,16 +256,14 @@ impl Lab {
             storage::install(&client, config.persistent_volumes).await?;
         }
 
-        let stages = dir.join("kwok-stages.yaml");
+        let stages = nodes::stages_file(&dir);
         std::fs::write(&stages, nodes::KWOK_STAGES).map_err(io("writing kwok stages"))?;
         let node_api = Api::<Node>::all(client.clone());
-        let mut node_index = BTreeMap::new();
         let k8s_version = binaries::version("KUBERNETES_VERSION");
         for (index, spec) in config.nodes.iter().enumerate() {
             node_api
                 .create(&PostParams::default(), &nodes::node_object(spec, k8s_version))
                 .await?;
-            node_index.insert(spec.name.clone(), index);
             let kwok = nodes::kwok(
                 &bins,
                 &KwokArgs {
@@ -289,13 +296,15 @@ impl Lab {
         ));
         let timeline = Timeline::default();
         let watchdogs = Watchdogs::default();
+        let nodes = NodeTable::new(&config.nodes);
         let inner = Arc::new(Inner {
             id,
             config,
             bins,
             kubeconfig,
             client: client.clone(),
-            node_index,
+            nodes,
+            node_tasks: NodeTasks::default(),
             conditions,
             watchdogs,
             timeline,
@@ -312,13 +321,9 @@ impl Lab {
             )));
         }
         for node in &node_names {
-            let path = inner.watchdog_path(node);
-            tasks.push(
-                inner
-                    .watchdogs
-                    .serve(node, path, inner.config.timings.watchdog_timeout)?,
-            );
+            crate::membership::serve_node(&inner, node)?;
         }
+        tasks.push(crate::sysrq::watch(inner.clone())?);
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
         tasks.push(inner.watchdogs.expiries(expired_tx));
         tasks.push(tokio::spawn(power_cycle_on_expiry(inner.clone(), expired_rx)));
@@ -376,7 +381,7 @@ impl Lab {
     }
 
     pub fn nodes(&self) -> Vec<String> {
-        self.inner.node_index.keys().cloned().collect()
+        self.inner.nodes.names()
     }
 
     /// The address the API server listens on (the host's side of the node bridge).
@@ -400,6 +405,12 @@ impl Lab {
     /// Path the node's agent opens as its watchdog device.
     pub fn watchdog_path(&self, node: &str) -> PathBuf {
         self.inner.watchdog_path(node)
+    }
+
+    /// The file the lab writes the node's boot time into at each simulated boot (what `btime`
+    /// in /proc/stat is on a real machine), for an agent's `--boot-time-file`.
+    pub fn boot_file(&self, node: &str) -> PathBuf {
+        self.inner.boot_file(node)
     }
 
     pub fn watchdog_armed(&self, node: &str) -> bool {
@@ -441,9 +452,9 @@ impl Lab {
     pub fn add_etcd_members(&self) -> Result<()> {
         let control_plane = self
             .inner
-            .config
             .nodes
-            .iter()
+            .specs()
+            .into_iter()
             .filter(|n| n.labels.contains_key(nodemedic_api::names::labels::ROLE_CONTROL_PLANE));
         for node in control_plane {
             self.apply_yaml(&crate::workloads::etcd_mirror_pod(&node.name))?;
@@ -451,12 +462,12 @@ impl Lab {
         Ok(())
     }
 
-    /// Runs `program args` inside the node's network namespace and returns whether it succeeded.
+    /// Runs `program args` inside the node's network namespace (behind the sysrq guard, see
+    /// [`Lab::sysrq_trigger_path`]) and returns whether it succeeded; an error if the guard
+    /// refused to start it.
     pub fn exec_in_node(&self, node: &str, program: &str, args: &[&str]) -> Result<bool> {
         let ns = self.netns(node)?;
-        let mut all = vec!["netns", "exec", ns.as_str(), program];
-        all.extend_from_slice(args);
-        Ok(crate::cmd::run("ip", &all).is_ok())
+        crate::sysrq::exec(&ns, &self.sysrq_trigger_path(node), program, args)
     }
 
     /// Whether a TCP connection from inside `node` to `ip:port` succeeds within two seconds.
@@ -483,12 +494,10 @@ impl Lab {
     }
 
     /// Adds a process to a node (started now if the node is powered, and again on every
-    /// power-on), e.g. its agent. `spec.netns` is set to the node's; `NODEMEDIC_LAB=1` (which
-    /// refuses every real reboot path) and `LAB_NODE_BOOT_FILE` (the node's boot time) are set.
-    pub fn add_node_process(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
-        let mut spec = spec
-            .env("NODEMEDIC_LAB", "1")
-            .env("LAB_NODE_BOOT_FILE", self.inner.boot_file(node).display().to_string());
+    /// power-on), e.g. its agent. `spec.netns` is set to the node's. It runs with the node's
+    /// sysrq trigger over `/proc/sysrq-trigger` (see [`Lab::sysrq_trigger_path`]); the node's
+    /// boot time is in [`Lab::boot_file`].
+    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
         spec.netns = Some(self.netns(node)?);
         let full = format!("{node}/{name}");
         let powered = self.condition(node)?.powered;
@@ -498,6 +507,9 @@ impl Lab {
             .processes
             .lock()
             .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        // Again under the lock: a node being removed leaves the table before its processes are
+        // stopped under this lock, so none is added behind that.
+        self.inner.index(node)?;
         if procs.closed {
             return Ok(());
         }
@@ -566,9 +578,8 @@ impl Lab {
 
 impl Inner {
     pub fn index(&self, node: &str) -> Result<usize> {
-        self.node_index
-            .get(node)
-            .copied()
+        self.nodes
+            .index(node)
             .ok_or_else(|| Error::UnknownNode(node.to_owned()))
     }
 

@@ -19,6 +19,7 @@ mod faults;
 mod fleet;
 mod lab;
 mod lock;
+mod membership;
 mod net;
 mod nodes;
 mod observer;
@@ -26,9 +27,11 @@ mod pki;
 mod process;
 pub mod seeds;
 pub mod storage;
+mod sysrq;
 pub mod timeline;
 pub mod wait;
 mod watchdog;
+mod watchdog_device;
 pub mod witness;
 pub mod workloads;
 
@@ -41,7 +44,9 @@ pub use fleet::FLEET_LABEL;
 pub use lab::{Lab, preflight};
 pub use nodes::NodeSpec;
 pub use process::ProcessSpec;
+pub use sysrq::SYSRQ_TRIGGER;
 pub use timeline::{Event, NodeCondition, PodId, Timeline};
+pub use watchdog_device::{WATCHDOG_DEVICE_IDENTITY, WatchdogDeviceStats};
 
 /// Failure-detection timings of the lab's cluster.
 #[derive(Clone, Debug)]
@@ -55,7 +60,7 @@ pub struct Timings {
     pub toleration_seconds: u32,
     /// How long a powered-on node takes to boot before its processes run again.
     pub boot_delay: Duration,
-    /// Timeout of each node's lab watchdog.
+    /// Timeout of each node's lab watchdog (the socket's, and the device's until programmed).
     pub watchdog_timeout: Duration,
 }
 

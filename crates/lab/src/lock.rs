@@ -54,6 +54,8 @@ pub fn sweep() {
         if owner.is_some_and(alive) {
             continue;
         }
+        // A killed lab's device mounts outlive their server; nothing under them can be removed.
+        crate::watchdog_device::unmount_under(&dir);
         if !dir.join("torn-down").exists() {
             tracing::warn!(lab = %id, "cleaning up after a lab whose owner died");
             process::kill_recorded(&dir);

@@ -2,12 +2,15 @@
 //! management bridge for the BMCs that no partition touches. Faults are nftables tables inside a
 //! node's namespace, so they cut exactly that node's traffic and nothing on the host.
 
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use crate::{Result, cmd};
 
 /// Name of the nftables table faults use inside a node's namespace.
 const FAULT_TABLE: &str = "nodemedic_fault";
+
+/// Node indices the node bridge has addresses for: .11 to .254.
+pub const NODE_SLOTS: usize = 244;
 
 #[derive(Clone, Debug)]
 pub struct Network {
@@ -61,6 +64,13 @@ impl Network {
         let ip = self.bmc_ip(index)?;
         cmd::run("ip", &["addr", "add", &format!("{ip}/24"), "dev", &self.mgmt_bridge])?;
         Ok(ip)
+    }
+
+    /// Takes a BMC's address off the management bridge (its node left the lab).
+    pub fn remove_bmc_address(&self, index: usize) {
+        if let Ok(ip) = self.bmc_ip(index) {
+            cmd::run_quietly("ip", &["addr", "del", &format!("{ip}/24"), "dev", &self.mgmt_bridge]);
+        }
     }
 
     pub fn netns(&self, node: &str) -> String {
@@ -179,12 +189,18 @@ impl Network {
             .unwrap_or_default()
     }
 
-    pub fn destroy(&self, nodes: &[String]) {
-        for (index, node) in nodes.iter().enumerate() {
-            // Deleting the host end removes the pair now; a namespace's own removal is deferred
-            // until the kernel drops its last reference.
-            cmd::run_quietly("ip", &["link", "del", &format!("nm{}v{index}", self.id)]);
-            cmd::run_quietly("ip", &["netns", "del", &self.netns(node)]);
+    /// Removes one node's veth and namespace (its processes should be gone first).
+    pub fn destroy_node(&self, node: &str, index: usize) {
+        // Deleting the host end removes the pair now; a namespace's own removal is deferred
+        // until the kernel drops its last reference.
+        cmd::run_quietly("ip", &["link", "del", &format!("nm{}v{index}", self.id)]);
+        cmd::run_quietly("ip", &["netns", "del", &self.netns(node)]);
+    }
+
+    /// Removes every node's namespace (by name, with its index) and both bridges.
+    pub fn destroy(&self, nodes: &BTreeMap<String, usize>) {
+        for (node, index) in nodes {
+            self.destroy_node(node, *index);
         }
         cmd::run_quietly("ip", &["link", "del", &self.bridge]);
         cmd::run_quietly("ip", &["link", "del", &self.mgmt_bridge]);

@@ -1,6 +1,10 @@
 //! Simulated nodes: the Node object, and the kwok process that is its kubelet.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeStatus, NodeSystemInfo},
@@ -12,6 +16,11 @@ use nodemedic_api::names::labels;
 use crate::{binaries::Binaries, process::ProcessSpec};
 
 pub const KWOK_STAGES: &str = include_str!("../kwok/stages.yaml");
+
+/// Where the lab writes [`KWOK_STAGES`] at start, for every node's kwok.
+pub fn stages_file(dir: &Path) -> PathBuf {
+    dir.join("kwok-stages.yaml")
+}
 
 /// One node of a lab.
 #[derive(Clone, Debug)]

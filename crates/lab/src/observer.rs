@@ -97,8 +97,16 @@ async fn nodes(client: Client, timeline: Timeline) {
         .default_backoff()
         .boxed();
     while let Some(event) = stream.next().await {
-        let Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) = event else {
-            continue;
+        let node = match event {
+            Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => node,
+            // A node of the same name joining later is a new machine: its first Ready counts.
+            Ok(watcher::Event::Delete(node)) => {
+                if let Some(name) = node.metadata.name {
+                    last.remove(&name);
+                }
+                continue;
+            }
+            _ => continue,
         };
         let Some(name) = node.metadata.name.clone() else {
             continue;

@@ -50,17 +50,23 @@ pub(crate) struct Supervised {
     pub spec: ProcessSpec,
     pub log: PathBuf,
     pid_file: PathBuf,
+    /// The node's sysrq trigger, for a `<node>/<name>` process.
+    sysrq_trigger: Option<PathBuf>,
     child: Option<Child>,
 }
 
 impl Supervised {
     pub fn new(name: &str, spec: ProcessSpec, dir: &Path) -> Self {
         let file = name.replace('/', "_");
+        let sysrq_trigger = name
+            .split_once('/')
+            .map(|(node, _)| crate::sysrq::trigger_file(dir, node));
         Self {
             name: name.to_owned(),
             spec,
             log: dir.join("logs").join(format!("{file}.log")),
             pid_file: dir.join("pids").join(&file),
+            sysrq_trigger,
             child: None,
         }
     }
@@ -77,8 +83,16 @@ impl Supervised {
         let log_err = log.try_clone().map_err(io("duplicating a log handle"))?;
         let mut command = match &self.spec.netns {
             Some(ns) => {
+                // Fails closed: nothing runs in a node without the sysrq guard.
+                let trigger = self.sysrq_trigger.as_deref().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "{}: a process in a node's namespace is named <node>/<name>, for its sysrq guard",
+                        self.name
+                    ))
+                })?;
+                crate::sysrq::prepare(trigger)?;
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&self.spec.program);
+                c.args(crate::sysrq::netns_exec(ns, trigger)).arg(&self.spec.program);
                 c
             }
             None => Command::new(&self.spec.program),

@@ -66,6 +66,18 @@ pub enum Event {
     WatchdogExpired {
         node: String,
     },
+    /// A node joined the running lab ([`crate::Lab::add_node`]).
+    NodeAdded {
+        node: String,
+    },
+    /// A node left the lab for good ([`crate::Lab::remove_node`]): machine and Node object gone.
+    NodeRemoved {
+        node: String,
+    },
+    /// A process of the node wrote `b` to its `/proc/sysrq-trigger` (the lab's file over it).
+    SoftwareReboot {
+        node: String,
+    },
     /// The node's Ready condition as the API shows it.
     NodeReady {
         node: String,
@@ -180,6 +192,9 @@ pub fn describe(event: &Event) -> String {
         Event::NodeCondition { node, condition } => format!("node {node}: {condition:?}"),
         Event::Power { node, on, cause } => format!("node {node} powered {} ({cause})", if *on { "on" } else { "off" }),
         Event::WatchdogExpired { node } => format!("node {node}: watchdog expired"),
+        Event::NodeAdded { node } => format!("node {node} added to the lab"),
+        Event::NodeRemoved { node } => format!("node {node} removed from the lab"),
+        Event::SoftwareReboot { node } => format!("node {node}: software reboot (sysrq b)"),
         Event::NodeReady {
             node, status, reason, ..
         } => format!("node {node} Ready={status} ({reason})"),

@@ -10,6 +10,9 @@
 //! - `R\n` resets the node now (what a real agent's software reboot does).
 //!
 //! When not fed within the timeout it asks the lab to power-cycle the node.
+//!
+//! The emulated watchdog device ([`crate::watchdog_device`]) keeps its state here too, so both
+//! arm, feed and expire the same per-node timer.
 
 use std::{
     collections::BTreeMap,
@@ -25,14 +28,47 @@ use tokio::{
     time::Instant,
 };
 
-use crate::{Result, error::io};
+use crate::{Result, error::io, watchdog_device::WatchdogDeviceStats};
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     /// Armed with this deadline, or disarmed.
     deadline: Option<Instant>,
     /// Bumped on each arm so a stale connection's feeds do not re-arm a fired watchdog.
     generation: u64,
+    /// What the emulated device was programmed with since the node last booted (a driver
+    /// starts again from its default at boot).
+    pub device_timeout: Option<Duration>,
+    pub device_stats: WatchdogDeviceStats,
+}
+
+impl State {
+    pub fn arm(&mut self, timeout: Duration) -> u64 {
+        self.generation += 1;
+        self.deadline = Some(Instant::now() + timeout);
+        self.generation
+    }
+
+    /// Whether a handle of `generation` still speaks for the armed watchdog.
+    pub fn current(&self, generation: u64) -> bool {
+        self.generation == generation && self.deadline.is_some()
+    }
+
+    pub fn feed(&mut self, generation: u64, timeout: Duration) -> bool {
+        let current = self.current(generation);
+        if current {
+            self.deadline = Some(Instant::now() + timeout);
+        }
+        current
+    }
+
+    pub fn disarm(&mut self, generation: u64) -> bool {
+        let current = self.generation == generation;
+        if current {
+            self.deadline = None;
+        }
+        current
+    }
 }
 
 #[derive(Clone, Default)]
@@ -46,7 +82,28 @@ impl Watchdogs {
         {
             state.deadline = None;
             state.generation += 1;
+            state.device_timeout = None;
         }
+    }
+
+    /// Gives the node a watchdog (disarmed until something opens it).
+    pub fn register(&self, node: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.entry(node.to_owned()).or_default();
+        }
+    }
+
+    /// Drops the node's watchdog altogether (the node left the lab; its servers are stopped).
+    pub fn forget(&self, node: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.remove(node);
+        }
+    }
+
+    /// Runs `f` on the node's state under the lock (none for a node without a watchdog).
+    pub fn with_node<T>(&self, node: &str, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        let mut all = self.0.lock().ok()?;
+        all.get_mut(node).map(f)
     }
 
     /// Whether the node's watchdog is armed right now.
@@ -63,9 +120,7 @@ impl Watchdogs {
         let listener = UnixListener::bind(&path).map_err(io(format!("binding watchdog socket {}", path.display())))?;
         let this = self.clone();
         let node = node.to_owned();
-        if let Ok(mut all) = self.0.lock() {
-            all.entry(node.clone()).or_default();
-        }
+        self.register(&node);
         Ok(tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let generation = this.arm(&node, timeout);
@@ -99,20 +154,11 @@ impl Watchdogs {
 
     fn arm(&self, node: &str, timeout: Duration) -> u64 {
         let Ok(mut all) = self.0.lock() else { return 0 };
-        let state = all.entry(node.to_owned()).or_default();
-        state.generation += 1;
-        state.deadline = Some(Instant::now() + timeout);
-        state.generation
+        all.entry(node.to_owned()).or_default().arm(timeout)
     }
 
     fn feed(&self, node: &str, generation: u64, timeout: Duration) {
-        if let Ok(mut all) = self.0.lock()
-            && let Some(state) = all.get_mut(node)
-            && state.generation == generation
-            && state.deadline.is_some()
-        {
-            state.deadline = Some(Instant::now() + timeout);
-        }
+        self.with_node(node, |state| state.feed(generation, timeout));
     }
 
     fn expire_now(&self, node: &str, generation: u64) {
@@ -125,12 +171,7 @@ impl Watchdogs {
     }
 
     fn disarm(&self, node: &str, generation: u64) {
-        if let Ok(mut all) = self.0.lock()
-            && let Some(state) = all.get_mut(node)
-            && state.generation == generation
-        {
-            state.deadline = None;
-        }
+        self.with_node(node, |state| state.disarm(generation));
     }
 
     /// Sends the name of every node whose watchdog expires, once per expiry.

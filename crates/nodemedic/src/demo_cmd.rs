@@ -92,8 +92,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
         println!(
-            "==> waiting until every agent's registration counts ({}s)",
-            scenario::VIEW.as_secs()
+            "==> waiting until every agent is a member (seconds: a membership change needs a majority's acknowledgement)"
         );
         scenario::agents_settled(&lab).await?;
         ("000-nhc-master-test.yaml", "nhc-master-test")

@@ -23,13 +23,12 @@ pub const NS: &str = nodemedic_api::names::DEFAULT_NAMESPACE;
 
 /// The fast self-remediation timings the lab states: `L` = 2 × (1 s + 0.5 s) + 0.5 s + 0.5 s =
 /// 4 s; with the lab's 5 s watchdog, `T_safe` = (4 + 10) × 1.0202 + 1 ≈ 15.3 s (the seed's 180 s
-/// and the 5 s set here are both overridden by the provable minimum or kept above it).
-/// Registrations count as acceptors once older than `peerUpdateInterval` (30 s).
+/// and the 5 s set here are both overridden by the provable minimum or kept above it). Peers
+/// are read again every 30 s (and at once on a membership change).
 pub const FAST_CONFIG: &str = r#"{"spec": {
     "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
     "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
-    "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
-pub const VIEW: Duration = Duration::from_secs(30);
+    "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
 
 /// The chart rendered with its defaults: its ServiceAccounts, ClusterRoles and bindings are what
 /// the lab's controller and agents run with.
@@ -137,9 +136,8 @@ pub async fn configure(lab: &Lab) -> Result<SelfNodeRemediationConfig> {
     configure_with(lab, FAST_CONFIG).await
 }
 
-/// The seed's own timings (safe time 180 s, API checks every 15 s), except the registrations'
-/// view bound, so agents count after [`VIEW`] rather than the seed's 15 minutes.
-pub const SEED_TIMINGS_CONFIG: &str = r#"{"spec": {"peerUpdateInterval": "30s"}}"#;
+/// The seed's own timings, unchanged (safe time 180 s, API checks every 15 s).
+pub const SEED_TIMINGS_CONFIG: &str = "{}";
 
 /// The seed SelfNodeRemediationConfig with `patch` (a JSON merge patch) applied.
 pub async fn configure_with(lab: &Lab, patch: &str) -> Result<SelfNodeRemediationConfig> {
@@ -177,11 +175,18 @@ pub async fn install_self_remediation(
 /// Starts an agent (`exe`) in every node, each with its own node identity and lab watchdog, with
 /// the flags the manager's DaemonSet would give it.
 pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
-    lab.apply_yaml(LAB_AGENTS_BINDING)?;
+    start_agents_with(lab, exe, config, LabWatchdog::Socket)
+}
+
+/// [`start_agents`], every agent with the given watchdog.
+pub fn start_agents_with(
+    lab: &Lab,
+    exe: &Path,
+    config: &SelfNodeRemediationConfig,
+    watchdog: LabWatchdog,
+) -> Result<()> {
     for node in lab.nodes() {
-        let kubeconfig = lab.kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])?;
-        start_agent(lab, exe, config, &node, &kubeconfig)?;
+        start_node_agent(lab, exe, config, &node, watchdog)?;
     }
     Ok(())
 }
@@ -226,7 +231,7 @@ pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &Self
             .and_then(|s| s.token)
             .unwrap_or_default();
         let kubeconfig = lab.kubeconfig_with_token(&format!("agent-{node}"), &token)?;
-        start_agent(lab, exe, config, &node, &kubeconfig)?;
+        start_agent_with(lab, exe, config, &node, &kubeconfig, LabWatchdog::Socket)?;
     }
     Ok(())
 }
@@ -245,12 +250,56 @@ pub fn sibling_executable(exe: &Path, name: &str) -> Result<PathBuf> {
     }
 }
 
-fn start_agent(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig, node: &str, kubeconfig: &Path) -> Result<()> {
+/// Which watchdog a lab agent opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabWatchdog {
+    /// The lab's socket watchdog (`lab:<socket>`).
+    Socket,
+    /// The lab's emulated device, driven by the product's Linux watchdog driver.
+    Device,
+    /// No device at all (the path does not exist).
+    Missing,
+}
+
+/// Starts `node`'s agent (authenticated as the node) with the given watchdog.
+pub fn start_node_agent(
+    lab: &Lab,
+    exe: &Path,
+    config: &SelfNodeRemediationConfig,
+    node: &str,
+    watchdog: LabWatchdog,
+) -> Result<()> {
+    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml(LAB_AGENTS_BINDING)?;
+    let kubeconfig = lab.kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])?;
+    start_agent_with(lab, exe, config, node, &kubeconfig, watchdog)
+}
+
+fn start_agent_with(
+    lab: &Lab,
+    exe: &Path,
+    config: &SelfNodeRemediationConfig,
+    node: &str,
+    kubeconfig: &Path,
+    watchdog: LabWatchdog,
+) -> Result<()> {
+    let device = match watchdog {
+        LabWatchdog::Socket => format!("lab:{}", lab.watchdog_path(node).display()),
+        LabWatchdog::Device => lab.watchdog_device_path(node).display().to_string(),
+        LabWatchdog::Missing => lab
+            .dir()
+            .join("nodes")
+            .join(format!("{node}-no-watchdog"))
+            .display()
+            .to_string(),
+    };
     let mut args = vec![
         format!("--node={node}"),
         format!("--namespace={NS}"),
         format!("--address={}", lab.node_ip(node)?),
-        format!("--watchdog=lab:{}", lab.watchdog_path(node).display()),
+        format!("--watchdog={device}"),
+        format!("--boot-time-file={}", lab.boot_file(node).display()),
+        format!("--sysrq-trigger={}", lab.sysrq_trigger_path(node).display()),
         format!(
             "--state-dir={}",
             lab.dir().join("nodes").join(format!("{node}-agent")).display()
@@ -305,38 +354,29 @@ pub fn bmc_ips(lab: &Lab) -> serde_json::Map<String, serde_json::Value> {
         .collect()
 }
 
-/// Waits until every agent is registered and its registration counts as an acceptor.
+/// Waits until every agent is registered and the committed membership has every node: from
+/// then on a remediation of any of them can gather its acceptances (seconds after the agents
+/// start; nothing has to age).
 pub async fn agents_settled(lab: &Lab) -> Result<()> {
+    let nodes: Vec<String> = lab.nodes();
+    members_are(lab, &nodes).await
+}
+
+/// Waits until the committed membership is exactly `nodes`, with no change pending.
+pub async fn members_are(lab: &Lab, nodes: &[String]) -> Result<()> {
     let api = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS);
-    let count = lab.nodes().len() as i32;
-    wait::until("every agent registered", Duration::from_secs(120), || {
-        let api = api.clone();
-        async move {
-            let config = api.get_opt(CONFIG_NAME).await?;
-            Ok(config
-                .and_then(|c| c.status)
-                .and_then(|s| s.registered_agents)
-                .filter(|n| *n == count)
-                .map(|_| ()))
-        }
-    })
-    .await?;
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(lab.client(), NS);
-    let selector = kube::api::ListParams::default().labels("app.kubernetes.io/component=nodemedic-agent");
+    let mut want: Vec<String> = nodes.to_vec();
+    want.sort();
     wait::until(
-        "every registration older than the view bound",
-        VIEW + Duration::from_secs(60),
+        &format!("the membership to be {want:?}"),
+        Duration::from_secs(120),
         || {
-            let (leases, selector) = (leases.clone(), selector.clone());
+            let (api, want) = (api.clone(), want.clone());
             async move {
-                let list = leases.list(&selector).await?;
-                let settled = |l: &k8s_openapi::api::coordination::v1::Lease| {
-                    l.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-                        jiff::Timestamp::now().duration_since(t.0)
-                            >= jiff::SignedDuration::try_from(VIEW).unwrap_or_default()
-                    })
-                };
-                Ok((list.items.len() == count as usize && list.items.iter().all(settled)).then_some(()))
+                let status = api.get_opt(CONFIG_NAME).await?.and_then(|c| c.status);
+                Ok(status
+                    .filter(|s| s.members.as_ref() == Some(&want) && s.proposed_members.is_none())
+                    .map(|_| ()))
             }
         },
     )

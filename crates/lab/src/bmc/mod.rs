@@ -10,6 +10,8 @@
 mod emulators;
 mod power;
 
+pub(crate) use emulators::process_names;
+
 use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
 
 use nix::sys::signal::Signal;
@@ -178,15 +180,15 @@ impl Lab {
         let socket = dir.join("power.sock");
         self.tasks.push(power::serve(self.inner.clone(), &socket)?);
         let scripts = emulators::Scripts::write(&dir, venv_python())?;
-        for (node, index) in &self.inner.node_index {
-            let ip = self.inner.resources.net.add_bmc_address(*index)?;
+        for (node, index) in self.inner.nodes.indices() {
+            let ip = self.inner.resources.net.add_bmc_address(index)?;
             let tls = self.inner.pki.issue_server(&format!("bmc-{node}"), ip)?;
             let bmc = emulators::NodeBmc {
-                node,
-                index: *index,
+                node: &node,
+                index,
                 ip,
                 lab_id: &self.inner.id,
-                dir: dir.join(node),
+                dir: dir.join(&node),
                 tls,
                 socket: socket.clone(),
                 options: &options,

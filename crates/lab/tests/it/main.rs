@@ -4,8 +4,11 @@
 mod support;
 
 mod bmc;
+mod membership;
 mod nodes;
 mod storage;
+mod sysrq;
 mod teardown;
 mod validation;
 mod watchdog;
+mod watchdog_device;

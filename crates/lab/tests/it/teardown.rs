@@ -2,7 +2,8 @@
 
 use nodemedic_lab::{BmcOptions, Lab, LabConfig};
 
-fn leftovers(id: &str) -> Vec<String> {
+/// What of the lab `id` is still on the host: namespaces, links, processes, mounts, tmpfs.
+pub fn leftovers(id: &str) -> Vec<String> {
     let mut found = Vec::new();
     let netns = std::process::Command::new("ip")
         .args(["netns", "list"])
@@ -31,6 +32,13 @@ fn leftovers(id: &str) -> Vec<String> {
             found.push(format!("process {cmdline}"));
         }
     }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    found.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&format!("/nodemedic-labs/{id}/")))
+            .map(|l| format!("mount {l}")),
+    );
     if std::path::Path::new(&format!("/dev/shm/nodemedic-{id}")).exists() {
         found.push("tmpfs directory".into());
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use futures::{StreamExt, stream::BoxStream};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client,
     api::ListParams,
@@ -56,13 +56,24 @@ where
     }
 }
 
+/// The self-remediation agents' registrations, wherever nodemedic runs.
+async fn registrations(client: &Client) -> anyhow::Result<Vec<Lease>> {
+    let selector = ListParams::default().labels(&nodemedic_self_remediation::registration::registrations_selector());
+    Ok(Api::<Lease>::all(client.clone())
+        .list(&selector)
+        .await
+        .context("listing the agents' registrations")?
+        .items)
+}
+
 async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
-    let (nodes, checks, self_remediations, fence_remediations, maintenances) = tokio::try_join!(
+    let (nodes, checks, self_remediations, fence_remediations, maintenances, registrations) = tokio::try_join!(
         all::<Node>(client),
         all::<NodeHealthCheck>(client),
         all::<SelfNodeRemediation>(client),
         all::<FenceAgentsRemediation>(client),
         all::<NodeMaintenance>(client),
+        registrations(client),
     )?;
     Ok(Snapshot {
         nodes,
@@ -70,6 +81,7 @@ async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         self_remediations,
         fence_remediations,
         maintenances,
+        registrations,
     })
 }
 

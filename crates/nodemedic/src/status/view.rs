@@ -1,7 +1,7 @@
 //! What `nodemedic status` shows, built from plain lists of objects (no I/O): one row per node.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     ResourceExt,
     core::{Selector, SelectorExt},
@@ -13,6 +13,7 @@ use nodemedic_api::{
     names::annotations,
     self_remediation::SelfNodeRemediation,
 };
+use nodemedic_self_remediation::registration::Published;
 use serde::Serialize;
 
 /// Everything one view is built from.
@@ -23,6 +24,8 @@ pub struct Snapshot {
     pub self_remediations: Vec<SelfNodeRemediation>,
     pub fence_remediations: Vec<FenceAgentsRemediation>,
     pub maintenances: Vec<NodeMaintenance>,
+    /// The self-remediation agents' registration Leases.
+    pub registrations: Vec<Lease>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -39,6 +42,10 @@ pub struct NodeRow {
     pub remediations: Vec<RemediationView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenanceView>,
+    /// How the node fences itself for self remediation, as its agent registered it
+    /// (hardware-watchdog, softdog, software-reboot, none), `disarmed` when its agent stopped
+    /// deliberately, or `-` without an agent.
+    pub fencing: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -79,6 +86,20 @@ fn view<K: ResourceExt>(r: &K, kind: &str, phase: Option<String>, now: Timestamp
         phase: phase.unwrap_or_else(|| "Pending".into()),
         age_seconds: age(r.creation_timestamp().map(|t| t.0), now),
     }
+}
+
+fn fencing(registrations: &[Lease], node: &str) -> String {
+    registrations
+        .iter()
+        .filter_map(Published::from_lease)
+        .find(|p| p.node == node)
+        .map_or("-".to_owned(), |p| {
+            if p.disarmed {
+                "disarmed".to_owned()
+            } else {
+                p.means.as_str().to_owned()
+            }
+        })
 }
 
 pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
@@ -165,6 +186,7 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
                 })
                 .next();
             NodeRow {
+                fencing: fencing(&s.registrations, &name),
                 node: name,
                 ready,
                 schedulable: !node.spec.as_ref().and_then(|sp| sp.unschedulable).unwrap_or(false),
@@ -201,8 +223,9 @@ pub fn table(rows: &[NodeRow]) -> String {
         "PHASE",
         "AGE",
         "MAINTENANCE",
+        "FENCING",
     ];
-    let mut lines: Vec<[String; 8]> = vec![header.map(str::to_owned)];
+    let mut lines: Vec<[String; 9]> = vec![header.map(str::to_owned)];
     for r in rows {
         let first = r.remediations.first();
         let ready = if r.schedulable {
@@ -234,9 +257,10 @@ pub fn table(rows: &[NodeRow]) -> String {
             first.map_or("-".into(), |f| f.phase.clone()),
             first.map_or("-".into(), |f| human_age(f.age_seconds)),
             maintenance,
+            r.fencing.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -285,6 +309,13 @@ mod tests {
                 "metadata": {"name": "dimm"}, "spec": {"nodeName": "node-1"},
                 "status": {"phase": "Running", "drainProgress": 50}
             }))],
+            registrations: vec![
+                obj(json!({"metadata": {"name": "nodemedic-agent-node-1", "annotations": {
+                    "nodemedic.medik8s.io/fencing-means": "softdog"}}})),
+                obj(json!({"metadata": {"name": "nodemedic-agent-node-2", "annotations": {
+                    "nodemedic.medik8s.io/fencing-means": "hardware-watchdog",
+                    "nodemedic.medik8s.io/disarmed": "true"}}})),
+            ],
         }
     }
 
@@ -307,6 +338,13 @@ mod tests {
         assert!(text.contains("1m05s"), "{text}");
         assert!(text.contains("True,SchedulingDisabled"), "{text}");
         assert!(text.contains("dimm (Running, 50%)"), "{text}");
+        let fencing: Vec<&str> = rows.iter().map(|r| r.fencing.as_str()).collect();
+        assert_eq!(
+            fencing,
+            ["-", "softdog", "disarmed"],
+            "each node's means, from its agent"
+        );
+        assert!(text.contains("FENCING"), "{text}");
     }
 
     #[test]

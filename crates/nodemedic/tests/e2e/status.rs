@@ -16,7 +16,7 @@ use crate::{
     text,
 };
 
-fn status(lab: &Lab, args: &[&str]) -> String {
+pub fn status(lab: &Lab, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_nodemedic"))
         .arg("status")
         .args(args)

@@ -1,10 +1,14 @@
 //! `nodemedic agent`: one per node. It keeps a licence (docs/self-remediation-protocol.md), feeds
 //! its watchdog only while it holds one, votes for its peers, and fences at once when its node is
-//! being remediated.
+//! being remediated. It runs whatever fencing means the node has, none included, and says which
+//! in its registration.
 
 mod credentials;
+mod endpoint;
 mod licence;
+mod metrics;
 mod peers;
+mod register;
 mod settings;
 mod shutdown;
 mod wake;
@@ -15,15 +19,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use licence::Metrics;
+pub use metrics::Metrics;
 pub use settings::AgentArgs;
 
 use crate::{
     Result,
     protocol::{
-        Timing,
         agent::{AgentState, FenceReason},
+        manager::{self as rules, Registration},
     },
+    registration::Published,
     watchdog::{self, Watchdog},
 };
 
@@ -32,49 +37,83 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let settings = args.licence();
     let config = nodemedic_kube::client::infer_config().await?;
     let client = nodemedic_kube::client::client(config.clone())?;
-    let fast = nodemedic_kube::client::fail_fast_client(config, args.api_server_timeout)?;
+    let fast = nodemedic_kube::client::fail_fast_client(config.clone(), args.api_server_timeout)?;
+    let peer_reads = nodemedic_kube::client::fail_fast_client(config, args.peer_api_server_timeout)?;
     let (disarm, disarm_requests) = std::sync::mpsc::channel();
     // The identity comes first: a node whose agent cannot join the protocol is not armed (and is
     // not registered, so nothing will count on it fencing itself).
     let identity = credentials::obtain(&client, &args.namespace, &args.node, &args.state_dir).await;
-    let wd = watchdog::open(&args.watchdog, args.software_reboot, args.watchdog_timeout)?;
-    let timing = Timing {
+    let mut fencing_settings = watchdog::Settings::new(&args.watchdog, args.watchdog_timeout, args.software_reboot);
+    if args.software_reboot {
+        fencing_settings.reboot = watchdog::Reboot::Sysrq(args.sysrq_trigger.clone());
+    }
+    let fencing = watchdog::open(&fencing_settings);
+    for why in &fencing.passed_over {
+        tracing::warn!(%why, "watchdog passed over");
+    }
+    let published = Published {
+        node: args.node.clone(),
+        address: format!("{}:{}", args.address, args.host_port),
+        means: fencing.means,
+        watchdog: fencing.published_timeout(),
         licence: settings.licence(),
-        watchdog: wd.timeout(),
+        software_reboot: args.software_reboot,
+        certificate_sha256: identity.fingerprint(),
+        boot_time: register::boot_time(args.boot_time_file.as_deref()),
+        accepts: Default::default(),
+        epoch: 0,
+        // Registering says the watchdog is armed: it was opened before this runs.
+        disarmed: false,
+        node_uid: None,
     };
+    let timing = rules::timing(settings.licence(), &own_registration(&published));
     tracing::info!(
         node = %args.node,
-        watchdog = %wd.describe(),
+        means = fencing.means.as_str(),
+        fencing = %fencing.describe(),
         licence_seconds = timing.licence.as_secs_f64(),
         safe_seconds = timing.safe_time().as_secs_f64(),
-        "agent starting: the watchdog is armed; no licence yet"
+        "agent starting: fencing armed; no licence yet"
     );
-    let state = Arc::new(Mutex::new(AgentState::<Instant>::new(
-        &args.node,
-        timing.licence,
-        args.peer_update_interval,
-    )));
-    let metrics = licence::Metrics::default();
-    spawn_feeder(wd, state.clone(), metrics.clone(), disarm_requests);
+    if fencing.means == rules::Means::None {
+        tracing::error!(
+            "no watchdog device and software reboot is disabled: this node cannot fence itself, so it cannot be \
+             self-remediated (its agent still votes for its peers); configure watchdogFilePath, load softdog, or \
+             enable isSoftwareRebootEnabled"
+        );
+    }
+    let mut published = published;
+    published.node_uid = register::annotate_node(&client, &args.node, fencing.means, &timing).await;
+    let state = Arc::new(Mutex::new(AgentState::<Instant>::new(&args.node, timing.licence)));
+    let metrics = Metrics::default();
+    spawn_feeder(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
-        licence::serve_metrics(bind, &metrics).await?;
+        metrics::serve(bind, &metrics).await?;
     }
     let address = SocketAddr::new(args.address, args.host_port);
     let server_state = state.clone();
     let votes = metrics.clone();
     let server_identity = identity.clone();
     tokio::spawn(async move {
-        let on_vote = Arc::new(move |v| votes.vote_cast(v));
+        let on_vote = Arc::new(move |v: &crate::protocol::agent::Verdict| votes.vote_cast(v));
         if let Err(error) = peers::serve(address, &server_identity, server_state, on_vote).await {
             tracing::error!(%error, %address, "peer server stopped");
         }
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let clients = licence::Clients {
-        client: client.clone(),
-        fast: fast.clone(),
-    };
-    let licence = licence::run(&args, clients, identity, timing, state, metrics, stopped);
+    let licence = licence::Loop {
+        args: &args,
+        clients: licence::Clients {
+            client: client.clone(),
+            fast: fast.clone(),
+            peers: peer_reads,
+        },
+        identity,
+        state: state.clone(),
+        metrics,
+        published,
+    }
+    .run(stopped);
     tokio::pin!(licence);
     tokio::select! {
         result = &mut licence => result,
@@ -82,7 +121,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             let _ = stop.send(true);
             // Let the current round finish (its writes must land before the disarm's).
             match tokio::time::timeout(shutdown::ROUND_GRACE, &mut licence).await {
-                Ok(_) => shutdown::stop(&args, &client, &fast, &disarm).await,
+                Ok(_) => shutdown::stop(&args, &client, &fast, &state, &disarm).await,
                 Err(_) => tracing::warn!("the licence round did not finish; the watchdog stays armed"),
             }
             Ok(())
@@ -90,18 +129,33 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     }
 }
 
+/// The protocol's view of what this agent publishes, for its own timing.
+fn own_registration(published: &Published) -> Registration {
+    Registration {
+        node: published.node.clone(),
+        means: published.means,
+        watchdog: published.watchdog,
+        licence: published.licence,
+        accepts: Default::default(),
+        acknowledged: 0,
+        disarmed: false,
+    }
+}
+
 /// Feeds the watchdog from a dedicated thread, so no async stall can feed it late; stops for good
 /// when the agent fences, asking for an immediate reset. The thread owns the watchdog: it is
 /// closed (the magic close) only when [`shutdown::stop`] asks, so if the agent dies the timer
-/// runs out.
+/// runs out. Without any means it only answers the shutdown.
 fn spawn_feeder(
-    mut wd: Box<dyn Watchdog>,
+    mut wd: Option<Box<dyn Watchdog>>,
     state: Arc<Mutex<AgentState<Instant>>>,
-    metrics: licence::Metrics,
+    metrics: Metrics,
     disarm_requests: std::sync::mpsc::Receiver<shutdown::DisarmRequest>,
 ) {
     std::thread::spawn(move || {
-        let interval = watchdog::feed_interval(wd.timeout());
+        let interval = wd
+            .as_ref()
+            .map_or(Duration::from_secs(1), |w| watchdog::feed_interval(w.timeout()));
         // Stop feeding this long before the licence ends: a feed is a check, then a write.
         let margin = Duration::from_millis(50);
         let mut reset_asked = false;
@@ -110,11 +164,12 @@ fn spawn_feeder(
                 Ok(s) => (s.may_feed(Instant::now(), margin), s.fenced()),
                 Err(_) => (false, None),
             };
-            metrics.set_feeding(feed);
+            metrics.set_feeding(feed && wd.is_some());
             if let Ok(reply) = disarm_requests.try_recv() {
-                let result = match fenced {
-                    Some(why) => Err(format!("fencing: {}", describe(why))),
-                    None => wd.disarm().map_err(|e| e.to_string()),
+                let result = match (fenced, wd.as_mut()) {
+                    (Some(why), _) => Err(format!("fencing: {}", describe(why))),
+                    (None, Some(w)) => w.disarm().map_err(|e| e.to_string()),
+                    (None, None) => Ok(()),
                 };
                 let closed = result.is_ok();
                 let _ = reply.send(result);
@@ -123,17 +178,22 @@ fn spawn_feeder(
                     return;
                 }
             }
-            if let Some(why) = fenced {
-                if !reset_asked {
-                    reset_asked = true;
-                    tracing::warn!(reason = describe(why), "fencing: no more watchdog feeds; resetting now");
-                    metrics.fenced();
-                    if let Err(error) = wd.reboot_now() {
-                        tracing::warn!(%error, "no immediate reset; the watchdog resets the node when it runs out");
+            if let Some(w) = wd.as_mut() {
+                if let Some(why) = fenced {
+                    if !reset_asked {
+                        reset_asked = true;
+                        tracing::warn!(reason = describe(why), "fencing: no more watchdog feeds; resetting now");
+                        metrics.fenced();
+                        if let Err(error) = w.reboot_now() {
+                            tracing::warn!(%error, "no immediate reset; the watchdog resets the node when it runs out");
+                        }
                     }
+                } else if feed && let Err(error) = w.feed() {
+                    tracing::error!(%error, "cannot feed the watchdog");
                 }
-            } else if feed && let Err(error) = wd.feed() {
-                tracing::error!(%error, "cannot feed the watchdog");
+                if let Err(error) = w.poll() {
+                    tracing::error!(%error, "the software watchdog could not reboot the node");
+                }
             }
             std::thread::sleep(interval);
         }

@@ -14,7 +14,10 @@ use tonic::{
 
 use crate::{
     identity::{PeerIdentity, certificate_node},
-    protocol::agent::{AgentState, Verdict},
+    protocol::{
+        agent::{AgentState, Verdict},
+        membership::Configuration,
+    },
 };
 
 pub mod wire {
@@ -34,7 +37,7 @@ use wire::{
 pub type Shared = Arc<Mutex<AgentState<Instant>>>;
 
 /// Counts what the server did, for metrics.
-pub type OnVote = Arc<dyn Fn(Verdict) + Send + Sync>;
+pub type OnVote = Arc<dyn Fn(&Verdict) + Send + Sync>;
 
 struct Voter {
     node: String,
@@ -42,19 +45,28 @@ struct Voter {
     on_vote: OnVote,
 }
 
-fn to_wire(v: Verdict) -> i32 {
-    match v {
-        Verdict::Granted => proto::Verdict::Granted as i32,
-        Verdict::Remediating => proto::Verdict::Remediating as i32,
-        Verdict::NotReady => proto::Verdict::NotReady as i32,
+fn to_wire(v: Verdict, voter: String) -> VoteResponse {
+    let (verdict, configuration) = match v {
+        Verdict::Granted => (proto::Verdict::Granted, None),
+        Verdict::Remediating => (proto::Verdict::Remediating, None),
+        Verdict::NotReady => (proto::Verdict::NotReady, None),
+        Verdict::Stale(c) => (proto::Verdict::Stale, Some(c)),
+    };
+    let configuration = configuration.unwrap_or_default();
+    VoteResponse {
+        verdict: verdict as i32,
+        voter,
+        epoch: configuration.epoch,
+        members: configuration.members.into_iter().collect(),
     }
 }
 
-fn from_wire(v: i32) -> Option<Verdict> {
-    match proto::Verdict::try_from(v).ok()? {
+fn from_wire(answer: VoteResponse) -> Option<Verdict> {
+    match proto::Verdict::try_from(answer.verdict).ok()? {
         proto::Verdict::Granted => Some(Verdict::Granted),
         proto::Verdict::Remediating => Some(Verdict::Remediating),
         proto::Verdict::NotReady => Some(Verdict::NotReady),
+        proto::Verdict::Stale => Some(Verdict::Stale(Configuration::new(answer.epoch, answer.members))),
         proto::Verdict::Unspecified => None,
     }
 }
@@ -84,12 +96,9 @@ impl licence_server::Licence for Voter {
             .state
             .lock()
             .map_err(|_| Status::internal("state poisoned"))?
-            .vote_for(asker);
-        (self.on_vote)(verdict);
-        Ok(Response::new(VoteResponse {
-            verdict: to_wire(verdict),
-            voter: self.node.clone(),
-        }))
+            .vote_for(asker, request.get_ref().epoch);
+        (self.on_vote)(&verdict);
+        Ok(Response::new(to_wire(verdict, self.node.clone())))
     }
 }
 
@@ -102,13 +111,14 @@ impl peer_health_server::PeerHealth for Voter {
         if node.is_empty() {
             return Err(Status::invalid_argument("nodeName is empty"));
         }
+        // medik8s's question has no epoch: whether this agent knows a remediation of the node.
         let status = match self
             .state
             .lock()
             .map_err(|_| Status::internal("state poisoned"))?
-            .vote_for(node)
+            .vote_for(node, u64::MAX)
         {
-            Verdict::Granted => 1,
+            Verdict::Granted | Verdict::Stale(_) => 1,
             Verdict::Remediating => 2,
             Verdict::NotReady => 3,
         };
@@ -140,9 +150,16 @@ pub async fn serve(
         .await
 }
 
-/// Asks every peer `(node, "ip:port")` for its vote, each within `dial + request`; peers that do
-/// not answer in time simply do not count.
-pub async fn ask(me: &PeerIdentity, peers: &[(String, String)], dial: Duration, request: Duration) -> Vec<Verdict> {
+/// Asks every peer `(node, "ip:port")` for its vote in `epoch`, each within `dial + request`;
+/// peers that do not answer in time simply do not count. Each answer comes with the node whose
+/// server certificate answered it.
+pub async fn ask(
+    me: &PeerIdentity,
+    peers: &[(String, String)],
+    epoch: u64,
+    dial: Duration,
+    request: Duration,
+) -> Vec<(String, Verdict)> {
     let asks = peers.iter().map(|(node, address)| async move {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&me.ca_pem))
@@ -156,10 +173,13 @@ pub async fn ask(me: &PeerIdentity, peers: &[(String, String)], dial: Duration, 
             .timeout(request);
         let channel = tokio::time::timeout(dial, endpoint.connect()).await.ok()?.ok()?;
         let answer = LicenceClient::new(channel)
-            .vote(VoteRequest { node: me.node.clone() })
+            .vote(VoteRequest {
+                node: me.node.clone(),
+                epoch,
+            })
             .await
             .ok()?;
-        from_wire(answer.into_inner().verdict)
+        from_wire(answer.into_inner()).map(|v| (node.clone(), v))
     });
     let all = futures::future::join_all(asks);
     tokio::time::timeout(dial + request + Duration::from_millis(200), all)

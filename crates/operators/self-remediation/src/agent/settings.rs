@@ -26,17 +26,28 @@ pub struct AgentArgs {
     pub address: IpAddr,
     #[arg(long, env = "HOST_PORT", default_value_t = 30001)]
     pub host_port: u16,
-    /// A watchdog device (`/dev/watchdog`), or `lab:<socket>` for the lab's simulated one.
+    /// A watchdog device (`/dev/watchdog`), or `lab:<socket>` for the lab's simulated one. When
+    /// it cannot be opened the agent falls back to an existing softdog device, then (with
+    /// `--software-reboot`) to its own timer, then to nothing; it never exits for lack of one.
     #[arg(long, env = "WATCHDOG_PATH", default_value = "/dev/watchdog")]
     pub watchdog: String,
-    /// Reset a node that must fence at once through /proc/sysrq-trigger (real devices only; never
-    /// in a lab).
+    /// Reboot through /proc/sysrq-trigger: at once when the node must fence, and as the
+    /// watchdog of a node without a device.
     #[arg(long, env = "IS_SOFTWARE_REBOOT_ENABLED", default_value_t = false, action = clap::ArgAction::Set)]
     pub software_reboot: bool,
-    /// The timeout to program into a real watchdog device (WDIOC_SETTIMEOUT); 0 keeps the
-    /// driver's own. The agent registers whatever the driver applied, so the safe time follows.
+    /// The timeout to program into the watchdog device (WDIOC_SETTIMEOUT); 0 keeps the driver's
+    /// own. The agent registers what the driver applied, so the safe time follows.
     #[arg(long, env = "WATCHDOG_TIMEOUT", default_value = "0s", value_parser = duration)]
     pub watchdog_timeout: Duration,
+    /// The sysrq trigger a software reboot writes `b` to. Only a test lab points it elsewhere (at
+    /// a file it watches, as its nodes share the host's kernel).
+    #[arg(long, default_value = crate::watchdog::SYSRQ_TRIGGER)]
+    pub sysrq_trigger: PathBuf,
+    /// Where the node's boot time is read: a file holding an RFC 3339 time. Default: `btime`
+    /// of /proc/stat. (The lab's nodes share the host's kernel; the lab records each simulated
+    /// boot in such a file.)
+    #[arg(long)]
+    pub boot_time_file: Option<PathBuf>,
     #[arg(long, env = "API_CHECK_INTERVAL", default_value = "15s", value_parser = duration)]
     pub api_check_interval: Duration,
     #[arg(long, env = "API_SERVER_TIMEOUT", default_value = "5s", value_parser = duration)]
@@ -47,9 +58,17 @@ pub struct AgentArgs {
     pub peer_dial_timeout: Duration,
     #[arg(long, env = "PEER_REQUEST_TIMEOUT", default_value = "7s", value_parser = duration)]
     pub peer_request_timeout: Duration,
-    /// The view freshness bound: votes count only on a membership read this recently.
+    /// How often the peer list (registrations and membership) is read again; a membership
+    /// change is read at once as well.
     #[arg(long, env = "PEER_UPDATE_INTERVAL", default_value = "15m", value_parser = duration)]
     pub peer_update_interval: Duration,
+    /// The timeout of the peer-list read.
+    #[arg(long, env = "PEER_API_SERVER_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub peer_api_server_timeout: Duration,
+    /// Probed when the API check fails, for the log and a metric only: reaching an endpoint
+    /// proves nothing about remediations, so it never grants a licence.
+    #[arg(long, env = "END_POINT_HEALTH_CHECK_URL")]
+    pub endpoint_health_check_url: Option<String>,
     /// Where the agent keeps its peer certificate across restarts.
     #[arg(long, env = "STATE_DIR", default_value = "/var/lib/nodemedic")]
     pub state_dir: PathBuf,

@@ -1,7 +1,9 @@
 //! A deliberate stop (SIGTERM: the DaemonSet rolls or is deleted, the node shuts down) may close
 //! the watchdog (the magic close) only when nothing can be counting on it:
 //!
-//! 0. the licence loop stops between rounds, so no registration write of its own is in flight;
+//! 0. the licence loop stops between rounds, so no registration write of its own is in flight,
+//!    and the agent stops voting: a disarmed registration counts as having acknowledged every
+//!    membership epoch, which is true only of an agent that votes for no one;
 //! 1. the registration says `disarmed` first, so from then on the manager treats the node as one
 //!    that cannot fence itself (a remediation created later reports `Succeeded=False` and an
 //!    escalating health check moves on; one already waiting stops before releasing anything);
@@ -24,7 +26,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::{AgentArgs, licence};
-use crate::{Result, registration};
+use crate::{Result, protocol::agent::AgentState, registration};
 
 /// How long a stopping agent waits for its current licence round (an API read with its own
 /// timeout, a vote round, a registration write) to end.
@@ -35,8 +37,21 @@ pub type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
 
 pub use nodemedic_kube::shutdown::signal;
 
-pub async fn stop(args: &AgentArgs, client: &Client, fast: &Client, feeder: &mpsc::Sender<DisarmRequest>) {
+pub async fn stop(
+    args: &AgentArgs,
+    client: &Client,
+    fast: &Client,
+    state: &std::sync::Mutex<AgentState<std::time::Instant>>,
+    feeder: &mpsc::Sender<DisarmRequest>,
+) {
     tracing::info!("stopping: the watchdog is closed only if no remediation of this node exists");
+    match state.lock() {
+        Ok(mut s) => s.stop_voting(),
+        Err(_) => {
+            tracing::warn!("the agent state is poisoned; the watchdog stays armed");
+            return;
+        }
+    }
     if let Err(error) = publish_disarmed(client, &args.namespace, &args.node).await {
         tracing::warn!(%error, "cannot record the disarm; the watchdog stays armed and resets the node when it runs out");
         return;
@@ -82,6 +97,7 @@ async fn publish_disarmed(client: &Client, namespace: &str, node: &str) -> Resul
 }
 
 async fn remediated(fast: &Client, args: &AgentArgs) -> Result<bool> {
-    let (intents, _) = licence::read(fast, &args.namespace, licence::boot_time()).await?;
+    let booted = super::register::boot_time(args.boot_time_file.as_deref());
+    let intents = licence::read_intents(fast, booted).await?;
     Ok(intents.iter().any(|i| i.node == args.node && !i.completed))
 }

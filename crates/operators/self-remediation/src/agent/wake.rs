@@ -11,6 +11,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, Client, ResourceExt,
     core::PartialObjectMeta,
@@ -70,6 +71,36 @@ pub fn watch_remediations(client: Client) -> Arc<Notify> {
                     seen = std::mem::take(&mut relisted);
                 }
                 Err(error) => tracing::debug!(%error, "remediation watch error; retrying"),
+            }
+        }
+    });
+    wake
+}
+
+/// Watches the membership Lease, metadata only, and notifies on every change: each one may be a
+/// proposal the agent must acknowledge before the change can commit. It changes only when a
+/// node joins or leaves.
+pub fn watch_membership(client: Client, namespace: &str) -> Arc<Notify> {
+    let wake = Arc::new(Notify::new());
+    let notify = wake.clone();
+    let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", crate::registration::MEMBERSHIP_LEASE));
+    tokio::spawn(async move {
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut seen: Option<String> = None;
+        while let Some(event) = stream.next().await {
+            let version = match event {
+                Ok(watcher::Event::Apply(meta) | watcher::Event::InitApply(meta)) => meta.resource_version(),
+                Ok(watcher::Event::Delete(_)) => None,
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::debug!(%error, "membership watch error; retrying");
+                    continue;
+                }
+            };
+            if version != seen {
+                seen = version;
+                notify.notify_one();
             }
         }
     });

@@ -3,18 +3,24 @@
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease};
+use k8s_openapi::{
+    api::apps::v1::DaemonSet,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::controller::Action,
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
 use nodemedic_kube::{conditions, events::Events};
 use serde_json::json;
 
-use super::{Metrics, daemonset};
-use crate::{Error, Result, protocol::manager as rules, registration};
+use super::{Metrics, daemonset, membership};
+use crate::{
+    Error, Result,
+    protocol::{manager as rules, membership::Membership},
+};
 
 pub struct Context {
     pub client: Client,
@@ -78,32 +84,134 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
     if valid.is_some() {
         ensure_daemonset(&config, &ctx, &on).await?;
     }
-    let selector = format!("{}={}", registration::COMPONENT_LABEL, registration::COMPONENT);
-    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await?;
-    let regs: Vec<rules::Registration> = leases.items.iter().filter_map(registration::registration).collect();
+    let (current, regs) = membership::reconcile(&ctx.client, &ctx.namespace, &ctx.events, &ctx.metrics, &on).await?;
     let licence = daemonset::licence_settings(&config.spec)
         .map(|s| s.licence())
         .unwrap_or_default();
-    let minimum = regs.iter().map(|r| rules::timing(licence, r).safe_time()).max();
+    // Only nodes that can fence themselves bound the safe time.
+    let minimum = regs
+        .iter()
+        .filter(|r| r.means != rules::Means::None)
+        .map(|r| rules::timing(licence, r).safe_time())
+        .max();
     status.registered_agents = Some(regs.len() as i32);
     status.minimum_safe_time_seconds = minimum.map(|m| m.as_secs_f64().ceil() as i64);
+    status.membership_epoch = current.as_ref().and_then(|m| i64::try_from(m.committed.epoch).ok());
+    status.members = current.as_ref().map(|m| m.committed.members.iter().cloned().collect());
+    status.proposed_members = current
+        .as_ref()
+        .and_then(|m| m.proposed.as_ref())
+        .map(|p| p.members.iter().cloned().collect());
+    status.fencing_means = Some(
+        regs.iter()
+            .map(|r| (r.node.clone(), r.means.as_str().to_owned()))
+            .collect(),
+    );
+    for means in [
+        rules::Means::HardwareWatchdog,
+        rules::Means::Softdog,
+        rules::Means::SoftwareReboot,
+        rules::Means::None,
+    ] {
+        let count = regs.iter().filter(|r| r.means == means).count();
+        ctx.metrics
+            .means
+            .get_or_create(&super::metrics::MeansLabels { means: means.as_str() })
+            .set(count as i64);
+    }
+    set_membership_condition(
+        status.conditions.get_or_insert_with(Vec::new),
+        current.as_ref(),
+        &regs,
+        config.metadata.generation,
+        &now,
+    );
     ctx.metrics.registered_agents.set(regs.len() as i64);
     ctx.metrics
         .minimum_safe_seconds
         .set(status.minimum_safe_time_seconds.unwrap_or(0));
     if Some(&status) != config.status.as_ref() {
-        api.patch_status(
-            CONFIG_NAME,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
-        )
-        .await?;
+        // A merge patch keeps a field it does not mention: what is gone must be written as null.
+        let mut patch = json!({"status": status});
+        for field in [
+            "proposedMembers",
+            "minimumSafeTimeSeconds",
+            "membershipEpoch",
+            "members",
+        ] {
+            if patch["status"].get(field).is_none() {
+                patch["status"][field] = serde_json::Value::Null;
+            }
+        }
+        api.patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
     }
-    // Everything read here is watched (the config, its DaemonSet, the registrations): a change
-    // wakes this reconcile. No periodic pass: at rest the manager makes no requests.
+    // Everything read here is watched (the config, its DaemonSet, the registrations, the
+    // membership, the remediations): a change wakes this reconcile. No periodic pass: at rest
+    // the manager makes no requests.
     Ok(Action::await_change())
+}
+
+const MEMBERSHIP_SETTLED: &str = "MembershipSettled";
+
+/// `MembershipSettled`: whether a membership change is waiting for acknowledgements, and from
+/// whom.
+fn set_membership_condition(
+    list: &mut Vec<Condition>,
+    current: Option<&Membership>,
+    regs: &[rules::Registration],
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let (status, reason, message) = match current {
+        None if regs.is_empty() => (false, "NoAgents", "no agent has registered yet".to_owned()),
+        None => (
+            false,
+            "NoMembership",
+            "no membership: see the MembershipLost event".to_owned(),
+        ),
+        Some(m) => match &m.proposed {
+            None => (
+                true,
+                "Committed",
+                format!("epoch {}: {} members", m.committed.epoch, m.committed.members.len()),
+            ),
+            Some(p) => {
+                let waiting: Vec<String> = m
+                    .committed
+                    .members
+                    .iter()
+                    .filter(|n| {
+                        !regs
+                            .iter()
+                            .any(|r| &r.node == *n && (r.disarmed || r.acknowledged >= p.epoch))
+                    })
+                    .cloned()
+                    .collect();
+                (
+                    false,
+                    "Proposed",
+                    format!(
+                        "epoch {} proposed; waiting for a majority of epoch {} to acknowledge it (not yet: {})",
+                        p.epoch,
+                        m.committed.epoch,
+                        waiting.join(", ")
+                    ),
+                )
+            }
+        },
+    };
+    conditions::set(
+        list,
+        conditions::Desired {
+            type_: MEMBERSHIP_SETTLED,
+            status,
+            reason,
+            message,
+        },
+        generation,
+        now,
+    );
 }
 
 async fn ensure_daemonset(

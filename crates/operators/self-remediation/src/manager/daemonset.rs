@@ -44,7 +44,7 @@ pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceS
 /// The agent flags a configuration implies (besides the node, its address and its watchdog,
 /// which come from where the agent runs).
 pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
-    vec![
+    let mut flags = vec![
         format!("--host-port={}", spec.host_port),
         format!("--software-reboot={}", spec.is_software_reboot_enabled),
         format!("--api-check-interval={}", spec.api_check_interval),
@@ -53,7 +53,15 @@ pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
         format!("--peer-dial-timeout={}", spec.peer_dial_timeout),
         format!("--peer-request-timeout={}", spec.peer_request_timeout),
         format!("--peer-update-interval={}", spec.peer_update_interval),
-    ]
+        format!("--peer-api-server-timeout={}", spec.peer_api_server_timeout),
+    ];
+    if let Some(timeout) = &spec.watchdog_timeout {
+        flags.push(format!("--watchdog-timeout={timeout}"));
+    }
+    if let Some(url) = spec.endpoint_health_check_url.as_deref().filter(|u| !u.is_empty()) {
+        flags.push(format!("--endpoint-health-check-url={url}"));
+    }
+    flags
 }
 
 /// Problems the schema cannot see: combinations of fields.
@@ -66,12 +74,20 @@ pub fn validate(spec: &SelfNodeRemediationConfigSpec) -> Result<Vec<String>> {
             spec.api_server_timeout, spec.api_check_interval
         ));
     }
-    let view = duration("peerUpdateInterval", &spec.peer_update_interval)?;
-    if view < settings.licence() {
+    duration("peerUpdateInterval", &spec.peer_update_interval)?;
+    duration("peerApiServerTimeout", &spec.peer_api_server_timeout)?;
+    if let Some(timeout) = &spec.watchdog_timeout {
+        duration("watchdogTimeout", timeout)?;
+    }
+    if let Some(url) = spec.endpoint_health_check_url.as_deref().filter(|u| !u.is_empty())
+        && url
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_owned))
+            .is_none()
+    {
         warnings.push(format!(
-            "peerUpdateInterval ({}) is shorter than the licence ({}s): an API outage longer than it fences every node; raise peerUpdateInterval",
-            spec.peer_update_interval,
-            settings.licence().as_secs_f64()
+            "endpointHealthCheckUrl {url:?} names no host: the agents cannot probe it; write it like https://10.0.0.1/healthz"
         ));
     }
     Ok(warnings)
@@ -229,15 +245,26 @@ mod tests {
     }
 
     #[test]
-    fn a_short_view_bound_is_warned_about() {
+    fn every_field_reaches_the_agents_or_is_warned_about() {
         let mut spec = SelfNodeRemediationConfigSpec::default();
         assert!(validate(&spec).expect("valid").is_empty());
-        spec.peer_update_interval = "10s".parse().expect("duration");
+        spec.watchdog_timeout = Some("10s".parse().expect("duration"));
+        spec.endpoint_health_check_url = Some("https://10.0.0.1/healthz".into());
+        let flags = agent_flags(&spec);
+        for flag in [
+            "--watchdog-timeout=10s",
+            "--endpoint-health-check-url=https://10.0.0.1/healthz",
+            "--peer-api-server-timeout=5s",
+            "--peer-update-interval=15m",
+        ] {
+            assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
+        }
+        spec.endpoint_health_check_url = Some("/healthz".into());
         assert!(
             validate(&spec)
                 .expect("valid")
                 .iter()
-                .any(|w| w.contains("peerUpdateInterval"))
+                .any(|w| w.contains("endpointHealthCheckUrl"))
         );
     }
 }

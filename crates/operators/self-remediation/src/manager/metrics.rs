@@ -24,6 +24,21 @@ pub struct Metrics {
     pub minimum_safe_seconds: Gauge,
     pub certificates: Family<ResultLabels, Counter>,
     pub errors: Family<ResultLabels, Counter>,
+    pub membership_epoch: Gauge,
+    pub members: Gauge,
+    pub membership_changes: Family<ChangeLabels, Counter>,
+    /// Registered agents by fencing means.
+    pub means: Family<MeansLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChangeLabels {
+    pub change: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MeansLabels {
+    pub means: &'static str,
 }
 
 impl Metrics {
@@ -35,6 +50,10 @@ impl Metrics {
             minimum_safe_seconds: Gauge::default(),
             certificates: Family::default(),
             errors: Family::default(),
+            membership_epoch: Gauge::default(),
+            members: Gauge::default(),
+            membership_changes: Family::default(),
+            means: Family::default(),
         };
         registry.register(
             "nodemedic_self_remediation_steps",
@@ -66,7 +85,31 @@ impl Metrics {
             "Failed reconciles, by error kind",
             m.errors.clone(),
         );
+        registry.register(
+            "nodemedic_self_remediation_membership_epoch",
+            "The committed membership epoch of the licence protocol",
+            m.membership_epoch.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_members",
+            "Members of the committed membership (the agents whose votes count)",
+            m.members.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_membership_changes",
+            "Membership changes, by kind (bootstrapped, proposed, committed)",
+            m.membership_changes.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_agents_by_means",
+            "Registered agents by fencing means (hardware-watchdog, softdog, software-reboot, none)",
+            m.means.clone(),
+        );
         m
+    }
+
+    pub fn membership_change(&self, change: &'static str) {
+        self.membership_changes.get_or_create(&ChangeLabels { change }).inc();
     }
 
     pub fn step(&self, step: &str) {

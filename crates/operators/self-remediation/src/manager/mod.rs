@@ -3,6 +3,7 @@
 
 mod config;
 pub mod daemonset;
+mod membership;
 mod metrics;
 mod remediation;
 mod setup;
@@ -14,6 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease};
 use kube::{
     Api, Client,
+    core::PartialObjectMeta,
     runtime::{Controller, reflector::ObjectRef, watcher},
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig};
@@ -50,11 +52,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         metrics.clone(),
         events.clone(),
     ));
-    let registrations = watcher::Config::default().labels(&format!(
-        "{}={}",
-        registration::COMPONENT_LABEL,
-        registration::COMPONENT
-    ));
+    let registrations = watcher::Config::default().labels(&registration::registrations_and_membership_selector());
 
     let config_ctx = Arc::new(config::Context {
         client: client.clone(),
@@ -75,6 +73,15 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
     .watches(
         Api::<Lease>::namespaced(client.clone(), &namespace),
         registrations.clone(),
+        {
+            let config_ns = config_ns.clone();
+            move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns))
+        },
+    )
+    // A wait that ends releases the membership changes it held back.
+    .watches(
+        Api::<PartialObjectMeta<SelfNodeRemediation>>::all(client.clone()),
+        watcher::Config::default(),
         move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns)),
     )
     .run(config::reconcile, config::error_policy, config_ctx)

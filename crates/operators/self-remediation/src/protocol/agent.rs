@@ -1,6 +1,7 @@
 //! An agent's side of the licence protocol: when it may feed its watchdog, when it must fence at
-//! once, and how it votes for its peers. Generic over the clock so the model checker can drive it
-//! with integer ticks; the agent uses `std::time::Instant`.
+//! once, how it votes for its peers, and which configuration it counts votes in. Generic over the
+//! clock so the model checker can drive it with integer ticks; the agent uses
+//! `std::time::Instant`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -9,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use super::vote_quorum;
+use super::{membership::Configuration, vote_quorum};
 
 /// A monotonic moment.
 pub trait Moment: Copy + Ord + Add<Duration, Output = Self> + Debug {}
@@ -20,17 +21,19 @@ impl<T: Copy + Ord + Add<Duration, Output = T> + Debug> Moment for T {}
 pub struct Intent {
     pub node: String,
     pub uid: String,
-    /// Its workloads were already recovered (phase Fencing-Completed).
+    /// Its workloads were already recovered (phase Fencing-Completed) before this node booted.
     pub completed: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     Granted,
     /// The voter has accepted a remediation of the asker: the asker must fence.
     Remediating,
-    /// The voter restarted and has not read the API yet.
+    /// The voter restarted and has not read the API yet, or is stopping: it votes for no one.
     NotReady,
+    /// The voter adopted a newer configuration than the one the asker counts in; here it is.
+    Stale(Configuration),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,8 +48,20 @@ pub struct ApiRead<I> {
     /// When the request was sent (a licence is measured from here).
     pub sent: I,
     pub intents: Vec<Intent>,
-    /// The registered agents.
-    pub members: BTreeSet<String>,
+    /// The newest configuration, when the membership was part of this read.
+    pub configuration: Option<Configuration>,
+}
+
+/// How a vote round ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Round {
+    Licensed,
+    NoMajority,
+    Fenced,
+    /// A voter knew a newer configuration, which the agent adopted: ask again in it.
+    Adopted,
+    /// The agent has no configuration from the API yet, or is not a member of its own.
+    CannotCount,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -54,26 +69,29 @@ pub struct AgentState<I> {
     node: String,
     licence_until: Option<I>,
     fence: Option<FenceReason>,
-    read_api: bool,
+    /// Has read the remediations since it started.
+    read_intents: bool,
     /// Target node -> remediation uid this agent has accepted.
     accepted: BTreeMap<String, String>,
-    view: Option<(BTreeSet<String>, I)>,
+    /// The newest configuration it knows (first from an API read, then also from peers).
+    configuration: Option<Configuration>,
+    /// Stopping deliberately: it votes for no one any more.
+    stopping: bool,
     licence: Duration,
-    view_freshness: Duration,
 }
 
 impl<I: Moment> AgentState<I> {
     /// A freshly started agent: no licence, votes for no one until it has read the API.
-    pub fn new(node: &str, licence: Duration, view_freshness: Duration) -> Self {
+    pub fn new(node: &str, licence: Duration) -> Self {
         Self {
             node: node.to_owned(),
             licence_until: None,
             fence: None,
-            read_api: false,
+            read_intents: false,
             accepted: BTreeMap::new(),
-            view: None,
+            configuration: None,
+            stopping: false,
             licence,
-            view_freshness,
         }
     }
 
@@ -93,11 +111,20 @@ impl<I: Moment> AgentState<I> {
         &self.accepted
     }
 
-    /// The other members of the last view, to ask for votes.
+    pub fn configuration(&self) -> Option<&Configuration> {
+        self.configuration.as_ref()
+    }
+
+    /// The epoch it has adopted (0: none yet).
+    pub fn epoch(&self) -> u64 {
+        self.configuration.as_ref().map_or(0, |c| c.epoch)
+    }
+
+    /// The other members of its configuration, to ask for votes.
     pub fn peers(&self) -> Vec<String> {
-        self.view
+        self.configuration
             .as_ref()
-            .map(|(m, _)| m.iter().filter(|n| **n != self.node).cloned().collect())
+            .map(|c| c.members.iter().filter(|n| **n != self.node).cloned().collect())
             .unwrap_or_default()
     }
 
@@ -113,10 +140,21 @@ impl<I: Moment> AgentState<I> {
         self.licence_until = None;
     }
 
+    /// Configurations only move forward: an adopted epoch is never given up.
+    fn adopt(&mut self, newer: &Configuration) -> bool {
+        if self.epoch() < newer.epoch {
+            self.configuration = Some(newer.clone());
+            return true;
+        }
+        false
+    }
+
     /// Takes in a consistent read; returns whether the accepted set changed (to be recorded).
     pub fn on_api_read(&mut self, read: &ApiRead<I>) -> bool {
-        self.read_api = true;
-        self.view = Some((read.members.clone(), read.sent));
+        if let Some(configuration) = &read.configuration {
+            self.adopt(configuration);
+        }
+        self.read_intents = true;
         match read.intents.iter().find(|i| i.node == self.node) {
             // Its workloads are gone already: nothing of the old instances can run here.
             Some(own) if own.completed => self.extend(read.sent),
@@ -134,19 +172,45 @@ impl<I: Moment> AgentState<I> {
         changed
     }
 
-    /// Takes in the answers to a vote round sent at `sent`.
-    pub fn on_votes(&mut self, sent: I, answers: &[Verdict]) {
-        if answers.contains(&Verdict::Remediating) {
-            return self.fence(FenceReason::PeerSaysRemediating);
+    /// Takes in the answers (voter, verdict) to a round asked in epoch `asked_in` and sent at
+    /// `sent`. Only members of that configuration count, each once, the agent itself included
+    /// while it has not seen its own remediation.
+    pub fn on_votes(&mut self, sent: I, asked_in: u64, answers: &[(String, Verdict)]) -> Round {
+        if answers.iter().any(|(_, v)| *v == Verdict::Remediating) {
+            self.fence(FenceReason::PeerSaysRemediating);
+            return Round::Fenced;
         }
-        let Some((members, read_at)) = &self.view else { return };
-        // Counting votes needs a view recent enough to know every settled member.
-        if sent > *read_at + self.view_freshness || !members.contains(&self.node) {
-            return;
+        // A configuration learnt from a peer is adopted only by an agent that has read the API
+        // since it started: a rebooted node must read its own remediation first.
+        let newest = answers
+            .iter()
+            .filter_map(|(_, v)| match v {
+                Verdict::Stale(c) => Some(c),
+                _ => None,
+            })
+            .max_by_key(|c| c.epoch);
+        if let Some(newer) = newest
+            && self.configuration.is_some()
+            && self.adopt(newer)
+        {
+            return Round::Adopted;
         }
-        let granted = 1 + answers.iter().filter(|v| **v == Verdict::Granted).count();
-        if granted >= vote_quorum(members.len()) {
+        let Some(configuration) = &self.configuration else {
+            return Round::CannotCount;
+        };
+        if configuration.epoch != asked_in || !configuration.contains(&self.node) {
+            return Round::CannotCount;
+        }
+        let voters: BTreeSet<&str> = answers
+            .iter()
+            .filter(|(voter, v)| *v == Verdict::Granted && *voter != self.node && configuration.contains(voter))
+            .map(|(voter, _)| voter.as_str())
+            .collect();
+        if voters.len() + 1 >= vote_quorum(configuration.members.len()) {
             self.extend(sent);
+            Round::Licensed
+        } else {
+            Round::NoMajority
         }
     }
 
@@ -159,16 +223,25 @@ impl<I: Moment> AgentState<I> {
     #[cfg(test)]
     pub(crate) fn map_moments(&mut self, f: impl Fn(I) -> I) {
         self.licence_until = self.licence_until.map(&f);
-        if let Some((_, at)) = &mut self.view {
-            *at = f(*at);
-        }
     }
 
-    pub fn vote_for(&self, asker: &str) -> Verdict {
-        if !self.read_api {
+    /// A deliberate stop: from now on it votes for no one (before its registration says
+    /// `disarmed`, which the manager counts as an acknowledgement of every epoch).
+    pub fn stop_voting(&mut self) {
+        self.stopping = true;
+    }
+
+    /// The answer to `asker` counting votes in epoch `asked_in`.
+    pub fn vote_for(&self, asker: &str, asked_in: u64) -> Verdict {
+        let Some(configuration) = &self.configuration else {
+            return Verdict::NotReady;
+        };
+        if self.stopping || !self.read_intents {
             Verdict::NotReady
         } else if self.accepted.contains_key(asker) {
             Verdict::Remediating
+        } else if configuration.epoch > asked_in {
+            Verdict::Stale(configuration.clone())
         } else {
             Verdict::Granted
         }
@@ -180,7 +253,7 @@ mod tests {
     use super::*;
     use crate::protocol::Tick;
 
-    fn read(sent: u64, intents: &[(&str, bool)], members: &[&str]) -> ApiRead<Tick> {
+    fn read(sent: u64, intents: &[(&str, bool)], members: Option<(u64, &[&str])>) -> ApiRead<Tick> {
         ApiRead {
             sent: Tick(sent),
             intents: intents
@@ -191,19 +264,25 @@ mod tests {
                     completed: *c,
                 })
                 .collect(),
-            members: members.iter().map(|m| (*m).to_owned()).collect(),
+            configuration: members.map(|(epoch, m)| Configuration::new(epoch, m.iter().copied())),
         }
     }
 
     fn agent(node: &str) -> AgentState<Tick> {
-        AgentState::new(node, Duration::from_secs(5), Duration::from_secs(30))
+        AgentState::new(node, Duration::from_secs(5))
+    }
+
+    const ABC: Option<(u64, &[&str])> = Some((1, &["a", "b", "c"]));
+
+    fn granted(voters: &[&str]) -> Vec<(String, Verdict)> {
+        voters.iter().map(|v| ((*v).to_owned(), Verdict::Granted)).collect()
     }
 
     #[test]
     fn an_api_read_without_its_remediation_licenses_from_the_send_time() {
         let mut a = agent("a");
         assert!(!a.may_feed(Tick(0), Duration::ZERO));
-        a.on_api_read(&read(10, &[], &["a", "b", "c"]));
+        a.on_api_read(&read(10, &[], ABC));
         assert_eq!(a.licence_until(), Some(Tick(15)));
         assert!(a.may_feed(Tick(13), Duration::from_secs(1)));
         assert!(!a.may_feed(Tick(14), Duration::from_secs(1)), "keeps a margin");
@@ -212,11 +291,11 @@ mod tests {
     #[test]
     fn its_own_remediation_fences_at_once_and_for_good() {
         let mut a = agent("a");
-        a.on_api_read(&read(10, &[], &["a", "b", "c"]));
-        a.on_api_read(&read(11, &[("a", false)], &["a", "b", "c"]));
+        a.on_api_read(&read(10, &[], ABC));
+        a.on_api_read(&read(11, &[("a", false)], None));
         assert_eq!(a.fenced(), Some(FenceReason::OwnRemediation));
         assert!(!a.may_feed(Tick(11), Duration::ZERO));
-        a.on_api_read(&read(12, &[], &["a", "b", "c"]));
+        a.on_api_read(&read(12, &[], None));
         assert!(
             !a.may_feed(Tick(12), Duration::ZERO),
             "a fenced agent never feeds again"
@@ -226,41 +305,105 @@ mod tests {
     #[test]
     fn a_completed_remediation_lets_a_rebooted_node_run() {
         let mut a = agent("a");
-        a.on_api_read(&read(10, &[("a", true)], &["a", "b", "c"]));
+        a.on_api_read(&read(10, &[("a", true)], ABC));
         assert!(a.may_feed(Tick(11), Duration::ZERO));
     }
 
     #[test]
-    fn votes_license_only_with_a_majority_and_a_fresh_view() {
+    fn votes_license_with_a_majority_of_its_configuration_however_old_the_read() {
         let mut a = agent("a");
-        a.on_votes(Tick(1), &[Verdict::Granted, Verdict::Granted]);
-        assert_eq!(a.licence_until(), None, "no view: cannot count");
-        a.on_api_read(&read(10, &[], &["a", "b", "c", "d", "e"]));
-        a.on_votes(Tick(20), &[Verdict::Granted, Verdict::NotReady]);
-        assert_eq!(a.licence_until(), Some(Tick(15)), "2 of 5 is no majority");
-        a.on_votes(Tick(20), &[Verdict::Granted, Verdict::Granted]);
-        assert_eq!(a.licence_until(), Some(Tick(25)));
-        a.on_votes(Tick(41), &[Verdict::Granted, Verdict::Granted, Verdict::Granted]);
+        assert_eq!(a.on_votes(Tick(1), 0, &granted(&["b", "c"])), Round::CannotCount);
+        a.on_api_read(&read(10, &[], Some((1, &["a", "b", "c", "d", "e"]))));
         assert_eq!(
-            a.licence_until(),
-            Some(Tick(25)),
-            "a view older than its freshness bound counts nothing"
+            a.on_votes(
+                Tick(20),
+                1,
+                &[("b".into(), Verdict::Granted), ("c".into(), Verdict::NotReady)]
+            ),
+            Round::NoMajority,
+            "2 of 5 is no majority"
         );
-        a.on_votes(Tick(21), &[Verdict::Granted, Verdict::Remediating]);
+        assert_eq!(a.licence_until(), Some(Tick(15)));
+        assert_eq!(
+            a.on_votes(Tick(20), 1, &granted(&["b", "b", "x"])),
+            Round::NoMajority,
+            "a voter counts once, and a stranger not at all"
+        );
+        assert_eq!(a.on_votes(Tick(20), 1, &granted(&["b", "c"])), Round::Licensed);
+        assert_eq!(a.licence_until(), Some(Tick(25)));
+        assert_eq!(
+            a.on_votes(Tick(100_000), 1, &granted(&["b", "c"])),
+            Round::Licensed,
+            "no freshness bound: an outage of any length"
+        );
+        assert_eq!(
+            a.on_votes(
+                Tick(100_001),
+                1,
+                &[("b".into(), Verdict::Granted), ("c".into(), Verdict::Remediating)]
+            ),
+            Round::Fenced
+        );
         assert_eq!(a.fenced(), Some(FenceReason::PeerSaysRemediating));
     }
 
     #[test]
-    fn a_voter_refuses_what_it_accepted_and_votes_only_after_reading_the_api() {
+    fn a_stale_answer_moves_the_asker_to_the_newer_configuration() {
+        let mut a = agent("a");
+        a.on_api_read(&read(10, &[], ABC));
+        let newer = Configuration::new(2, ["a", "b", "c", "d"]);
+        assert_eq!(
+            a.on_votes(
+                Tick(11),
+                1,
+                &[
+                    ("b".into(), Verdict::Stale(newer.clone())),
+                    ("c".into(), Verdict::Granted)
+                ]
+            ),
+            Round::Adopted
+        );
+        assert_eq!(a.epoch(), 2);
+        assert_eq!(
+            a.on_votes(Tick(12), 1, &granted(&["b", "c"])),
+            Round::CannotCount,
+            "asked in the old epoch"
+        );
+        assert_eq!(a.on_votes(Tick(12), 2, &granted(&["b", "c"])), Round::Licensed);
+        a.on_api_read(&read(13, &[], ABC));
+        assert_eq!(a.epoch(), 2, "epochs never go back");
+    }
+
+    #[test]
+    fn an_agent_without_a_configuration_from_the_api_adopts_none_from_peers() {
+        let mut a = agent("a");
+        let c = Configuration::new(5, ["a", "b", "c"]);
+        assert_eq!(
+            a.on_votes(Tick(1), 0, &[("b".into(), Verdict::Stale(c))]),
+            Round::CannotCount
+        );
+        assert_eq!(a.epoch(), 0);
+    }
+
+    #[test]
+    fn a_voter_refuses_what_it_accepted_older_epochs_and_everything_while_stopping() {
         let mut b = agent("b");
-        assert_eq!(b.vote_for("a"), Verdict::NotReady);
-        assert!(b.on_api_read(&read(1, &[("a", false)], &["a", "b", "c"])));
-        assert_eq!(b.vote_for("a"), Verdict::Remediating);
-        assert_eq!(b.vote_for("c"), Verdict::Granted);
+        assert_eq!(b.vote_for("a", 1), Verdict::NotReady);
+        assert!(b.on_api_read(&read(1, &[("a", false)], Some((2, &["a", "b", "c"])))));
+        assert_eq!(b.vote_for("a", 2), Verdict::Remediating);
+        assert_eq!(b.vote_for("c", 2), Verdict::Granted);
+        assert_eq!(
+            b.vote_for("c", 3),
+            Verdict::Granted,
+            "a newer epoch it does not know yet"
+        );
+        assert!(matches!(b.vote_for("c", 1), Verdict::Stale(c) if c.epoch == 2));
         assert!(
-            b.on_api_read(&read(2, &[], &["a", "b", "c"])),
+            b.on_api_read(&read(2, &[], None)),
             "withdrawn when the remediation is gone"
         );
-        assert_eq!(b.vote_for("a"), Verdict::Granted);
+        assert_eq!(b.vote_for("a", 2), Verdict::Granted);
+        b.stop_voting();
+        assert_eq!(b.vote_for("a", 2), Verdict::NotReady);
     }
 }

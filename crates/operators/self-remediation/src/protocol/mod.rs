@@ -4,8 +4,10 @@
 
 pub mod agent;
 pub mod manager;
+pub mod membership;
 #[cfg(test)]
 mod model;
+pub mod wait;
 
 use std::time::Duration;
 

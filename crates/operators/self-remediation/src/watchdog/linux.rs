@@ -11,8 +11,18 @@ use std::{
     time::Duration,
 };
 
-use super::{Watchdog, WatchdogError};
+use super::{Reboot, Watchdog, WatchdogError};
 
+/// `struct watchdog_info` of linux/watchdog.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WatchdogInfo {
+    pub options: u32,
+    pub firmware_version: u32,
+    pub identity: [u8; 32],
+}
+
+nix::ioctl_read!(wdioc_getsupport, b'W', 0, WatchdogInfo);
 nix::ioctl_read!(wdioc_keepalive, b'W', 5, libc_int);
 nix::ioctl_readwrite!(wdioc_settimeout, b'W', 6, libc_int);
 nix::ioctl_read!(wdioc_gettimeout, b'W', 7, libc_int);
@@ -20,56 +30,33 @@ nix::ioctl_read!(wdioc_gettimeout, b'W', 7, libc_int);
 #[allow(non_camel_case_types)]
 type libc_int = std::ffi::c_int;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reboot {
-    /// `echo b > /proc/sysrq-trigger`: only with `--software-reboot` on a real node.
-    Sysrq,
-    Refused,
-}
+/// The identity the kernel's software watchdog reports.
+pub const SOFTDOG_IDENTITY: &str = "Software Watchdog";
 
 pub struct LinuxWatchdog {
     path: PathBuf,
     file: Option<File>,
     timeout: Duration,
+    identity: String,
     reboot: Reboot,
 }
 
-/// The configured path, or else the newest `/dev/watchdog*` (a softdog loaded by the node's
-/// administrator). nodemedic never loads kernel modules itself.
-fn find(configured: &Path) -> Option<PathBuf> {
-    if configured.exists() {
-        return Some(configured.to_owned());
-    }
-    let mut candidates: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir("/dev")
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("watchdog"))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    candidates.sort();
-    candidates.pop().map(|(_, p)| p)
-}
-
 impl LinuxWatchdog {
-    /// Opens (and so arms) the device; sets `timeout` when non-zero, then reads back what the
-    /// driver applied.
-    pub fn open(configured: PathBuf, reboot: Reboot, timeout: Duration) -> Result<Self, WatchdogError> {
-        let path = find(&configured).ok_or_else(|| WatchdogError::Unusable {
-            path: configured.clone(),
-            why: "no such device, and no /dev/watchdog* to fall back to".into(),
-        })?;
+    /// Opens (and so arms) the device; programs `timeout` when non-zero (WDIOC_SETTIMEOUT), then
+    /// reads back what the driver applied and the driver's identity.
+    pub fn open(path: &Path, timeout: Duration, reboot: Reboot) -> Result<Self, WatchdogError> {
         let io = |source| WatchdogError::Io {
-            path: path.clone(),
+            path: path.to_owned(),
             source,
         };
         let file = OpenOptions::new()
             .write(true)
             .custom_flags(nix::fcntl::OFlag::O_CLOEXEC.bits())
-            .open(&path)
+            .open(path)
             .map_err(io)?;
         let fd = file.as_raw_fd();
         if !timeout.is_zero() {
-            let mut seconds = timeout.as_secs().max(1) as libc_int;
+            let mut seconds = libc_int::try_from(timeout.as_secs().max(1)).unwrap_or(libc_int::MAX);
             // SAFETY: `seconds` is a live c_int for the duration of the call.
             unsafe { wdioc_settimeout(fd, &mut seconds) }.map_err(|e| io(e.into()))?;
         }
@@ -78,16 +65,33 @@ impl LinuxWatchdog {
         unsafe { wdioc_gettimeout(fd, &mut seconds) }.map_err(|e| io(e.into()))?;
         if seconds <= 0 {
             return Err(WatchdogError::Unusable {
-                path,
+                path: path.to_owned(),
                 why: format!("the driver reports a timeout of {seconds}s"),
             });
         }
+        let mut info = WatchdogInfo::default();
+        // SAFETY: `info` is a live, #[repr(C)] watchdog_info for the duration of the call. A
+        // driver without the ioctl leaves the identity empty.
+        let identity = match unsafe { wdioc_getsupport(fd, &mut info) } {
+            Ok(_) => identity_text(&info.identity),
+            Err(_) => String::new(),
+        };
         Ok(Self {
-            path,
+            path: path.to_owned(),
             file: Some(file),
-            timeout: Duration::from_secs(seconds as u64),
+            timeout: Duration::from_secs(seconds.unsigned_abs().into()),
+            identity,
             reboot,
         })
+    }
+
+    /// The driver's identity (`Software Watchdog` for softdog).
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn is_softdog(&self) -> bool {
+        self.identity == SOFTDOG_IDENTITY
     }
 
     fn fd(&self) -> Result<i32, WatchdogError> {
@@ -99,6 +103,11 @@ impl LinuxWatchdog {
                 why: "already disarmed".into(),
             })
     }
+}
+
+pub(crate) fn identity_text(raw: &[u8]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).trim().to_owned()
 }
 
 impl Watchdog for LinuxWatchdog {
@@ -128,18 +137,36 @@ impl Watchdog for LinuxWatchdog {
     }
 
     fn reboot_now(&mut self) -> Result<(), WatchdogError> {
-        match self.reboot {
-            Reboot::Refused => Err(WatchdogError::RebootRefused(
-                "software reboot is not enabled (--software-reboot) or this is a lab; the watchdog will reset the node",
-            )),
-            Reboot::Sysrq => std::fs::write("/proc/sysrq-trigger", b"b").map_err(|source| WatchdogError::Io {
-                path: "/proc/sysrq-trigger".into(),
-                source,
-            }),
-        }
+        self.reboot.now()
     }
 
     fn describe(&self) -> String {
-        format!("{} ({}s)", self.path.display(), self.timeout.as_secs())
+        let identity = if self.identity.is_empty() {
+            "no identity"
+        } else {
+            &self.identity
+        };
+        format!("{} ({identity}, {}s)", self.path.display(), self.timeout.as_secs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_end_at_the_first_nul() {
+        let mut raw = [0u8; 32];
+        raw[..SOFTDOG_IDENTITY.len()].copy_from_slice(SOFTDOG_IDENTITY.as_bytes());
+        assert_eq!(identity_text(&raw), SOFTDOG_IDENTITY);
+        assert_eq!(identity_text(&[0u8; 32]), "");
+    }
+
+    #[test]
+    fn a_missing_device_is_an_error_that_names_it() {
+        let error = LinuxWatchdog::open(Path::new("/nonexistent/watchdog"), Duration::ZERO, Reboot::Refused)
+            .err()
+            .expect("no device");
+        assert!(error.to_string().contains("/nonexistent/watchdog"), "{error}");
     }
 }

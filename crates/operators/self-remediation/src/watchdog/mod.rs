@@ -1,19 +1,32 @@
-//! The watchdog that resets a node whose agent stops feeding it, and the reboot an agent asks for
-//! when it must fence at once.
+//! How a node fences itself: the watchdog that resets it when its agent stops feeding, or the
+//! agent's own timer where there is no device, and the reboot an agent asks for when it must
+//! fence at once.
 //!
-//! Two implementations: the Linux device (`/dev/watchdog`, the only code with `unsafe`, in
-//! [`linux`]) and the lab's (`lab:<socket>`), a host-side timer that power-cycles a simulated
-//! node. **No lab configuration can reach the real reboot**: that needs a real device *and*
-//! `--software-reboot`, and is refused whenever `NODEMEDIC_LAB` is set, which the lab sets for
-//! every process it runs.
+//! The agent never exits for lack of a device. It takes, in order (seed 004's order): the
+//! configured device; else an existing softdog device; else, with software reboot enabled, its
+//! own timer; else nothing, and says so in its registration so the manager reports at once that
+//! the node cannot be self-remediated.
+//!
+//! Three implementations: the Linux device (`/dev/watchdog`, the only code with `unsafe`, in
+//! [`linux`]), the software timer ([`software`]), and the lab's (`lab:<socket>`), a host-side
+//! timer that power-cycles a simulated node. The software reboot writes `b` to
+//! `/proc/sysrq-trigger` and only with `--software-reboot`; the lab runs every node process with
+//! a file of its own mounted over that path, so a lab reboot reaches the lab, never the host.
 
 mod lab;
-mod linux;
+pub mod linux;
+mod software;
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 pub use lab::LabWatchdog;
 pub use linux::LinuxWatchdog;
+pub use software::SoftwareTimer;
+
+use crate::protocol::manager::{Means, SOFTWARE_REBOOT_DELAY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WatchdogError {
@@ -31,25 +44,185 @@ pub trait Watchdog: Send {
     fn feed(&mut self) -> Result<(), WatchdogError>;
     /// The magic close: stop the timer. Only for a deliberate, safe shutdown of the agent.
     fn disarm(&mut self) -> Result<(), WatchdogError>;
-    /// Reset the node now (fencing at once). The lab simulates it; on a real node it is the
-    /// software reboot, which needs explicit configuration.
+    /// Reset the node now (fencing at once).
     fn reboot_now(&mut self) -> Result<(), WatchdogError>;
+    /// Called on every round of the feeder: a timer kept in the agent acts here.
+    fn poll(&mut self) -> Result<(), WatchdogError> {
+        Ok(())
+    }
     fn describe(&self) -> String;
 }
 
-/// Opens the watchdog named by `spec`: `lab:<socket path>` (whose timeout the lab sets), or a
-/// device path, programmed with `timeout` unless it is zero.
-pub fn open(spec: &str, software_reboot: bool, timeout: Duration) -> Result<Box<dyn Watchdog>, WatchdogError> {
-    match spec.strip_prefix("lab:") {
-        Some(path) => Ok(Box::new(LabWatchdog::connect(path.into())?)),
-        None => {
-            let reboot = if software_reboot && std::env::var_os("NODEMEDIC_LAB").is_none() {
-                linux::Reboot::Sysrq
-            } else {
-                linux::Reboot::Refused
-            };
-            Ok(Box::new(LinuxWatchdog::open(spec.into(), reboot, timeout)?))
+/// The kernel's immediate reboot.
+pub const SYSRQ_TRIGGER: &str = "/proc/sysrq-trigger";
+
+/// How an agent reboots its node at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reboot {
+    /// Write `b` to this sysrq trigger (`isSoftwareRebootEnabled`).
+    Sysrq(PathBuf),
+    /// Software reboot is not enabled: the watchdog resets the node when it runs out.
+    Refused,
+}
+
+impl Reboot {
+    pub fn new(software_reboot: bool) -> Self {
+        if software_reboot {
+            Reboot::Sysrq(PathBuf::from(SYSRQ_TRIGGER))
+        } else {
+            Reboot::Refused
         }
+    }
+
+    pub fn now(&self) -> Result<(), WatchdogError> {
+        match self {
+            Reboot::Refused => Err(WatchdogError::RebootRefused(
+                "software reboot is not enabled (isSoftwareRebootEnabled); the watchdog resets the node",
+            )),
+            Reboot::Sysrq(trigger) => std::fs::write(trigger, b"b").map_err(|source| WatchdogError::Io {
+                path: trigger.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Where the agent looks for its fencing means.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The configured device (`watchdogFilePath`), or `lab:<socket>` for the lab's.
+    pub device: String,
+    /// The timeout to program (zero: the driver's own).
+    pub timeout: Duration,
+    pub software_reboot: bool,
+    /// Where watchdog devices are described (`/sys/class/watchdog`), to find a softdog.
+    pub sysfs: PathBuf,
+    /// Where their device files are (`/dev`).
+    pub dev: PathBuf,
+    pub reboot: Reboot,
+}
+
+impl Settings {
+    pub fn new(device: &str, timeout: Duration, software_reboot: bool) -> Self {
+        Self {
+            device: device.to_owned(),
+            timeout,
+            software_reboot,
+            sysfs: PathBuf::from("/sys/class/watchdog"),
+            dev: PathBuf::from("/dev"),
+            reboot: Reboot::new(software_reboot),
+        }
+    }
+}
+
+/// The means an agent found, with the timer that implements it (none for [`Means::None`]).
+pub struct Fencing {
+    pub means: Means,
+    pub watchdog: Option<Box<dyn Watchdog>>,
+    /// Why a device in the order was passed over, for the log.
+    pub passed_over: Vec<String>,
+}
+
+impl Fencing {
+    /// The timeout the registration publishes: the device's, zero for the software timer and
+    /// none.
+    pub fn published_timeout(&self) -> Duration {
+        match self.means {
+            Means::HardwareWatchdog | Means::Softdog => self.watchdog.as_ref().map_or(Duration::ZERO, |w| w.timeout()),
+            Means::SoftwareReboot | Means::None => Duration::ZERO,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match &self.watchdog {
+            Some(w) => format!("{}: {}", self.means.as_str(), w.describe()),
+            None => self.means.as_str().to_owned(),
+        }
+    }
+}
+
+/// An existing softdog device: the `/sys/class/watchdog` entry whose identity says so.
+fn find_softdog(settings: &Settings) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&settings.sysfs)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("identity")).is_ok_and(|id| id.trim() == linux::SOFTDOG_IDENTITY)
+        })
+        .map(|e| settings.dev.join(e.file_name()))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>), WatchdogError> {
+    let wd = LinuxWatchdog::open(path, settings.timeout, settings.reboot.clone())?;
+    let means = if wd.is_softdog() {
+        Means::Softdog
+    } else {
+        Means::HardwareWatchdog
+    };
+    Ok((means, Box::new(wd)))
+}
+
+/// Finds and arms the node's fencing means, in seed 004's order.
+pub fn open(settings: &Settings) -> Fencing {
+    let mut passed_over = Vec::new();
+    if let Some(socket) = settings.device.strip_prefix("lab:") {
+        match LabWatchdog::connect(socket.into()) {
+            Ok(wd) => {
+                return Fencing {
+                    means: Means::HardwareWatchdog,
+                    watchdog: Some(Box::new(wd)),
+                    passed_over,
+                };
+            }
+            Err(error) => passed_over.push(error.to_string()),
+        }
+    } else {
+        let configured = Path::new(&settings.device);
+        if configured.exists() {
+            match device(configured, settings) {
+                Ok((means, wd)) => {
+                    return Fencing {
+                        means,
+                        watchdog: Some(wd),
+                        passed_over,
+                    };
+                }
+                Err(error) => passed_over.push(error.to_string()),
+            }
+        } else {
+            passed_over.push(format!("{}: no such device", configured.display()));
+        }
+    }
+    if let Some(softdog) = find_softdog(settings).filter(|p| p.as_path() != Path::new(&settings.device)) {
+        match device(&softdog, settings) {
+            Ok((means, wd)) => {
+                return Fencing {
+                    means,
+                    watchdog: Some(wd),
+                    passed_over,
+                };
+            }
+            Err(error) => passed_over.push(error.to_string()),
+        }
+    }
+    if settings.software_reboot {
+        return Fencing {
+            means: Means::SoftwareReboot,
+            watchdog: Some(Box::new(SoftwareTimer::new(
+                SOFTWARE_REBOOT_DELAY,
+                settings.reboot.clone(),
+            ))),
+            passed_over,
+        };
+    }
+    Fencing {
+        means: Means::None,
+        watchdog: None,
+        passed_over,
     }
 }
 
@@ -58,4 +231,75 @@ pub fn feed_interval(timeout: Duration) -> Duration {
     (timeout / 3)
         .min(Duration::from_secs(1))
         .max(Duration::from_millis(100))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path, device: &str, software_reboot: bool) -> Settings {
+        Settings {
+            device: device.to_owned(),
+            timeout: Duration::ZERO,
+            software_reboot,
+            sysfs: dir.join("sys"),
+            dev: dir.join("dev"),
+            reboot: if software_reboot {
+                Reboot::Sysrq(dir.join("sysrq-trigger"))
+            } else {
+                Reboot::Refused
+            },
+        }
+    }
+
+    #[test]
+    fn without_any_device_software_reboot_is_the_means_and_its_timer_reboots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = settings(dir.path(), "/nonexistent/watchdog", true);
+        let mut fencing = open(&s);
+        assert_eq!(fencing.means, Means::SoftwareReboot);
+        assert_eq!(fencing.published_timeout(), Duration::ZERO);
+        assert!(
+            fencing.passed_over[0].contains("no such device"),
+            "{:?}",
+            fencing.passed_over
+        );
+        let wd = fencing.watchdog.as_mut().expect("a timer");
+        wd.feed().expect("feed");
+        wd.poll().expect("poll");
+        assert!(!dir.path().join("sysrq-trigger").exists(), "fed: no reboot");
+        wd.reboot_now().expect("reboot");
+        assert_eq!(std::fs::read(dir.path().join("sysrq-trigger")).expect("written"), b"b");
+    }
+
+    #[test]
+    fn without_any_device_or_software_reboot_there_is_no_means() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fencing = open(&settings(dir.path(), "/nonexistent/watchdog", false));
+        assert_eq!(fencing.means, Means::None);
+        assert!(fencing.watchdog.is_none());
+    }
+
+    #[test]
+    fn a_softdog_is_found_by_its_identity() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, identity) in [("watchdog0", "iTCO_wdt"), ("watchdog1", "Software Watchdog")] {
+            std::fs::create_dir_all(dir.path().join("sys").join(name)).expect("dir");
+            std::fs::write(
+                dir.path().join("sys").join(name).join("identity"),
+                format!("{identity}\n"),
+            )
+            .expect("id");
+            std::fs::create_dir_all(dir.path().join("dev")).expect("dir");
+            std::fs::write(dir.path().join("dev").join(name), "").expect("dev");
+        }
+        let s = settings(dir.path(), "/nonexistent/watchdog", false);
+        assert_eq!(find_softdog(&s), Some(dir.path().join("dev").join("watchdog1")));
+    }
+
+    #[test]
+    fn the_refused_reboot_says_how_to_enable_it() {
+        let error = Reboot::Refused.now().err().expect("refused");
+        assert!(error.to_string().contains("isSoftwareRebootEnabled"), "{error}");
+    }
 }

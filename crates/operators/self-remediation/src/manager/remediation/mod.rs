@@ -30,8 +30,9 @@ pub struct Context {
     /// Kubernetes >= 1.28: the out-of-service taint is GA.
     pub out_of_service: bool,
     /// When this manager first saw each remediation's acceptance quorum (by uid), on its own
-    /// monotonic clock. Deliberately not persisted: a new leader waits afresh.
-    pub observed: Mutex<HashMap<String, Instant>>,
+    /// monotonic clock, and the membership epoch it was counted in. The status records the
+    /// start on the API server's clock too, for a new leader to continue from.
+    pub observed: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 fn step_name(step: &Step) -> &'static str {

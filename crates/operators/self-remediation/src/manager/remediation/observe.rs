@@ -15,7 +15,11 @@ use crate::{
     Error, Result,
     decide::{Applied, Facts, Phase},
     manager::daemonset,
-    protocol::{Timing, manager as rules},
+    protocol::{
+        Timing, manager as rules,
+        membership::Membership,
+        wait::{self, LocalWait, RecordedWait},
+    },
     registration,
 };
 
@@ -34,12 +38,28 @@ pub fn node_of(snr: &SelfNodeRemediation) -> String {
         .unwrap_or_else(|| snr.name_any())
 }
 
-async fn registrations(ctx: &Context) -> Result<Vec<rules::Registration>> {
-    let selector = format!("{}={}", registration::COMPONENT_LABEL, registration::COMPONENT);
-    let leases = Api::<Lease>::namespaced(ctx.client.clone(), &ctx.namespace)
+/// The registrations and the membership, in one list.
+pub async fn registrations(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<(Vec<rules::Registration>, Option<Membership>)> {
+    let selector = registration::registrations_and_membership_selector();
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&selector))
         .await?;
-    Ok(leases.items.iter().filter_map(registration::registration).collect())
+    Ok((
+        leases.items.iter().filter_map(registration::registration).collect(),
+        leases.items.iter().find_map(registration::membership),
+    ))
+}
+
+/// The wait a remediation's status records.
+fn recorded_wait(snr: &SelfNodeRemediation) -> Option<RecordedWait> {
+    let status = snr.status.as_ref()?;
+    Some(RecordedWait {
+        started: status.wait_started_at.as_ref()?.0,
+        epoch: u64::try_from(status.membership_epoch?).ok()?,
+    })
 }
 
 pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observed> {
@@ -51,14 +71,9 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         .map(|c| c.spec)
         .unwrap_or_default();
     let settings = daemonset::licence_settings(&config)?;
-    let view = config
-        .peer_update_interval
-        .duration()
-        .unwrap_or(Duration::from_secs(900));
     let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
-    let regs = registrations(ctx).await?;
-    let now = jiff::Timestamp::now();
-    let acceptance = rules::acceptance(&node_name, &uid, &regs, now, view);
+    let (regs, membership) = registrations(&ctx.client, &ctx.namespace).await?;
+    let acceptance = rules::acceptance(&node_name, &uid, &regs, membership.as_ref());
     let timing = regs
         .iter()
         .find(|r| r.node == node_name)
@@ -83,6 +98,29 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         RemediationStrategy::Automatic => Applied::ResourceDeletion,
     };
     let phase = Phase::parse(snr.status.as_ref().and_then(|s| s.phase.as_deref()));
+    let local = ctx
+        .observed
+        .lock()
+        .map_err(|_| Error::Poisoned)?
+        .get(&uid)
+        .map(|(since, epoch)| LocalWait {
+            elapsed: since.elapsed(),
+            epoch: *epoch,
+        });
+    let recorded = recorded_wait(snr);
+    // A wait this process did not see begin is continued on the API server's clock.
+    let server_now = if phase == Phase::PreRebootCompleted && recorded.is_some() && local.is_none() {
+        match nodemedic_kube::time::server_now(&ctx.client).await {
+            Ok(now) => Some(now),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the API server's clock; the wait starts again");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let accepted_for = wait::waited(local, recorded, server_now, acceptance.epoch);
     let (pods_left, attachments_left) = if phase >= Phase::RebootCompleted {
         (
             workloads::pods(&ctx.client, &node_name).await?.len(),
@@ -110,12 +148,7 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         ),
         target_disarmed: regs.iter().any(|r| r.node == node_name && r.disarmed),
         acceptance_met: acceptance.met,
-        accepted_for: ctx
-            .observed
-            .lock()
-            .map_err(|_| Error::Poisoned)?
-            .get(&uid)
-            .map(|t| t.elapsed()),
+        accepted_for,
         safe_time,
         no_schedule_taint: taints::has(&node_taints, keys::SNR_KEY, "NoSchedule"),
         out_of_service_taint: taints::has(&node_taints, keys::OUT_OF_SERVICE_KEY, "NoExecute"),

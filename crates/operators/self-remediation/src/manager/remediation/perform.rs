@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -201,7 +202,7 @@ pub async fn perform(
             }
         }
         Step::AwaitAcceptance => {
-            let by = seen.acceptance.by.clone();
+            let by = seen.acceptance.by();
             set_status(api, snr, |s, _| {
                 let changed = s.accepted_by.as_ref() != Some(&by);
                 s.accepted_by = Some(by.clone());
@@ -211,25 +212,38 @@ pub async fn perform(
             return Ok(Some(Action::requeue(Duration::from_secs(2))));
         }
         Step::ObserveAcceptance => {
+            let epoch = seen.acceptance.epoch;
+            // The start on the API server's clock, read after the acceptance read: a new leader
+            // continues from it. Without it a new leader would start the wait again.
+            let started = match nodemedic_kube::time::server_now(&ctx.client).await {
+                Ok(now) => Some(now),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the API server's clock: a new leader would wait afresh");
+                    None
+                }
+            };
             {
                 let mut observed = ctx.observed.lock().map_err(|_| Error::Poisoned)?;
                 // A remediation deleted mid-wait never reaches RemoveFinalizer: forget waits
                 // older than any safe time (forgetting one only makes it start again).
-                observed.retain(|_, since| since.elapsed() < FORGET_WAITS_AFTER);
-                observed.insert(snr.uid().unwrap_or_default(), Instant::now());
+                observed.retain(|_, (since, _)| since.elapsed() < FORGET_WAITS_AFTER);
+                observed.insert(snr.uid().unwrap_or_default(), (Instant::now(), epoch));
             }
-            let by = seen.acceptance.by.clone();
-            let assumed = nodemedic_kube::time::add(&nodemedic_kube::time::now(), seen.safe_time);
+            let by = seen.acceptance.by();
+            let assumed =
+                nodemedic_kube::time::add(&Time(started.unwrap_or_else(jiff::Timestamp::now)), seen.safe_time);
             let restarted = seen.facts.phase == Phase::PreRebootCompleted;
             set_status(api, snr, |s, _| {
                 s.phase = Phase::PreRebootCompleted.as_str().map(str::to_owned);
                 s.accepted_by = Some(by.clone());
                 s.time_assumed_rebooted = Some(assumed.clone());
+                s.wait_started_at = started.map(Time);
+                s.membership_epoch = i64::try_from(epoch).ok();
                 true
             })
             .await?;
             let note = format!(
-                "{} of the other agents refuse {node} a licence ({}); its workloads are released at {} unless this changes",
+                "{} of the other agents refuse {node} a licence ({}) in membership epoch {epoch}; its workloads are released at {} unless this changes",
                 by.len(),
                 by.join(", "),
                 assumed.0

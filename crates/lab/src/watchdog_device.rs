@@ -1,0 +1,454 @@
+//! An emulated watchdog device per node: a one-file FUSE filesystem at
+//! `<lab>/nodes/<node>-dev/watchdog` that speaks the Linux watchdog API (open arms it,
+//! WDIOC_SETTIMEOUT / GETTIMEOUT / GETSUPPORT / KEEPALIVE, a write is a keep-alive, the magic
+//! close disarms), so the product's unmodified `LinuxWatchdog` runs against it. It is served by a
+//! thread of the lab on the host, like the socket watchdog whose per-node state it shares: a
+//! partition does not stop it, and its expiry power-cycles the node the same way.
+//!
+//! FUSE passes only "restricted" ioctls on a regular file: the kernel copies in and out what the
+//! command's _IOC direction and size say, which the WDIOC_* commands (an `int` or a
+//! `struct watchdog_info`) describe exactly.
+
+use std::{
+    collections::HashMap,
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, UNIX_EPOCH},
+};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags, LockOwner, OpenFlags,
+    ReplyAttr, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyWrite, Request, WriteFlags,
+};
+
+use crate::{Error, Lab, Result, error::io, watchdog::Watchdogs};
+
+/// What the driver reports as its identity (WDIOC_GETSUPPORT): not softdog's, so the agent
+/// treats it as a hardware watchdog.
+pub const WATCHDOG_DEVICE_IDENTITY: &str = "nodemedic lab watchdog";
+
+/// What a node's emulated watchdog device was asked to do since the lab started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchdogDeviceStats {
+    /// The timeout last programmed with WDIOC_SETTIMEOUT.
+    pub programmed_timeout: Option<Duration>,
+    /// Keep-alives that fed the armed watchdog: WDIOC_KEEPALIVE and writes.
+    pub keepalives: u64,
+    pub opens: u64,
+    /// Releases after a write holding `V` that disarmed the watchdog.
+    pub magic_closes: u64,
+}
+
+const WDIOC_GETSUPPORT: u32 = nix::request_code_read!(b'W', 0, INFO_SIZE) as u32;
+const WDIOC_GETSTATUS: u32 = nix::request_code_read!(b'W', 1, INT) as u32;
+const WDIOC_GETBOOTSTATUS: u32 = nix::request_code_read!(b'W', 2, INT) as u32;
+const WDIOC_KEEPALIVE: u32 = nix::request_code_read!(b'W', 5, INT) as u32;
+const WDIOC_SETTIMEOUT: u32 = nix::request_code_readwrite!(b'W', 6, INT) as u32;
+const WDIOC_GETTIMEOUT: u32 = nix::request_code_read!(b'W', 7, INT) as u32;
+const INT: usize = size_of::<i32>();
+/// `struct watchdog_info`: options, firmware_version, identity[32].
+const INFO_SIZE: usize = 40;
+const WDIOF_SETTIMEOUT: u32 = 0x0080;
+const WDIOF_MAGICCLOSE: u32 = 0x0100;
+const WDIOF_KEEPALIVEPING: u32 = 0x8000;
+/// softdog's upper bound.
+const MAX_TIMEOUT_SECONDS: i32 = 65_535;
+
+const DEVICE: INodeNo = INodeNo(2);
+const NAME: &str = "watchdog";
+const TTL: Duration = Duration::from_secs(1);
+
+struct Handle {
+    /// The watchdog generation this open armed: after a power cycle (or a newer open) the handle
+    /// no longer speaks for the device.
+    generation: u64,
+    /// The last write held a `V`: the release disarms.
+    magic: bool,
+}
+
+struct Device {
+    node: String,
+    watchdogs: Watchdogs,
+    default_timeout: Duration,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_handle: AtomicU64,
+}
+
+fn attr(ino: INodeNo) -> FileAttr {
+    let dir = ino == INodeNo::ROOT;
+    FileAttr {
+        ino,
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: if dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
+        perm: if dir { 0o755 } else { 0o600 },
+        nlink: if dir { 2 } else { 1 },
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: 512,
+    }
+}
+
+fn info() -> [u8; INFO_SIZE] {
+    let mut raw = [0u8; INFO_SIZE];
+    let options = WDIOF_SETTIMEOUT | WDIOF_MAGICCLOSE | WDIOF_KEEPALIVEPING;
+    raw[..4].copy_from_slice(&options.to_ne_bytes());
+    raw[8..8 + WATCHDOG_DEVICE_IDENTITY.len()].copy_from_slice(WATCHDOG_DEVICE_IDENTITY.as_bytes());
+    raw
+}
+
+fn seconds(timeout: Duration) -> i32 {
+    i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX)
+}
+
+/// The bytes an ioctl copies out to the caller, or its error.
+type Answer = std::result::Result<Vec<u8>, Errno>;
+
+impl Device {
+    fn generation_of(&self, fh: FileHandle) -> Option<u64> {
+        self.handles.lock().ok()?.get(&fh.0).map(|h| h.generation)
+    }
+
+    /// Feeds through a handle; `ENODEV` when it is stale, as a real driver answers once its
+    /// device is gone.
+    fn keepalive(&self, generation: u64) -> std::result::Result<(), Errno> {
+        let default = self.default_timeout;
+        let fed = self.watchdogs.with_node(&self.node, |s| {
+            let fed = s.feed(generation, s.device_timeout.unwrap_or(default));
+            if fed {
+                s.device_stats.keepalives += 1;
+            }
+            fed
+        });
+        if fed == Some(true) { Ok(()) } else { Err(Errno::ENODEV) }
+    }
+
+    fn answer(&self, generation: u64, cmd: u32, input: &[u8]) -> Answer {
+        let default = self.default_timeout;
+        match cmd {
+            WDIOC_GETSUPPORT => Ok(info().to_vec()),
+            WDIOC_GETSTATUS | WDIOC_GETBOOTSTATUS => Ok(0i32.to_ne_bytes().to_vec()),
+            WDIOC_KEEPALIVE => self.keepalive(generation).map(|()| Vec::new()),
+            WDIOC_GETTIMEOUT => self
+                .watchdogs
+                .with_node(&self.node, |s| seconds(s.device_timeout.unwrap_or(default)))
+                .map(|t| t.to_ne_bytes().to_vec())
+                .ok_or(Errno::ENODEV),
+            WDIOC_SETTIMEOUT => {
+                let raw: [u8; INT] = input.get(..INT).and_then(|b| b.try_into().ok()).ok_or(Errno::EINVAL)?;
+                let wanted = i32::from_ne_bytes(raw);
+                if !(1..=MAX_TIMEOUT_SECONDS).contains(&wanted) {
+                    return Err(Errno::EINVAL);
+                }
+                let timeout = Duration::from_secs(wanted.unsigned_abs().into());
+                // Setting the timeout also pings, as the kernel's watchdog core does.
+                let applied = self.watchdogs.with_node(&self.node, |s| {
+                    let applied = s.feed(generation, timeout);
+                    if applied {
+                        s.device_timeout = Some(timeout);
+                        s.device_stats.programmed_timeout = Some(timeout);
+                    }
+                    applied
+                });
+                if applied == Some(true) {
+                    Ok(wanted.to_ne_bytes().to_vec())
+                } else {
+                    Err(Errno::ENODEV)
+                }
+            }
+            _ => Err(Errno::ENOTTY),
+        }
+    }
+}
+
+impl Filesystem for Device {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent == INodeNo::ROOT && name == NAME {
+            reply.entry(&TTL, &attr(DEVICE), fuser::Generation(0));
+        } else {
+            reply.error(Errno::ENOENT);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if ino == INodeNo::ROOT || ino == DEVICE {
+            reply.attr(&TTL, &attr(ino));
+        } else {
+            reply.error(Errno::ENOENT);
+        }
+    }
+
+    /// Only `O_TRUNC` (a shell's `>`) gets here: like a character device, nothing changes.
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.getattr(req, ino, None, reply);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if ino != DEVICE {
+            reply.error(Errno::EISDIR);
+            return;
+        }
+        let default = self.default_timeout;
+        let armed = self.watchdogs.with_node(&self.node, |s| {
+            s.device_stats.opens += 1;
+            s.arm(s.device_timeout.unwrap_or(default))
+        });
+        let (Some(generation), Ok(mut handles)) = (armed, self.handles.lock()) else {
+            reply.error(Errno::EIO);
+            return;
+        };
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        handles.insert(
+            fh,
+            Handle {
+                generation,
+                magic: false,
+            },
+        );
+        tracing::debug!(node = %self.node, pid = req.pid(), "watchdog device opened: armed");
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE,
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(generation) = self.generation_of(fh) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        if let Err(errno) = self.keepalive(generation) {
+            reply.error(errno);
+            return;
+        }
+        // As the kernel's watchdog core: only the last write decides whether the close is magic.
+        if let Ok(mut handles) = self.handles.lock()
+            && let Some(handle) = handles.get_mut(&fh.0)
+        {
+            handle.magic = data.contains(&b'V');
+        }
+        reply.written(u32::try_from(data.len()).unwrap_or(u32::MAX));
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let handle = self.handles.lock().ok().and_then(|mut h| h.remove(&fh.0));
+        if let Some(Handle {
+            generation,
+            magic: true,
+        }) = handle
+        {
+            self.watchdogs.with_node(&self.node, |s| {
+                if s.disarm(generation) {
+                    s.device_stats.magic_closes += 1;
+                }
+            });
+        } else if handle.is_some() {
+            tracing::debug!(node = %self.node, "watchdog device closed without the magic close: still armed");
+        }
+        reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let Some(generation) = self.generation_of(fh) else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        match self.answer(generation, cmd, in_data) {
+            Ok(out) => {
+                let len = out.len().min(usize::try_from(out_size).unwrap_or(usize::MAX));
+                reply.ioctl(0, &out[..len]);
+            }
+            Err(errno) => reply.error(errno),
+        }
+    }
+}
+
+/// The directory the node's device filesystem is mounted on.
+pub(crate) fn mount_point(dir: &Path, node: &str) -> PathBuf {
+    dir.join("nodes").join(format!("{node}-dev"))
+}
+
+/// Mounts the node's device and serves it on a thread of its own until the returned task is
+/// dropped (aborted with the lab's tasks); teardown unmounts it first in any case.
+pub(crate) fn mount(
+    watchdogs: &Watchdogs,
+    node: &str,
+    dir: &Path,
+    default_timeout: Duration,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let point = mount_point(dir, node);
+    std::fs::create_dir_all(&point).map_err(io(format!("creating {}", point.display())))?;
+    watchdogs.register(node);
+    let device = Device {
+        node: node.to_owned(),
+        watchdogs: watchdogs.clone(),
+        default_timeout,
+        handles: Mutex::new(HashMap::new()),
+        next_handle: AtomicU64::new(1),
+    };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName(format!("nodemedic-lab-{node}")),
+        fuser::MountOption::Subtype("nodemedic-watchdog".into()),
+        fuser::MountOption::NoExec,
+    ];
+    let session = fuser::spawn_mount(device, &point, &config).map_err(|e| Error::Command {
+        command: format!("mounting the watchdog device on {}", point.display()),
+        detail: format!("{e} (FUSE needs /dev/fuse and root)"),
+    })?;
+    Ok(tokio::spawn(async move {
+        let _session = session;
+        std::future::pending::<()>().await;
+    }))
+}
+
+/// Detaches every mount under `dir` (deepest first): a lab's device filesystems at teardown, or
+/// those a killed lab left, whose server is gone and whose directory cannot be removed until
+/// they are.
+pub(crate) fn unmount_under(dir: &Path) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(&dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        if let Err(error) = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(%error, point = %point.display(), "unmounting a lab device failed");
+        }
+    }
+}
+
+/// Mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 4).and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+impl Lab {
+    /// The node's emulated watchdog device, for `LinuxWatchdog::open` (or an agent's
+    /// `--watchdog=<path>`). Served on the host; visible inside the node's namespace too.
+    pub fn watchdog_device_path(&self, node: &str) -> PathBuf {
+        mount_point(self.dir(), node).join(NAME)
+    }
+
+    /// What the node's emulated watchdog device was asked to do since the lab started.
+    pub fn watchdog_device_stats(&self, node: &str) -> Result<WatchdogDeviceStats> {
+        self.inner.index(node)?;
+        Ok(self
+            .inner
+            .watchdogs
+            .with_node(node, |s| s.device_stats.clone())
+            .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_are_the_kernels() {
+        assert_eq!(WDIOC_GETSUPPORT, 0x8028_5700);
+        assert_eq!(WDIOC_KEEPALIVE, 0x8004_5705);
+        assert_eq!(WDIOC_SETTIMEOUT, 0xc004_5706);
+        assert_eq!(WDIOC_GETTIMEOUT, 0x8004_5707);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape(r"/tmp/a\040b\134c"), r"/tmp/a b\c");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn the_identity_fits_and_is_not_softdogs() {
+        let raw = info();
+        let end = raw[8..].iter().position(|b| *b == 0).map_or(32, |p| p);
+        assert_eq!(&raw[8..8 + end], WATCHDOG_DEVICE_IDENTITY.as_bytes());
+    }
+}

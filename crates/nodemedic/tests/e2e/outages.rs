@@ -1,0 +1,91 @@
+//! Control-plane outages longer than any bound the licence protocol once had: no agent that
+//! reaches a majority of its peers fences, however long the API server or etcd is gone, and
+//! nothing healthy is remediated when it comes back.
+
+use std::time::{Duration, Instant};
+
+use nodemedic_api::self_remediation::SelfNodeRemediation;
+use nodemedic_lab::{Lab, LabConfig, Timings};
+
+use crate::{
+    selfremediation::{cluster_with, fenced},
+    support::{NS, eventually, list, scenario},
+};
+use scenario::LabWatchdog;
+
+const OUTAGE: Duration = Duration::from_secs(600);
+/// After the control plane is back: longer than Kubernetes' default node-monitor grace (50 s)
+/// and the seed check's 10 s durations, so a node wrongly seen unhealthy would be remediated.
+const AFTERMATH: Duration = Duration::from_secs(90);
+
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    ApiServer,
+    Etcd,
+}
+
+/// Keeps the control plane down for [`OUTAGE`], checking all along that no node fences, then
+/// brings it back and checks for [`AFTERMATH`] that nothing is remediated or fenced.
+async fn outage(lab: &Lab, kind: Outage) {
+    match kind {
+        Outage::ApiServer => lab.stop_apiserver().await,
+        Outage::Etcd => lab.stop_etcd().await,
+    }
+    .expect("stop");
+    let since = Instant::now();
+    eventually(&format!("a {kind:?} outage of {OUTAGE:?}"), OUTAGE * 2, || async {
+        assert!(
+            fenced(lab).is_empty(),
+            "a node fenced {:?} into the {kind:?} outage: {:?}",
+            since.elapsed(),
+            fenced(lab)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (since.elapsed() >= OUTAGE).then_some(())
+    })
+    .await;
+    match kind {
+        Outage::ApiServer => lab.start_apiserver().await,
+        Outage::Etcd => lab.start_etcd().await,
+    }
+    .expect("start");
+    let client = lab.client();
+    let back = Instant::now();
+    eventually(
+        &format!("{AFTERMATH:?} after the {kind:?} outage"),
+        AFTERMATH * 2,
+        || async {
+            assert!(
+                fenced(lab).is_empty(),
+                "a node fenced after the {kind:?} outage: {:?}",
+                fenced(lab)
+            );
+            let remediations = list::<SelfNodeRemediation>(&client, NS).await;
+            assert!(
+                remediations.is_empty(),
+                "a healthy node was remediated after the {kind:?} outage: {:?}",
+                remediations.iter().map(|r| r.metadata.name.clone()).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            (back.elapsed() >= AFTERMATH).then_some(())
+        },
+    )
+    .await;
+    println!("{kind:?} outage of {OUTAGE:?}: no node fenced, nothing remediated");
+}
+
+/// The seed's self-remediation timings (API checks every 15 s, so an agent with neither the API
+/// nor its peers fences after 72 s) on a cluster with Kubernetes' default failure detection (40 s
+/// kubelet leases, 50 s node-monitor grace): ten minutes without the API server, then ten without
+/// etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
+    let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
+    let (lab, _) = cluster_with(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_CONFIG).await;
+    outage(&lab, Outage::ApiServer).await;
+    outage(&lab, Outage::Etcd).await;
+    assert!(
+        lab.nodes().iter().all(|n| lab.watchdog_armed(n)),
+        "every agent still feeds"
+    );
+}

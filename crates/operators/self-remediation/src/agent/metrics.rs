@@ -1,0 +1,96 @@
+//! The agent's metrics (served with `--metrics-bind`).
+
+use std::{net::SocketAddr, sync::Arc};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::{Result, protocol::agent::Verdict};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pub(super) api_checks: Family<ResultLabels, Counter>,
+    pub(super) vote_rounds: Family<ResultLabels, Counter>,
+    votes_cast: Family<ResultLabels, Counter>,
+    pub(super) endpoint_checks: Family<ResultLabels, Counter>,
+    feeding: Gauge,
+    fenced: Gauge,
+    pub(super) epoch: Gauge,
+}
+
+impl Metrics {
+    pub fn set_feeding(&self, on: bool) {
+        self.feeding.set(on as i64);
+    }
+    pub fn fenced(&self) {
+        self.fenced.set(1);
+    }
+    pub fn vote_cast(&self, v: &Verdict) {
+        let result = match v {
+            Verdict::Granted => "granted",
+            Verdict::Remediating => "remediating",
+            Verdict::NotReady => "not_ready",
+            Verdict::Stale(_) => "stale",
+        };
+        self.votes_cast.get_or_create(&ResultLabels { result }).inc();
+    }
+    pub(super) fn count(family: &Family<ResultLabels, Counter>, result: &'static str) {
+        family.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        let m = self;
+        registry.register(
+            "nodemedic_agent_api_checks",
+            "Licence checks against the API server, by result",
+            m.api_checks.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_vote_rounds",
+            "Vote rounds asked of the peers, by result",
+            m.vote_rounds.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_votes_cast",
+            "Votes this agent gave its peers, by verdict",
+            m.votes_cast.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_endpoint_checks",
+            "Probes of endpointHealthCheckUrl after a failed API check (diagnostic only), by result",
+            m.endpoint_checks.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_feeding",
+            "1 while the agent holds a licence and feeds its watchdog",
+            m.feeding.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_fenced",
+            "1 once the agent fenced its node",
+            m.fenced.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_membership_epoch",
+            "The membership epoch this agent counts votes in",
+            m.epoch.clone(),
+        );
+    }
+}
+
+pub async fn serve(bind: SocketAddr, m: &Metrics) -> Result<()> {
+    let mut registry = Registry::default();
+    m.register(&mut registry);
+    let readiness = nodemedic_kube::metrics_server::Readiness::default();
+    readiness.set(true);
+    nodemedic_kube::metrics_server::serve(bind, Arc::new(registry), readiness).await?;
+    Ok(())
+}

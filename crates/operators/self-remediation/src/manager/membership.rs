@@ -1,0 +1,243 @@
+//! Keeps the membership (who votes): bootstraps it on a fresh install, proposes a change when
+//! agents register or their nodes go, commits a proposal once a majority of the committed
+//! configuration acknowledged it, and removes the registrations of nodes that no longer exist.
+//! The decisions are [`crate::protocol::membership::next_change`]; this only reads and writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, ObjectMeta, PostParams},
+};
+use nodemedic_api::{
+    names::annotations,
+    self_remediation::{SelfNodeRemediation, phases},
+};
+use nodemedic_kube::events::Events;
+
+use super::Metrics;
+use crate::{
+    Result,
+    protocol::{
+        manager::Registration,
+        membership::{self, Acknowledgement, Change, Membership},
+    },
+    registration,
+};
+
+/// What one read of the registrations and the membership gives.
+pub struct Read {
+    pub leases: Vec<Lease>,
+    pub registrations: Vec<Registration>,
+    pub membership: Option<Membership>,
+    /// The membership Lease's resourceVersion, for a conditional write.
+    version: Option<String>,
+}
+
+pub async fn read(client: &Client, namespace: &str) -> Result<Read> {
+    let selector = ListParams::default().labels(&registration::registrations_and_membership_selector());
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&selector)
+        .await?
+        .items;
+    let lease = leases
+        .iter()
+        .find(|l| l.metadata.name.as_deref() == Some(registration::MEMBERSHIP_LEASE));
+    Ok(Read {
+        registrations: leases.iter().filter_map(registration::registration).collect(),
+        membership: lease.and_then(registration::membership),
+        version: lease.and_then(|l| l.resource_version()),
+        leases,
+    })
+}
+
+/// Whether a remediation's safe time is running: a proposal now would make it start again.
+async fn waits_running(client: &Client) -> Result<bool> {
+    let list = Api::<SelfNodeRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(list.items.iter().any(|r| {
+        r.metadata.deletion_timestamp.is_none()
+            && !r.annotations().contains_key(annotations::NHC_TIMED_OUT)
+            && r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::PRE_REBOOT_COMPLETED)
+    }))
+}
+
+/// Registrations whose node is gone. An agent sets its Node as its registration's owner, so the
+/// garbage collector removes it with the node; those without an owner are checked here.
+async fn orphaned(client: &Client, read: &Read) -> Result<BTreeSet<String>> {
+    let nodes = Api::<Node>::all(client.clone());
+    let mut gone = BTreeSet::new();
+    for lease in &read.leases {
+        let owned = lease.owner_references().iter().any(|o| o.kind == "Node");
+        let Some(node) = registration::Published::from_lease(lease).map(|p| p.node) else {
+            continue;
+        };
+        if !owned && nodes.get_opt(&node).await?.is_none() {
+            gone.insert(node);
+        }
+    }
+    Ok(gone)
+}
+
+fn describe(members: &BTreeSet<String>) -> String {
+    members.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+/// Makes the next membership change; returns the membership as it now stands, and the
+/// registrations read.
+pub async fn reconcile(
+    client: &Client,
+    namespace: &str,
+    events: &Events,
+    metrics: &Metrics,
+    on: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(Option<Membership>, Vec<Registration>)> {
+    let read = read(client, namespace).await?;
+    let gone = orphaned(client, &read).await?;
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
+    for node in &gone {
+        leases
+            .delete(&registration::lease_name(node), &DeleteParams::default())
+            .await
+            .ok();
+        events
+            .normal(
+                on,
+                "RegistrationRemoved",
+                format!("node {node} no longer exists: removed its agent's registration"),
+            )
+            .await;
+    }
+    let desired: BTreeSet<String> = read
+        .registrations
+        .iter()
+        .map(|r| r.node.clone())
+        .filter(|n| !gone.contains(n))
+        .collect();
+    let acks: BTreeMap<String, Acknowledgement> = read
+        .registrations
+        .iter()
+        .map(|r| {
+            (
+                r.node.clone(),
+                Acknowledgement {
+                    epoch: r.acknowledged,
+                    disarmed: r.disarmed,
+                },
+            )
+        })
+        .collect();
+    let held = read
+        .membership
+        .as_ref()
+        .is_some_and(|m| m.proposed.is_none() && m.committed.members != desired)
+        && waits_running(client).await?;
+    let change = membership::next_change(read.membership.as_ref(), &desired, &acks, held);
+    let next = membership::apply(read.membership.as_ref(), &change);
+    if let Some(next) = &next {
+        write(&leases, next, read.version.clone()).await?;
+    }
+    match &change {
+        Change::Bootstrap(first) => {
+            metrics.membership_change("bootstrapped");
+            events
+                .normal(
+                    on,
+                    "MembershipBootstrapped",
+                    format!("membership epoch {} with {}", first.epoch, describe(&first.members)),
+                )
+                .await;
+        }
+        Change::Propose(proposed) => {
+            metrics.membership_change("proposed");
+            let committed = read
+                .membership
+                .as_ref()
+                .map(|m| m.committed.members.clone())
+                .unwrap_or_default();
+            let joining: BTreeSet<String> = proposed.members.difference(&committed).cloned().collect();
+            let leaving: BTreeSet<String> = committed.difference(&proposed.members).cloned().collect();
+            events
+                .normal(
+                    on,
+                    "MembershipProposed",
+                    format!(
+                        "proposed membership epoch {} (joining: [{}], leaving: [{}]); it takes effect once a majority of [{}] acknowledge it",
+                        proposed.epoch,
+                        describe(&joining),
+                        describe(&leaving),
+                        describe(&committed)
+                    ),
+                )
+                .await;
+        }
+        Change::Commit => {
+            metrics.membership_change("committed");
+            if let Some(m) = &next {
+                events
+                    .normal(
+                        on,
+                        "MembershipCommitted",
+                        format!(
+                            "membership epoch {} committed: {}",
+                            m.committed.epoch,
+                            describe(&m.committed.members)
+                        ),
+                    )
+                    .await;
+            }
+        }
+        Change::Lost { highest_acknowledged } => {
+            events
+                .warning(
+                    on,
+                    "MembershipLost",
+                    format!(
+                        "the membership Lease {} is gone while agents acknowledged epoch {highest_acknowledged}: nodemedic does not start a new membership that an old one could outvote, so self remediation waits; to reset, delete every nodemedic-agent-* Lease in {namespace} (the agents register again)",
+                        registration::MEMBERSHIP_LEASE
+                    ),
+                )
+                .await;
+        }
+        Change::Keep => {}
+    }
+    let current = next.or(read.membership);
+    if let Some(m) = &current {
+        metrics
+            .membership_epoch
+            .set(i64::try_from(m.committed.epoch).unwrap_or(i64::MAX));
+        metrics.members.set(m.committed.members.len() as i64);
+    }
+    let registrations = read
+        .registrations
+        .into_iter()
+        .filter(|r| !gone.contains(&r.node))
+        .collect();
+    Ok((current, registrations))
+}
+
+async fn write(leases: &Api<Lease>, membership: &Membership, version: Option<String>) -> Result<()> {
+    let (labels, annotations) = registration::membership_metadata(membership);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(registration::MEMBERSHIP_LEASE.into()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            resource_version: version.clone(),
+            ..Default::default()
+        },
+        spec: None,
+    };
+    // Conditional on what was read: two managers (a deposed leader) cannot both change it.
+    match version {
+        None => leases.create(&PostParams::default(), &lease).await?,
+        Some(_) => {
+            leases
+                .replace(registration::MEMBERSHIP_LEASE, &PostParams::default(), &lease)
+                .await?
+        }
+    };
+    Ok(())
+}
