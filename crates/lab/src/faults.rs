@@ -231,10 +231,12 @@ impl Lab {
         self.kill_process("etcd")
     }
 
+    /// Starts etcd again. After a long outage the API server's etcd client has backed off to
+    /// gRPC's two-minute reconnect interval, so the API can take that long to answer again.
     pub async fn start_etcd(&self) -> Result<()> {
         self.fault(None, "start-etcd")?;
         self.restart_process("etcd")?;
-        self.wait_api(Duration::from_secs(60)).await
+        self.wait_api(Duration::from_secs(180)).await
     }
 
     pub async fn restart_etcd(&self) -> Result<()> {

@@ -3,7 +3,7 @@
 //! writes `chaos-<stamp>.json` and `.md`. Exits non-zero when any trial found a violation or
 //! could not run.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -11,7 +11,8 @@ use nodemedic::{
     bench,
     chaos::{
         self, Options,
-        run::{Runner, TrialResult, kind},
+        plan::{kind, summary},
+        run::{Runner, TrialResult},
     },
 };
 use serde_json::json;
@@ -56,12 +57,15 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         None => (0..args.trials).collect(),
     };
     if args.dry_run {
-        for index in indices {
-            println!(
-                "{}",
-                serde_json::to_string(&chaos::plan_with(args.seed, index, options))?
-            );
+        let plans: Vec<_> = indices
+            .iter()
+            .map(|index| chaos::plan_with(args.seed, *index, options))
+            .collect();
+        for plan in &plans {
+            println!("{}", serde_json::to_string(plan)?);
         }
+        // On standard error, so standard output stays one JSON plan a line.
+        eprintln!("{} plans: {}", plans.len(), summary::counts(&plans));
         return Ok(());
     }
     let mut runner = Runner::new(&exe, args.nodes);
@@ -114,12 +118,7 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
 }
 
 fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
-    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
-    for r in results {
-        for s in &r.plan.steps {
-            *faults.entry(kind(&s.action)).or_default() += 1;
-        }
-    }
+    let faults = summary::counts(results.iter().map(|r| &r.plan));
     let violations: usize = results.iter().map(|r| r.violations.len()).sum();
     let errors = results.iter().filter(|r| r.error.is_some()).count();
     let pct = |f: fn(&TrialResult) -> Option<f64>| {
@@ -137,11 +136,7 @@ fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
         },
         pct(|r| r.workload_back_seconds),
         pct(|r| r.all_healthy_seconds),
-        faults
-            .iter()
-            .map(|(k, n)| format!("{k} x{n}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        faults,
     );
     let secs = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s:.1}"));
     for r in results {

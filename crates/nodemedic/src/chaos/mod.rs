@@ -1,6 +1,7 @@
 //! The fault campaign (`nodemedic chaos`, `make chaos`): randomized trials, reproducible from a
-//! seed, that mix node, network, control-plane, process and BMC faults on 3- and 5-node labs, and
-//! judge each trial from the lab timeline.
+//! seed, that mix node, network, control-plane (down to minutes-long API server and etcd
+//! outages), process (down to controller restart loops), BMC and membership faults (nodes
+//! leaving and joining) on 3- and 5-node labs, and judge each trial from the lab timeline.
 //!
 //! [`plan`] draws a trial's plan and [`verdict`] judges a timeline; both are pure, so they are
 //! tested without a lab. [`run`] executes plans in labs.

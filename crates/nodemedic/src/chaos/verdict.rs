@@ -1,7 +1,11 @@
 //! Judging a trial from the lab timeline (and a final snapshot of the cluster): the at-most-one
-//! witness, false fences, unremediated nodes, leftovers. Pure functions over plain data.
+//! witness, false fences, healthy nodes remediated, unremediated nodes, leftovers. Pure
+//! functions over plain data.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use jiff::{SignedDuration, Timestamp};
 use nodemedic_api::names::taints;
@@ -18,8 +22,12 @@ use serde::Serialize;
 pub enum ViolationKind {
     /// The at-most-one witness: a stateful pod ran while its predecessor may still have run.
     TwoWriters,
-    /// A healthy node in the majority was powered off by fencing or its watchdog.
+    /// A healthy node in the majority was powered off by fencing, its watchdog or a software
+    /// reboot.
     FalseFence,
+    /// A remediation was created for a node connected all along (e.g. once the control plane
+    /// is back after an outage).
+    HealthyRemediated,
     /// A node unhealthy long enough, within the budget, never got a remediation.
     Unremediated,
     /// Taints, cordons, remediations or leases left once every node is healthy.
@@ -50,8 +58,10 @@ impl Violation {
 /// What the checks need to know about the lab and the health check.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Params {
-    /// The most nodes that may be unhealthy at once with remediation still allowed.
-    pub max_unhealthy: usize,
+    /// The lab's nodes when it started; nodes joining and leaving change it as they go.
+    pub nodes: usize,
+    /// The health check's budget, scaled against the nodes there are at each moment.
+    pub budget: Budget,
     /// A node disconnected at least this long must get a remediation (detection + the health
     /// check's duration + slack for reconciles and the observer).
     pub remediate_after: Duration,
@@ -61,6 +71,10 @@ pub struct Params {
     /// The nodes are control-plane nodes, which the health check remediates one at a time: a
     /// node waits while another node's remediation is in flight.
     pub control_plane_one_at_a_time: bool,
+    /// After the API server or etcd is started again, how long until remediations can be
+    /// created again: the API answering, the controller back in the lead (its 15 s lease may
+    /// have run out meanwhile, and it restarts) and its health check's watches resynced.
+    pub control_plane_settle: Duration,
 }
 
 impl Params {
@@ -68,12 +82,19 @@ impl Params {
     /// conditions last `duration`.
     pub fn new(nodes: usize, budget: Budget, timings: &Timings, duration: Duration) -> Self {
         Self {
-            max_unhealthy: nodes.saturating_sub(budget.min_healthy(nodes)),
+            nodes,
+            budget,
             remediate_after: timings.node_monitor_grace + duration + Duration::from_secs(10),
             fence_grace: timings.watchdog_timeout + Duration::from_secs(15),
             // Every lab node is control-plane and worker, as in the seed's compact clusters.
             control_plane_one_at_a_time: true,
+            control_plane_settle: Duration::from_secs(30),
         }
+    }
+
+    /// The most nodes that may be unhealthy at once, of `nodes`, with remediation still allowed.
+    pub fn max_unhealthy(&self, nodes: usize) -> usize {
+        nodes.saturating_sub(self.budget.min_healthy(nodes))
     }
 }
 
@@ -81,10 +102,17 @@ fn signed(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 
+/// The power-off cause of a node taken out of the cluster ([`nodemedic_lab::Lab::remove_node`]).
+const NODE_REMOVED: &str = "node-removed";
+
+/// The fault the runner records each time it restarts the controller (the lab's
+/// `restart_process` records nothing).
+pub const CONTROLLER_RESTART: &str = "restart-controller";
+
 /// The witness's findings from `since` on (the whole timeline is read: instances started
 /// earlier still count).
 pub fn two_writers(entries: &[Entry], since: Timestamp) -> Vec<Violation> {
-    witness::check(entries)
+    witness::check(&with_joins(entries))
         .into_iter()
         .filter(|v| v.at >= since)
         .map(|v| {
@@ -94,33 +122,92 @@ pub fn two_writers(entries: &[Entry], since: Timestamp) -> Vec<Violation> {
         .collect()
 }
 
-/// Fencing causes: a watchdog reset (self remediation) or a BMC power-off (fence agents). The
-/// plan's own crashes and resets have their own causes.
+/// The timeline with a node that joins running and connected from the moment it joined: the
+/// lab records no condition for it, so the witness would go on reading the condition of a
+/// node of that name that left (powered off), and keep the instances of a pod deleted there
+/// later as if the node could not have seen the deletion.
+fn with_joins(entries: &[Entry]) -> Vec<Entry> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        out.push(e.clone());
+        if let Event::NodeAdded { node } = &e.event {
+            out.push(Entry {
+                at: e.at,
+                event: Event::NodeCondition {
+                    node: node.clone(),
+                    condition: NodeCondition::running(),
+                },
+            });
+        }
+    }
+    out
+}
+
+/// Fencing causes: a watchdog reset (self remediation), a node rebooting itself through its
+/// sysrq trigger (self remediation without a watchdog; the lab records `SoftwareReboot` and
+/// then this power-off) or a BMC power-off (fence agents). The plan's own crashes and resets,
+/// and the power-off of a node removed from the cluster, have their own causes.
 fn is_fence(cause: &str) -> bool {
-    matches!(cause, "watchdog" | "bmc")
+    matches!(cause, "watchdog" | "software-reboot" | "bmc")
+}
+
+/// Which nodes are connected, and when each last was not, as the timeline goes. A node removed
+/// from the cluster is neither while it is gone (its power-off is no outage), and one that
+/// joins is connected from then on (the lab records no condition for it).
+#[derive(Default)]
+struct Connectivity<'a> {
+    condition: BTreeMap<&'a str, NodeCondition>,
+    /// Last moment each node was disconnected (None: never).
+    last_down: BTreeMap<&'a str, Timestamp>,
+    removed: BTreeSet<&'a str>,
+}
+
+impl<'a> Connectivity<'a> {
+    fn observe(&mut self, e: &'a Entry) {
+        match &e.event {
+            Event::Power { node, on: false, cause } if cause == NODE_REMOVED => {
+                self.removed.insert(node);
+            }
+            Event::NodeAdded { node } => {
+                self.removed.remove(node.as_str());
+                self.condition.insert(node, NodeCondition::running());
+            }
+            Event::NodeCondition { node, .. } if self.removed.contains(node.as_str()) => {}
+            Event::NodeCondition { node, condition: c } => {
+                if !self.connected(node) || !c.connected() {
+                    self.last_down.insert(node, e.at);
+                }
+                self.condition.insert(node, *c);
+            }
+            _ => {}
+        }
+    }
+
+    fn connected(&self, node: &str) -> bool {
+        !self.removed.contains(node) && self.condition.get(node).is_none_or(NodeCondition::connected)
+    }
+
+    /// Whether the node was disconnected at `from` or later.
+    fn down_since(&self, node: &str, from: Timestamp) -> bool {
+        self.last_down.get(node).is_some_and(|d| *d >= from)
+    }
 }
 
 /// Every fencing power-off from `since` on of a node that was connected (powered, not frozen,
 /// not cut off, not isolated from the API) for the whole grace period before it, unless a
 /// remediation for it was in flight (or just removed) that began during, or within the grace
 /// after, an outage of that node. A remediation created for a node that was healthy excuses
-/// nothing: that is the false fence's cause, not its reason.
+/// nothing: that is the false fence's cause, not its reason. A control-plane outage excuses
+/// nothing either: an agent that reaches a majority of its peers stays licensed however long
+/// the API server or etcd is gone.
 pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Violation> {
     let grace = signed(params.fence_grace);
-    let mut condition: BTreeMap<&str, NodeCondition> = BTreeMap::new();
-    // Last moment each node was disconnected (None: never).
-    let mut last_down: BTreeMap<&str, Timestamp> = BTreeMap::new();
+    let mut nodes = Connectivity::default();
     // Remediations by (kind, name): node, created, removed.
     let mut remediations: BTreeMap<(&str, &str), (&str, Timestamp, Option<Timestamp>)> = BTreeMap::new();
     let mut out = Vec::new();
     for e in entries {
         match &e.event {
-            Event::NodeCondition { node, condition: c } => {
-                if !condition.get(node.as_str()).is_none_or(NodeCondition::connected) || !c.connected() {
-                    last_down.insert(node, e.at);
-                }
-                condition.insert(node, *c);
-            }
             Event::Remediation {
                 kind,
                 name,
@@ -134,15 +221,13 @@ pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec
             }
             Event::Power { node, on: false, cause } if e.at >= since && is_fence(cause) => {
                 let n = node.as_str();
-                let connected = condition.get(n).is_none_or(NodeCondition::connected);
-                let down = last_down.get(n).copied();
-                let recently_down = down.is_some_and(|d| d >= e.at - grace);
+                let down = nodes.last_down.get(n).copied();
                 let excused = remediations.values().any(|(r, created, removed)| {
                     *r == n
                         && removed.is_none_or(|gone| gone >= e.at - grace)
                         && down.is_some_and(|d| *created <= d + grace)
                 });
-                if connected && !recently_down && !excused {
+                if nodes.connected(n) && !nodes.down_since(n, e.at - grace) && !excused {
                     out.push(Violation::new(
                         ViolationKind::FalseFence,
                         Some(n),
@@ -153,25 +238,74 @@ pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec
             }
             _ => {}
         }
+        nodes.observe(e);
     }
     out
 }
 
+/// Every remediation created from `since` on for a node in the lab and connected throughout the
+/// `remediate_after + fence_grace` before it: a healthy node remediated, as a health check that
+/// took every kubelet's stale lease after a control-plane outage for dead nodes would.
+pub fn healthy_remediated(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Violation> {
+    let window = signed(params.remediate_after + params.fence_grace);
+    let mut nodes = Connectivity::default();
+    let mut out = Vec::new();
+    for e in entries {
+        nodes.observe(e);
+        if let Event::Remediation { kind, node, change, .. } = &e.event
+            && change == "created"
+            && e.at >= since
+            && nodes.connected(node)
+            && !nodes.down_since(node, e.at - window)
+        {
+            out.push(Violation::new(
+                ViolationKind::HealthyRemediated,
+                Some(node),
+                Some(e.at),
+                format!(
+                    "{kind} created for {node}, connected for the {:.0}s before",
+                    window.as_secs_f64()
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// A node's disconnection.
 struct Outage<'a> {
     node: &'a str,
     start: Timestamp,
+    /// Where its deadline counts from: its start, or later while nothing could remediate it.
+    base: Timestamp,
     end: Timestamp,
     over_budget: bool,
 }
 
 /// Every node disconnected from `since` on for at least `remediate_after` (up to `until` when
-/// still down; for control-plane nodes, counted from the last moment another node's remediation
-/// was in flight) while the budget allowed remediation throughout, with no remediation for it
-/// during its outage (or just after, for the observer's lag).
+/// still down) while the budget allowed remediation throughout, with no remediation for it
+/// during its outage (or just after, for the observer's lag). The deadline counts from the
+/// last moment nothing could remediate the node: for control-plane nodes, another node's
+/// remediation in flight; the API server or etcd stopped, and `control_plane_settle` after
+/// it started again (a long outage expects no remediation at all); the controller restarted.
+///
+/// The budget with the controller restarting (once, or in a loop every 5-8 s): `remediate_after`
+/// after its last restart during the outage. A restarted controller reconciles afresh (it
+/// takes the lead, lists the nodes, and then the unhealthy condition has long held its
+/// duration), so it has as long as a node that just went down, no less; a loop's 3-8 restarts
+/// together last up to 56 s, longer than the budget itself, so a budget counted from the
+/// outage's start, or extended by a fixed allowance, would fail a trial for the loop's length
+/// rather than for the controller's behaviour. The loop starts only once a remediation is in
+/// flight, so it mostly stretches nothing.
 pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
-    let mut down: BTreeMap<&str, (Timestamp, bool)> = BTreeMap::new();
+    let mut down: BTreeMap<&str, (Timestamp, Timestamp, bool)> = BTreeMap::new();
     // The health check counts a node unhealthy also while the API shows it not Ready.
     let mut not_ready: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut removed: BTreeSet<&str> = BTreeSet::new();
+    // The health check scales its budget against the nodes there are.
+    let mut count = params.nodes;
+    let mut control_plane_down = false;
+    let settle = signed(params.control_plane_settle);
     let mut outages = Vec::new();
     let mut remediations: Vec<(&str, Timestamp, Option<Timestamp>)> = Vec::new();
     let waiting_turn = |node: &str, remediations: &[(&str, Timestamp, Option<Timestamp>)]| {
@@ -180,6 +314,13 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 .iter()
                 .any(|(n, _, removed)| *n != node && removed.is_none())
     };
+    let ended = |node, (start, base, over_budget), end| Outage {
+        node,
+        start,
+        base,
+        end,
+        over_budget,
+    };
     for e in entries {
         let waited: Vec<&str> = down
             .keys()
@@ -187,16 +328,29 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
             .filter(|node| waiting_turn(node, &remediations))
             .collect();
         match &e.event {
+            // A node taken out of the cluster is not down: nothing will, or should, remediate
+            // it. An outage it had (none in a sound plan) ends there.
+            Event::Power { node, on: false, cause } if cause == NODE_REMOVED => {
+                removed.insert(node);
+                not_ready.remove(node.as_str());
+                if let Some(d) = down.remove(node.as_str()) {
+                    outages.push(ended(node, d, e.at));
+                }
+            }
+            Event::NodeRemoved { node } => {
+                removed.insert(node);
+                count = count.saturating_sub(1);
+            }
+            Event::NodeAdded { node } => {
+                removed.remove(node.as_str());
+                count += 1;
+            }
+            Event::NodeCondition { node, .. } | Event::NodeReady { node, .. } if removed.contains(node.as_str()) => {}
             Event::NodeCondition { node, condition } => {
                 if !condition.connected() {
-                    down.entry(node).or_insert((e.at, false));
-                } else if let Some((start, over_budget)) = down.remove(node.as_str()) {
-                    outages.push(Outage {
-                        node,
-                        start,
-                        end: e.at,
-                        over_budget,
-                    });
+                    down.entry(node).or_insert((e.at, e.at, false));
+                } else if let Some(d) = down.remove(node.as_str()) {
+                    outages.push(ended(node, d, e.at));
                 }
             }
             Event::NodeReady { node, status, .. } => {
@@ -208,6 +362,21 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                     r.2 = Some(e.at);
                 }
             }
+            Event::Fault { node: None, fault } => match fault.as_str() {
+                "stop-apiserver" | "stop-etcd" => control_plane_down = true,
+                "start-apiserver" | "start-etcd" => {
+                    control_plane_down = false;
+                    for d in down.values_mut() {
+                        d.1 = d.1.max(e.at + settle);
+                    }
+                }
+                f if f == CONTROLLER_RESTART => {
+                    for d in down.values_mut() {
+                        d.1 = d.1.max(e.at);
+                    }
+                }
+                _ => {}
+            },
             _ => {}
         }
         let unhealthy = not_ready
@@ -215,30 +384,23 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
             .filter(|(n, bad)| **bad && !down.contains_key(*n))
             .count()
             + down.len();
-        if unhealthy > params.max_unhealthy {
-            down.values_mut().for_each(|d| d.1 = true);
+        if unhealthy > params.max_unhealthy(count) {
+            down.values_mut().for_each(|d| d.2 = true);
         }
         // A control-plane node's turn comes only when no other node's remediation is in
-        // flight: its deadline counts from then, so its outage starts again at every moment it
-        // was still waiting.
+        // flight: its deadline counts from then, so it starts again at every moment the node
+        // was still waiting, as it does while the control plane is down.
         for (node, d) in down.iter_mut() {
-            if waited.contains(node) || waiting_turn(node, &remediations) {
-                d.0 = e.at;
+            if control_plane_down || waited.contains(node) || waiting_turn(node, &remediations) {
+                d.1 = d.1.max(e.at);
             }
         }
     }
-    outages.extend(down.into_iter().map(|(node, (start, over_budget))| Outage {
-        node,
-        start,
-        end: until,
-        over_budget,
-    }));
+    outages.extend(down.into_iter().map(|(node, d)| ended(node, d, until)));
     let lag = SignedDuration::from_secs(5);
     outages
         .into_iter()
-        .filter(|o| {
-            o.start >= since && !o.over_budget && o.end.duration_since(o.start) >= signed(params.remediate_after)
-        })
+        .filter(|o| o.start >= since && !o.over_budget && o.end.duration_since(o.base) >= signed(params.remediate_after))
         .filter(|o| {
             !remediations.iter().any(|(n, created, removed)| {
                 *n == o.node && *created <= o.end + lag && removed.is_none_or(|r| r >= o.start)
@@ -246,11 +408,15 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
         })
         .map(|o| {
             let secs = o.end.duration_since(o.start).as_secs_f64();
+            let possible = o.end.duration_since(o.base).as_secs_f64();
             Violation::new(
                 ViolationKind::Unremediated,
                 Some(o.node),
                 Some(o.start),
-                format!("{} was down {secs:.1}s within the budget and never remediated", o.node),
+                format!(
+                    "{} was down {secs:.1}s within the budget ({possible:.1}s of it with remediation possible) and never remediated",
+                    o.node
+                ),
             )
         })
         .collect()
@@ -342,6 +508,7 @@ pub fn leftovers(snapshot: &Snapshot) -> Vec<Violation> {
 pub fn judge(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
     let mut out = two_writers(entries, since);
     out.extend(false_fences(entries, since, params));
+    out.extend(healthy_remediated(entries, since, params));
     out.extend(unremediated(entries, since, until, params));
     out
 }

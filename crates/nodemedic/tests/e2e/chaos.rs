@@ -37,6 +37,7 @@ fn plans() -> Vec<TrialPlan> {
         shape,
         strategy,
         steps: steps(list),
+        end_ms: list.last().map_or(0, |(s, _)| s * 1000),
     };
     vec![
         // The workload's node cut off; the controller, a peer's agent and the API server restart

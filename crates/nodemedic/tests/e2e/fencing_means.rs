@@ -122,7 +122,7 @@ async fn a_node_with_no_means_fails_at_once_and_an_escalating_check_moves_on_to_
         let snr = spec.remove("remediationTemplate").expect("template");
         let far = json!({"apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
             "kind": "FenceAgentsRemediationTemplate", "namespace": NS,
-            "name": "fence-agents-remediation-template-fence-redfish"});
+            "name": "famt-3node"});
         spec.insert(
             "escalatingRemediations".into(),
             json!([{"remediationTemplate": snr, "order": 0, "timeout": "300s"},

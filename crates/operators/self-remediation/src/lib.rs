@@ -9,6 +9,7 @@ pub mod identity;
 pub mod manager;
 pub mod protocol;
 pub mod registration;
+pub mod remediation_object;
 pub mod watchdog;
 
 pub use error::{Error, Result};

@@ -35,6 +35,15 @@ pub fn registrations_and_membership_selector() -> String {
     format!("{COMPONENT_LABEL} in ({COMPONENT},{MEMBERSHIP_COMPONENT})")
 }
 
+/// The registration Leases and the membership Lease, in one list.
+pub async fn list(client: &kube::Client, namespace: &str) -> kube::Result<Vec<Lease>> {
+    let selector = kube::api::ListParams::default().labels(&registrations_and_membership_selector());
+    Ok(kube::Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&selector)
+        .await?
+        .items)
+}
+
 const ADDRESS: &str = "nodemedic.medik8s.io/address";
 const WATCHDOG_MS: &str = "nodemedic.medik8s.io/watchdog-timeout-ms";
 const SOFTWARE_REBOOT: &str = "nodemedic.medik8s.io/software-reboot";
@@ -45,6 +54,8 @@ const LICENCE_MS: &str = "nodemedic.medik8s.io/licence-ms";
 const MEANS: &str = "nodemedic.medik8s.io/fencing-means";
 const EPOCH: &str = "nodemedic.medik8s.io/membership-epoch";
 pub const DISARMED: &str = "nodemedic.medik8s.io/disarmed";
+/// Which agent process wrote the registration last (random per process).
+pub const INCARNATION: &str = "nodemedic.medik8s.io/incarnation";
 
 pub fn lease_name(node: &str) -> String {
     format!("{PREFIX}{node}")
@@ -69,6 +80,8 @@ pub struct Published {
     pub epoch: u64,
     /// Set on a deliberate shutdown, before the watchdog's magic close.
     pub disarmed: bool,
+    /// The agent process that wrote it.
+    pub incarnation: String,
     /// The Node's uid: the registration's owner, so it goes with the node.
     pub node_uid: Option<String>,
 }
@@ -110,6 +123,7 @@ impl Published {
             ),
             (ACCEPTS.to_owned(), accepts.join(",")),
             (DISARMED.to_owned(), self.disarmed.to_string()),
+            (INCARNATION.to_owned(), self.incarnation.clone()),
         ])
     }
 
@@ -133,6 +147,7 @@ impl Published {
                 .collect(),
             epoch: get(EPOCH).parse().unwrap_or(0),
             disarmed: get(DISARMED) == "true",
+            incarnation: get(INCARNATION),
             node_uid: lease
                 .metadata
                 .owner_references
@@ -192,6 +207,7 @@ mod tests {
             accepts: [("node-2".to_owned(), "u-2".to_owned())].into(),
             epoch: 7,
             disarmed: true,
+            incarnation: "f00d".into(),
             node_uid: Some("uid-1".into()),
         };
         let lease = Lease {

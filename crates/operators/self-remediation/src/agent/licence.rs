@@ -10,13 +10,10 @@ use std::{
 };
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client, ResourceExt, api::ListParams};
-use nodemedic_api::{
-    names::annotations,
-    self_remediation::{SelfNodeRemediation, phases},
-};
+use kube::{Api, Client, api::ListParams};
+use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
 
-use super::{AgentArgs, metrics::Metrics, peers, register};
+use super::{AgentArgs, metrics::Metrics, peers, publisher::Publisher};
 use crate::{
     Result,
     identity::PeerIdentity,
@@ -25,21 +22,16 @@ use crate::{
         membership::Configuration,
     },
     registration::{self, Published},
+    remediation_object,
 };
 
 /// The remediations a read shows, as the protocol sees them: timed-out and deleting ones are no
 /// longer intents; one whose workloads were released before this node booted is completed.
 fn intents(list: &[SelfNodeRemediation], booted: Option<jiff::Timestamp>) -> Vec<Intent> {
     list.iter()
-        .filter(|r| {
-            r.metadata.deletion_timestamp.is_none() && !r.annotations().contains_key(annotations::NHC_TIMED_OUT)
-        })
+        .filter(|r| remediation_object::is_intent(r))
         .map(|r| Intent {
-            node: r
-                .annotations()
-                .get(annotations::NODE_NAME)
-                .cloned()
-                .unwrap_or_else(|| r.name_any()),
+            node: remediation_object::node_of(r),
             uid: r.metadata.uid.clone().unwrap_or_default(),
             completed: r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::FENCING_COMPLETED)
                 && booted
@@ -66,18 +58,13 @@ struct Peers {
 
 /// One list of the registrations and the membership.
 async fn read_peers(client: &Client, namespace: &str) -> Result<Peers> {
-    let selector = ListParams::default().labels(&registration::registrations_and_membership_selector());
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
-        .list(&selector)
-        .await?;
+    let leases = registration::list(client, namespace).await?;
     Ok(Peers {
         addresses: leases
-            .items
             .iter()
             .filter_map(|l| Published::from_lease(l).map(|p| (p.node, p.address)))
             .collect(),
         latest: leases
-            .items
             .iter()
             .find_map(registration::membership)
             .map(|m| m.latest().clone()),
@@ -104,22 +91,30 @@ pub struct Loop<'a> {
     pub state: Arc<Mutex<AgentState<Instant>>>,
     pub metrics: Metrics,
     pub published: Published,
+    /// The boot this process runs in, under which its licence is recorded for a successor.
+    pub boot: Option<String>,
+    pub publisher: &'a Publisher,
 }
 
 impl Loop<'_> {
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, AgentState<Instant>>> {
-        self.state.lock().map_err(|_| crate::Error::Poisoned)
-    }
-
-    /// Writes the registration; returns whether it landed.
-    async fn publish(&self) -> bool {
-        match register::register(&self.clients.client, &self.args.namespace, &self.published).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(%error, "cannot update the registration");
-                false
+    /// Records the licence for a later process of this boot (see [`super::inherited`]).
+    fn record_licence(&self, last: &mut Option<Option<Instant>>) -> Result<()> {
+        let Some(boot) = &self.boot else { return Ok(()) };
+        let until = {
+            let s = self.lock()?;
+            s.licence_until().filter(|_| s.fenced().is_none())
+        };
+        if *last != Some(until) {
+            match super::inherited::save(&self.args.state_dir, boot, until) {
+                Ok(()) => *last = Some(until),
+                Err(error) => tracing::warn!(%error, "cannot record the licence for a restarted agent"),
             }
         }
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, AgentState<Instant>>> {
+        self.state.lock().map_err(|_| crate::Error::Poisoned)
     }
 
     /// Votes while the API cannot be read; moves to a newer configuration a voter names.
@@ -156,10 +151,9 @@ impl Loop<'_> {
             if round != Round::Adopted {
                 return Ok(());
             }
-            tracing::info!(
-                epoch = self.lock()?.epoch(),
-                "a peer knew a newer membership: asking again in it"
-            );
+            let adopted = self.lock()?.epoch();
+            self.metrics.epoch.set(i64::try_from(adopted).unwrap_or(i64::MAX));
+            tracing::info!(epoch = adopted, "a peer knew a newer membership: asking again in it");
         }
         Ok(())
     }
@@ -168,34 +162,44 @@ impl Loop<'_> {
         let remediation_changed = super::wake::watch_remediations(self.clients.client.clone());
         let membership_changed = super::wake::watch_membership(self.clients.client.clone(), &self.args.namespace);
         let booted = self.published.boot_time;
-        // A (re)started agent clears `disarmed` before it may vote: the manager counts a disarmed
-        // registration as having acknowledged every epoch, which only an agent that votes for
-        // no one does. Until this lands the agent takes no configuration in, so it votes for no one.
-        let mut announced = self.publish().await;
+        let mut kept = false;
+        // Whether this process's registration says `disarmed: false`: only then may it take a
+        // configuration in, from a read made after (the manager counts a disarmed registration
+        // as having acknowledged every epoch, which only an agent that votes for no one does).
+        let mut announced = false;
         let mut addresses: BTreeMap<String, String> = BTreeMap::new();
         let mut peers_due = true;
         let mut last_peer_read: Option<Instant> = None;
         let mut api_was_up = true;
+        let mut recorded: Option<Option<Instant>> = None;
         loop {
             let sent = Instant::now();
-            if !announced {
-                announced = self.publish().await;
-            }
+            let peers_wanted = announced
+                && (peers_due || last_peer_read.is_none_or(|t| t.elapsed() >= self.args.peer_update_interval));
             let peer_read = async {
-                if peers_due || last_peer_read.is_none_or(|t| t.elapsed() >= self.args.peer_update_interval) {
+                if peers_wanted {
                     Some(read_peers(&self.clients.peers, &self.args.namespace).await)
                 } else {
                     None
                 }
             };
+            // The licence read comes first and waits for nothing else, the registration included.
             let (intents, peers) = tokio::join!(read_intents(&self.clients.fast, booted), peer_read);
-            let mut configuration = None;
             match peers {
                 Some(Ok(read)) => {
+                    // Its registration went with its Node object (deleted and registered again by
+                    // the kubelet): register again, owned by the Node as it is now.
+                    if !read.addresses.contains_key(&self.args.node) {
+                        tracing::warn!("this agent's registration is gone; registering again");
+                        self.published.node_uid = self.node_uid().await;
+                        self.publisher.rewrite(&self.published);
+                    }
                     addresses = read.addresses;
-                    configuration = read.latest.filter(|_| announced);
+                    if let Some(latest) = read.latest {
+                        self.lock()?.on_configuration(&latest);
+                        peers_due = false;
+                    }
                     last_peer_read = Some(sent);
-                    peers_due = !announced;
                 }
                 Some(Err(error)) => tracing::debug!(%error, "cannot read the peers; keeping the last list"),
                 None => {}
@@ -212,23 +216,24 @@ impl Loop<'_> {
                         s.on_api_read(&ApiRead {
                             sent,
                             intents,
-                            configuration,
+                            configuration: None,
                         });
                         let accepted: BTreeSet<(String, String)> =
                             s.accepted().iter().map(|(n, u)| (n.clone(), u.clone())).collect();
                         (accepted, s.epoch())
                     };
-                    self.metrics.epoch.set(epoch as i64);
-                    if accepted != self.published.accepts || epoch != self.published.epoch {
+                    self.metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+                    // The acknowledged epoch is only ever raised: what it says stays true.
+                    if kept && (accepted != self.published.accepts || epoch > self.published.epoch) {
                         for (node, _) in accepted.difference(&self.published.accepts) {
                             tracing::info!(%node, "accepted the remediation of a peer: no more votes for it");
                         }
-                        if epoch != self.published.epoch {
+                        if epoch > self.published.epoch {
                             tracing::info!(epoch, "adopted a membership epoch");
                         }
                         self.published.accepts = accepted;
-                        self.published.epoch = epoch;
-                        self.publish().await;
+                        self.published.epoch = self.published.epoch.max(epoch);
+                        self.publisher.want(&self.published);
                     }
                 }
                 Err(error) => {
@@ -244,8 +249,23 @@ impl Loop<'_> {
             if let Some(why) = self.lock()?.fenced() {
                 tracing::warn!(reason = super::describe(why), "this node is fenced");
             }
-            // Stopping only here, between rounds, leaves no registration write in flight that could
-            // land after the shutdown's `disarmed` and undo it.
+            self.record_licence(&mut recorded)?;
+            if !kept {
+                kept = self.keep_recorded().await;
+            }
+            if kept && !announced {
+                self.publisher.want(&self.published);
+                announced = self
+                    .publisher
+                    .landed(&self.published, self.args.api_server_timeout)
+                    .await;
+                if announced {
+                    // Read the peers and the membership now, after the registration landed.
+                    peers_due = true;
+                    continue;
+                }
+            }
+            // Stopping only here, between rounds; the publisher's writes are stopped after this.
             tokio::select! {
                 _ = tokio::time::sleep(self.args.api_check_interval) => {}
                 _ = remediation_changed.notified() => {
@@ -257,6 +277,41 @@ impl Loop<'_> {
                     tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
                 }
                 _ = stop.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// The uid of this agent's Node, its registration's owner.
+    async fn node_uid(&self) -> Option<String> {
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(self.clients.client.clone());
+        match nodes.get_opt(&self.args.node).await {
+            Ok(node) => node.and_then(|n| n.metadata.uid),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read this agent's Node; registering without an owner");
+                None
+            }
+        }
+    }
+
+    /// A restarted agent keeps what its registration recorded (acceptances, acknowledged epoch):
+    /// it refuses every vote until it has read the API, and that read shows it the same or
+    /// newer, so the record stays true; clearing it would only make the manager count less.
+    /// Returns whether the registration could be read (absent counts): until then nothing is
+    /// written, lest an acknowledgement go down.
+    async fn keep_recorded(&mut self) -> bool {
+        let name = registration::lease_name(&self.args.node);
+        let leases = Api::<Lease>::namespaced(self.clients.client.clone(), &self.args.namespace);
+        match leases.get_opt(&name).await {
+            Ok(existing) => {
+                if let Some(recorded) = existing.as_ref().and_then(Published::from_lease) {
+                    self.published.accepts = recorded.accepts;
+                    self.published.epoch = recorded.epoch;
+                }
+                true
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot read this agent's registration yet");
+                false
             }
         }
     }

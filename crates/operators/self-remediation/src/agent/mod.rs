@@ -5,9 +5,11 @@
 
 mod credentials;
 mod endpoint;
+mod inherited;
 mod licence;
 mod metrics;
 mod peers;
+mod publisher;
 mod register;
 mod settings;
 mod shutdown;
@@ -64,6 +66,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         epoch: 0,
         // Registering says the watchdog is armed: it was opened before this runs.
         disarmed: false,
+        incarnation: format!("{:016x}", rand::random::<u64>()),
         node_uid: None,
     };
     let timing = rules::timing(settings.licence(), &own_registration(&published));
@@ -84,7 +87,21 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     }
     let mut published = published;
     published.node_uid = register::annotate_node(&client, &args.node, fencing.means, &timing).await;
-    let state = Arc::new(Mutex::new(AgentState::<Instant>::new(&args.node, timing.licence)));
+    let mut initial = AgentState::<Instant>::new(&args.node, timing.licence);
+    let boot = inherited::boot_key(args.boot_time_file.as_deref());
+    match boot.as_deref().map(|b| inherited::load(&args.state_dir, b)) {
+        Some(inherited::Inherited::Until(until)) => {
+            tracing::info!("took over the licence of an earlier agent process of this boot");
+            initial.inherit(Some(until));
+        }
+        Some(inherited::Inherited::Lapsed) => {
+            tracing::warn!("an earlier agent process of this boot let its licence lapse: fencing now");
+            initial.inherit(None);
+        }
+        Some(inherited::Inherited::Nothing) => {}
+        None => tracing::warn!("cannot tell which boot this is: an earlier agent process's licence is not taken over"),
+    }
+    let state = Arc::new(Mutex::new(initial));
     let metrics = Metrics::default();
     spawn_feeder(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
@@ -101,32 +118,49 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         }
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let licence = licence::Loop {
-        args: &args,
-        clients: licence::Clients {
-            client: client.clone(),
-            fast: fast.clone(),
-            peers: peer_reads,
-        },
-        identity,
-        state: state.clone(),
-        metrics,
-        published,
-    }
-    .run(stopped);
-    tokio::pin!(licence);
-    tokio::select! {
-        result = &mut licence => result,
-        _ = shutdown::signal() => {
-            let _ = stop.send(true);
-            // Let the current round finish (its writes must land before the disarm's).
-            match tokio::time::timeout(shutdown::ROUND_GRACE, &mut licence).await {
-                Ok(_) => shutdown::stop(&args, &client, &fast, &state, &disarm).await,
-                Err(_) => tracing::warn!("the licence round did not finish; the watchdog stays armed"),
-            }
-            Ok(())
+    let incarnation = published.incarnation.clone();
+    let publisher = publisher::Publisher::spawn(fast.clone(), args.namespace.clone());
+    let finished = {
+        let licence = licence::Loop {
+            args: &args,
+            clients: licence::Clients {
+                client: client.clone(),
+                fast: fast.clone(),
+                peers: peer_reads,
+            },
+            identity,
+            state: state.clone(),
+            metrics,
+            published,
+            boot,
+            publisher: &publisher,
         }
+        .run(stopped);
+        tokio::pin!(licence);
+        tokio::select! {
+            result = &mut licence => Some(result),
+            _ = shutdown::signal() => {
+                // From the signal on it votes for no one (its registration may soon say disarmed).
+                if let Ok(mut s) = state.lock() {
+                    s.stop_voting();
+                }
+                let _ = stop.send(true);
+                // Let the current round finish, then the registration writes (each must land before
+                // the disarm's, or fail).
+                if tokio::time::timeout(shutdown::ROUND_GRACE, &mut licence).await.is_err() {
+                    tracing::warn!("the licence round did not finish; the watchdog stays armed");
+                    return Ok(());
+                }
+                None
+            }
+        }
+    };
+    if let Some(result) = finished {
+        return result;
     }
+    publisher.stop(args.api_server_timeout * 2).await;
+    shutdown::stop(&args, &client, &fast, &state, &incarnation, &disarm).await;
+    Ok(())
 }
 
 /// The protocol's view of what this agent publishes, for its own timing.
@@ -178,6 +212,10 @@ fn spawn_feeder(
                     return;
                 }
             }
+            if wd.is_none() && fenced.is_some() && !reset_asked {
+                reset_asked = true;
+                metrics.fenced();
+            }
             if let Some(w) = wd.as_mut() {
                 if let Some(why) = fenced {
                     if !reset_asked {
@@ -204,5 +242,6 @@ pub(crate) fn describe(reason: FenceReason) -> &'static str {
     match reason {
         FenceReason::OwnRemediation => "its own remediation exists",
         FenceReason::PeerSaysRemediating => "a peer answered that it is being remediated",
+        FenceReason::InheritedLapse => "an earlier agent process of this boot let its licence lapse",
     }
 }

@@ -52,8 +52,14 @@ pub async fn register(client: &Client, namespace: &str, published: &Published) -
             };
             api.create(&PostParams::default(), &lease).await?;
         }
-        Some(_) => {
-            let mut metadata = json!({ "labels": published.labels(), "annotations": published.annotations() });
+        Some(existing) => {
+            // Conditional on what was read: a write that lands late (its answer timed out) fails
+            // instead of undoing a later one, such as the shutdown's `disarmed`.
+            let mut metadata = json!({
+                "labels": published.labels(),
+                "annotations": published.annotations(),
+                "resourceVersion": existing.metadata.resource_version,
+            });
             if let Some(owners) = published.owner_references() {
                 metadata["ownerReferences"] = json!(owners);
             }

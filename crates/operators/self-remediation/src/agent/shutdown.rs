@@ -42,6 +42,7 @@ pub async fn stop(
     client: &Client,
     fast: &Client,
     state: &std::sync::Mutex<AgentState<std::time::Instant>>,
+    incarnation: &str,
     feeder: &mpsc::Sender<DisarmRequest>,
 ) {
     tracing::info!("stopping: the watchdog is closed only if no remediation of this node exists");
@@ -52,7 +53,7 @@ pub async fn stop(
             return;
         }
     }
-    if let Err(error) = publish_disarmed(client, &args.namespace, &args.node).await {
+    if let Err(error) = publish_disarmed(client, &args.namespace, &args.node, incarnation).await {
         tracing::warn!(%error, "cannot record the disarm; the watchdog stays armed and resets the node when it runs out");
         return;
     }
@@ -79,14 +80,28 @@ pub async fn stop(
     }
 }
 
-async fn publish_disarmed(client: &Client, namespace: &str, node: &str) -> Result<()> {
-    let patch = json!({"metadata": {"annotations": {registration::DISARMED: "true"}}});
+/// Marks the registration disarmed, only if it is still this process's: a write that stalled
+/// and landed after a restarted agent had cleared the flag would count that live agent as
+/// having acknowledged every epoch.
+async fn publish_disarmed(client: &Client, namespace: &str, node: &str, incarnation: &str) -> Result<()> {
+    use json_patch::{PatchOperation, ReplaceOperation, TestOperation, jsonptr::PointerBuf};
+    let annotation = |key: &str| PointerBuf::from_tokens(["metadata", "annotations", key]);
+    let patch = json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: annotation(registration::INCARNATION),
+            value: json!(incarnation),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: annotation(registration::DISARMED),
+            value: json!("true"),
+        }),
+    ]);
     let api = Api::<Lease>::namespaced(client.clone(), namespace);
     match api
         .patch(
             &registration::lease_name(node),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::<()>::Json(patch),
         )
         .await
     {

@@ -81,10 +81,16 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
             Some(())
         }
     };
-    if valid.is_some() {
+    let membership::Outcome {
+        current,
+        registrations: regs,
+        lost,
+    } = membership::reconcile(&ctx.client, &ctx.namespace, &ctx.events, &ctx.metrics, &on).await?;
+    // With the membership lost, agents that still count votes in it must all be stopped before a
+    // new one starts: the DaemonSet stays gone until an administrator has reset them.
+    if valid.is_some() && !lost {
         ensure_daemonset(&config, &ctx, &on).await?;
     }
-    let (current, regs) = membership::reconcile(&ctx.client, &ctx.namespace, &ctx.events, &ctx.metrics, &on).await?;
     let licence = daemonset::licence_settings(&config.spec)
         .map(|s| s.licence())
         .unwrap_or_default();
@@ -143,6 +149,14 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
                 patch["status"][field] = serde_json::Value::Null;
             }
         }
+        let before = config
+            .status
+            .as_ref()
+            .and_then(|s| s.fencing_means.clone())
+            .unwrap_or_default();
+        for gone in before.keys().filter(|n| !regs.iter().any(|r| &r.node == *n)) {
+            patch["status"]["fencingMeans"][gone] = serde_json::Value::Null;
+        }
         api.patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
@@ -164,12 +178,15 @@ fn set_membership_condition(
     now: &Time,
 ) {
     let (status, reason, message) = match current {
-        None if regs.is_empty() => (false, "NoAgents", "no agent has registered yet".to_owned()),
-        None => (
+        None if regs.iter().any(|r| r.acknowledged > 0) => (
             false,
-            "NoMembership",
-            "no membership: see the MembershipLost event".to_owned(),
+            "MembershipLost",
+            format!(
+                "the membership Lease {} is gone while agents count votes in it; self remediation waits and the agent DaemonSet is not re-created until every agent was stopped and every nodemedic-agent-* Lease deleted (see the MembershipLost event)",
+                crate::registration::MEMBERSHIP_LEASE
+            ),
         ),
+        None => (false, "NoAgents", "no agent has registered yet".to_owned()),
         Some(m) => match &m.proposed {
             None => (
                 true,
@@ -184,7 +201,7 @@ fn set_membership_condition(
                     .filter(|n| {
                         !regs
                             .iter()
-                            .any(|r| &r.node == *n && (r.disarmed || r.acknowledged >= p.epoch))
+                            .any(|r| &r.node == *n && r.acknowledgement().covers(p.epoch))
                     })
                     .cloned()
                     .collect();

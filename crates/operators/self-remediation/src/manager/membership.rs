@@ -8,12 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, ObjectMeta, PostParams},
+    api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions},
 };
-use nodemedic_api::{
-    names::annotations,
-    self_remediation::{SelfNodeRemediation, phases},
-};
+use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
 use nodemedic_kube::events::Events;
 
 use super::Metrics;
@@ -36,11 +33,7 @@ pub struct Read {
 }
 
 pub async fn read(client: &Client, namespace: &str) -> Result<Read> {
-    let selector = ListParams::default().labels(&registration::registrations_and_membership_selector());
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
-        .list(&selector)
-        .await?
-        .items;
+    let leases = registration::list(client, namespace).await?;
     let lease = leases
         .iter()
         .find(|l| l.metadata.name.as_deref() == Some(registration::MEMBERSHIP_LEASE));
@@ -58,24 +51,26 @@ async fn waits_running(client: &Client) -> Result<bool> {
         .list(&ListParams::default())
         .await?;
     Ok(list.items.iter().any(|r| {
-        r.metadata.deletion_timestamp.is_none()
-            && !r.annotations().contains_key(annotations::NHC_TIMED_OUT)
-            && r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::PRE_REBOOT_COMPLETED)
+        let status = r.status.as_ref();
+        crate::remediation_object::is_intent(r)
+            && status.and_then(|s| s.phase.as_deref()) == Some(phases::PRE_REBOOT_COMPLETED)
+            && status.is_some_and(|s| s.wait_started_at.is_some())
     }))
 }
 
-/// Registrations whose node is gone. An agent sets its Node as its registration's owner, so the
-/// garbage collector removes it with the node; those without an owner are checked here.
-async fn orphaned(client: &Client, read: &Read) -> Result<BTreeSet<String>> {
+/// Registrations whose node is gone, with their uids. An agent sets its Node as its
+/// registration's owner, so the garbage collector removes it with the node; those without an
+/// owner are checked here.
+async fn orphaned(client: &Client, read: &Read) -> Result<BTreeMap<String, Option<String>>> {
     let nodes = Api::<Node>::all(client.clone());
-    let mut gone = BTreeSet::new();
+    let mut gone = BTreeMap::new();
     for lease in &read.leases {
         let owned = lease.owner_references().iter().any(|o| o.kind == "Node");
         let Some(node) = registration::Published::from_lease(lease).map(|p| p.node) else {
             continue;
         };
         if !owned && nodes.get_opt(&node).await?.is_none() {
-            gone.insert(node);
+            gone.insert(node, lease.uid());
         }
     }
     Ok(gone)
@@ -83,6 +78,14 @@ async fn orphaned(client: &Client, read: &Read) -> Result<BTreeSet<String>> {
 
 fn describe(members: &BTreeSet<String>) -> String {
     members.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+/// The membership after a reconcile.
+pub struct Outcome {
+    pub current: Option<Membership>,
+    pub registrations: Vec<Registration>,
+    /// Agents acknowledged a membership the API no longer holds (see [`Change::Lost`]).
+    pub lost: bool,
 }
 
 /// Makes the next membership change; returns the membership as it now stands, and the
@@ -93,41 +96,43 @@ pub async fn reconcile(
     events: &Events,
     metrics: &Metrics,
     on: &k8s_openapi::api::core::v1::ObjectReference,
-) -> Result<(Option<Membership>, Vec<Registration>)> {
+) -> Result<Outcome> {
     let read = read(client, namespace).await?;
     let gone = orphaned(client, &read).await?;
     let leases = Api::<Lease>::namespaced(client.clone(), namespace);
-    for node in &gone {
-        leases
-            .delete(&registration::lease_name(node), &DeleteParams::default())
-            .await
-            .ok();
-        events
-            .normal(
-                on,
-                "RegistrationRemoved",
-                format!("node {node} no longer exists: removed its agent's registration"),
-            )
-            .await;
+    for (node, uid) in &gone {
+        // Only the registration read: one the agent made again since is left for the next pass.
+        let precondition = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match leases.delete(&registration::lease_name(node), &precondition).await {
+            Ok(_) => {
+                events
+                    .normal(
+                        on,
+                        "RegistrationRemoved",
+                        format!("node {node} no longer exists: removed its agent's registration"),
+                    )
+                    .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(error) => return Err(error.into()),
+        }
     }
     let desired: BTreeSet<String> = read
         .registrations
         .iter()
         .map(|r| r.node.clone())
-        .filter(|n| !gone.contains(n))
+        .filter(|n| !gone.contains_key(n))
         .collect();
     let acks: BTreeMap<String, Acknowledgement> = read
         .registrations
         .iter()
-        .map(|r| {
-            (
-                r.node.clone(),
-                Acknowledgement {
-                    epoch: r.acknowledged,
-                    disarmed: r.disarmed,
-                },
-            )
-        })
+        .map(|r| (r.node.clone(), r.acknowledgement()))
         .collect();
     let held = read
         .membership
@@ -195,7 +200,7 @@ pub async fn reconcile(
                     on,
                     "MembershipLost",
                     format!(
-                        "the membership Lease {} is gone while agents acknowledged epoch {highest_acknowledged}: nodemedic does not start a new membership that an old one could outvote, so self remediation waits; to reset, delete every nodemedic-agent-* Lease in {namespace} (the agents register again)",
+                        "the membership Lease {} is gone while agents acknowledged epoch {highest_acknowledged}: nodemedic starts no new membership an old one could outvote, so self remediation waits and the agent DaemonSet is not re-created; to reset: delete the DaemonSet nodemedic-agent, wait until no agent runs on any node (power off nodes you cannot reach), then delete every nodemedic-agent-* Lease in {namespace}",
                         registration::MEMBERSHIP_LEASE
                     ),
                 )
@@ -209,13 +214,18 @@ pub async fn reconcile(
             .membership_epoch
             .set(i64::try_from(m.committed.epoch).unwrap_or(i64::MAX));
         metrics.members.set(m.committed.members.len() as i64);
+        metrics.proposal_pending.set(i64::from(m.proposed.is_some()));
     }
     let registrations = read
         .registrations
         .into_iter()
-        .filter(|r| !gone.contains(&r.node))
+        .filter(|r| !gone.contains_key(&r.node))
         .collect();
-    Ok((current, registrations))
+    Ok(Outcome {
+        current,
+        registrations,
+        lost: matches!(change, Change::Lost { .. }),
+    })
 }
 
 async fn write(leases: &Api<Lease>, membership: &Membership, version: Option<String>) -> Result<()> {

@@ -26,6 +26,7 @@ pub struct Metrics {
     pub errors: Family<ResultLabels, Counter>,
     pub membership_epoch: Gauge,
     pub members: Gauge,
+    pub proposal_pending: Gauge,
     pub membership_changes: Family<ChangeLabels, Counter>,
     /// Registered agents by fencing means.
     pub means: Family<MeansLabels, Gauge>,
@@ -52,6 +53,7 @@ impl Metrics {
             errors: Family::default(),
             membership_epoch: Gauge::default(),
             members: Gauge::default(),
+            proposal_pending: Gauge::default(),
             membership_changes: Family::default(),
             means: Family::default(),
         };
@@ -94,6 +96,11 @@ impl Metrics {
             "nodemedic_self_remediation_members",
             "Members of the committed membership (the agents whose votes count)",
             m.members.clone(),
+        );
+        registry.register(
+            "nodemedic_self_remediation_membership_proposal_pending",
+            "1 while a membership change waits for acknowledgements from a majority of the members",
+            m.proposal_pending.clone(),
         );
         registry.register(
             "nodemedic_self_remediation_membership_changes",

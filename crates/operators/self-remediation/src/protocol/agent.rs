@@ -40,6 +40,9 @@ pub enum Verdict {
 pub enum FenceReason {
     OwnRemediation,
     PeerSaysRemediating,
+    /// An earlier agent process of this boot let its licence lapse (or was fencing) and died
+    /// before the watchdog fired.
+    InheritedLapse,
 }
 
 /// What a consistent API read returned.
@@ -129,15 +132,28 @@ impl<I: Moment> AgentState<I> {
     }
 
     fn extend(&mut self, from: I) {
-        if self.fence.is_none() {
-            let until = from + self.licence;
-            self.licence_until = Some(self.licence_until.map_or(until, |l| l.max(until)));
-        }
+        self.extend_to(from + self.licence);
     }
 
     fn fence(&mut self, why: FenceReason) {
         self.fence.get_or_insert(why);
         self.licence_until = None;
+    }
+
+    /// Takes over the licence an earlier agent process of this boot held (`None`: it lapsed):
+    /// the licence belongs to the node's boot, and the kernel's keep-alive when that process died
+    /// must not buy the node more time.
+    pub fn inherit(&mut self, until: Option<I>) {
+        match until {
+            Some(until) => self.extend_to(until),
+            None => self.fence(FenceReason::InheritedLapse),
+        }
+    }
+
+    fn extend_to(&mut self, until: I) {
+        if self.fence.is_none() {
+            self.licence_until = Some(self.licence_until.map_or(until, |l| l.max(until)));
+        }
     }
 
     /// Configurations only move forward: an adopted epoch is never given up.
@@ -147,6 +163,12 @@ impl<I: Moment> AgentState<I> {
             return true;
         }
         false
+    }
+
+    /// Takes in a configuration read from the API (on its own, when the remediations could not be
+    /// read in the same round).
+    pub fn on_configuration(&mut self, configuration: &Configuration) {
+        self.adopt(configuration);
     }
 
     /// Takes in a consistent read; returns whether the accepted set changed (to be recorded).
@@ -300,6 +322,19 @@ mod tests {
             !a.may_feed(Tick(12), Duration::ZERO),
             "a fenced agent never feeds again"
         );
+    }
+
+    #[test]
+    fn a_restarted_agent_takes_over_its_predecessor_s_licence_or_its_lapse() {
+        let mut a = agent("a");
+        a.inherit(Some(Tick(20)));
+        assert!(a.may_feed(Tick(19), Duration::ZERO));
+        assert!(!a.may_feed(Tick(20), Duration::ZERO));
+        let mut b = agent("b");
+        b.inherit(None);
+        assert_eq!(b.fenced(), Some(FenceReason::InheritedLapse));
+        b.on_api_read(&read(1, &[], ABC));
+        assert!(!b.may_feed(Tick(2), Duration::ZERO), "a lapse fences for good");
     }
 
     #[test]

@@ -62,6 +62,15 @@ pub struct Registration {
     pub disarmed: bool,
 }
 
+impl Registration {
+    pub fn acknowledgement(&self) -> super::membership::Acknowledgement {
+        super::membership::Acknowledgement {
+            epoch: self.acknowledged,
+            disarmed: self.disarmed,
+        }
+    }
+}
+
 /// Acceptance of one remediation in one configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InConfiguration {

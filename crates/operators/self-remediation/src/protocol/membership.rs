@@ -65,6 +65,13 @@ pub struct Acknowledgement {
     pub disarmed: bool,
 }
 
+impl Acknowledgement {
+    /// Whether the agent refuses every vote in an epoch older than `epoch`.
+    pub fn covers(&self, epoch: u64) -> bool {
+        self.disarmed || self.epoch >= epoch
+    }
+}
+
 /// Whether a majority of the committed configuration has acknowledged the proposal.
 pub fn commit_ready(membership: &Membership, acks: &BTreeMap<String, Acknowledgement>) -> bool {
     let Some(proposed) = &membership.proposed else {
@@ -74,7 +81,7 @@ pub fn commit_ready(membership: &Membership, acks: &BTreeMap<String, Acknowledge
         .committed
         .members
         .iter()
-        .filter(|m| acks.get(*m).is_some_and(|a| a.disarmed || a.epoch >= proposed.epoch))
+        .filter(|m| acks.get(*m).is_some_and(|a| a.covers(proposed.epoch)))
         .count();
     acknowledged >= vote_quorum(membership.committed.members.len())
 }

@@ -102,6 +102,12 @@ struct Target {
     stalled: bool,
     /// Its registration's acknowledged epoch.
     recorded_epoch: u64,
+    /// The agent process runs (it may die while the node lives on).
+    process: bool,
+    /// A dead agent process's licence, for its successor (`Some(None)`: lapsed or fencing).
+    inherited: Option<Option<Tick>>,
+    /// The device was set to its shortest timeout (a fencing agent without sysrq).
+    short_fuse: bool,
 }
 
 /// A peer: only what its vote, acceptance and acknowledgement depend on.
@@ -217,6 +223,9 @@ fn initial(k: &Knobs) -> State {
         last_feed: NOW,
         stalled: false,
         recorded_epoch: 1,
+        process: true,
+        inherited: None,
+        short_fuse: false,
     };
     let peer = Peer {
         powered: true,
@@ -245,8 +254,35 @@ fn initial(k: &Knobs) -> State {
 fn kill_target(s: &mut State) {
     s.target.powered = false;
     s.target.stalled = false;
+    s.target.process = true;
+    s.target.inherited = None;
+    s.target.short_fuse = false;
     s.old_instance = false;
     s.round = None;
+}
+
+/// The agent process dies with its device open: the kernel sends one last keep-alive. What it
+/// recorded of its licence stays for its successor.
+fn kill_agent_process(s: &mut State) {
+    let t = &mut s.target;
+    let until = t.agent.licence_until().filter(|_| t.agent.fenced().is_none());
+    t.inherited = Some(until);
+    t.process = false;
+    t.stalled = false;
+    t.last_feed = NOW;
+    s.round = None;
+}
+
+/// A new agent process on the same boot: it opens the device (a keep-alive), takes its
+/// predecessor's licence over, or, lapsed, fences at once (sysrq refused: the shortest timeout).
+fn start_agent_process(s: &mut State, k: &Knobs) {
+    let t = &mut s.target;
+    let mut agent = fresh_agent(TARGET, k);
+    agent.inherit(t.inherited.take().flatten().filter(|until| *until > NOW));
+    t.short_fuse = agent.fenced().is_some();
+    t.agent = agent;
+    t.process = true;
+    t.last_feed = NOW;
 }
 
 fn registrations(s: &State, k: &Knobs) -> Vec<Registration> {
@@ -276,16 +312,21 @@ fn registrations(s: &State, k: &Knobs) -> Vec<Registration> {
 /// back and a starved watchdog fires.
 fn tick(s: &State, k: &Knobs) -> State {
     let mut x = s.clone();
-    if x.target.powered && !x.target.stalled && x.target.agent.may_feed(NOW, Duration::ZERO) {
+    let t = &x.target;
+    if t.powered && t.process && !t.stalled && t.agent.may_feed(NOW, Duration::ZERO) {
         x.target.last_feed = NOW;
     }
     x.target.last_feed = k.earlier(x.target.last_feed);
     x.target.agent.map_moments(|t| k.earlier(t));
+    if let Some(Some(until)) = x.target.inherited.as_mut() {
+        *until = k.earlier(*until);
+    }
     x.observed = x.observed.map(|(at, epoch)| (k.earlier(at), epoch));
     if let Some((sent, _, _)) = x.round.as_mut() {
         *sent = k.earlier(*sent);
     }
-    if x.target.powered && x.target.last_feed + Duration::from_secs(k.w) < NOW {
+    let timeout = if x.target.short_fuse { 0 } else { k.w };
+    if x.target.powered && x.target.last_feed + Duration::from_secs(timeout) < NOW {
         kill_target(&mut x);
     }
     x
@@ -306,6 +347,12 @@ fn target_steps(s: &State, k: &Knobs, next: &mut Vec<State>) {
             };
             next.push(x);
         }
+        return;
+    }
+    if !t.process {
+        let mut x = s.clone();
+        start_agent_process(&mut x, k);
+        next.push(x);
         return;
     }
     if k.stalls_and_failover && !t.stalled && t.agent.may_feed(NOW, Duration::ZERO) {
@@ -515,6 +562,12 @@ fn successors(s: &State, k: &Knobs) -> Result<Vec<State>, String> {
         x.faults_left -= 1;
         kill_target(&mut x);
         next.push(x);
+        if t.process {
+            let mut x = s.clone();
+            x.faults_left -= 1;
+            kill_agent_process(&mut x);
+            next.push(x);
+        }
     }
     peer_steps(s, k, &mut next);
     if !s.remediation {
@@ -597,13 +650,13 @@ const LEAVE: &[&[usize]] = &[&[0, 1, 2], &[0, 1]];
 const SWAP: &[&[usize]] = &[&[0, 1], &[0, 2]];
 
 /// The smallest timings that still show every effect: a licence outlives a watchdog timeout,
-/// and a wait of `L + W` is short of `T_safe`.
+/// and a wait of `L + W` is short of `T_safe` (`L + 3W + δ`).
 const SAFE_KNOBS: Knobs = Knobs {
     l: 2,
     w: 1,
     configurations: FIXED,
     faults: 1,
-    wait: 2 + 2 + 1,
+    wait: 2 + 3 + 1,
     broken: Broken::Nothing,
     quorum: strict,
     stalls_and_failover: true,
@@ -623,7 +676,7 @@ fn check_slow(configurations: &'static [&'static [usize]], faults: u8) -> usize 
     check_with(Knobs {
         l: 3,
         w: 2,
-        wait: 3 + 4 + 1,
+        wait: 3 + 6 + 1,
         configurations,
         faults,
         ..SAFE_KNOBS
@@ -695,6 +748,19 @@ fn the_model_finds_a_wait_that_forgets_the_late_feed() {
         ..SAFE_KNOBS
     });
     assert!(found.is_err(), "a wait of L + W must be caught");
+}
+
+#[test]
+fn the_model_finds_a_wait_that_forgets_the_keep_alive_of_a_dying_agent() {
+    // A feed written late, then the agent process killed just short of the watchdog firing.
+    let found = explore(Knobs {
+        l: 3,
+        w: 2,
+        wait: 3 + 4 + 1,
+        faults: 1,
+        ..SAFE_KNOBS
+    });
+    assert!(found.is_err(), "a wait of L + 2W must be caught");
 }
 
 #[test]

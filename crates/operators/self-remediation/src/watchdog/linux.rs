@@ -42,8 +42,9 @@ pub struct LinuxWatchdog {
 }
 
 impl LinuxWatchdog {
-    /// Opens (and so arms) the device; programs `timeout` when non-zero (WDIOC_SETTIMEOUT), then
-    /// reads back what the driver applied and the driver's identity.
+    /// Opens (and so arms) the device; programs `timeout` when non-zero and different from the
+    /// driver's (WDIOC_SETTIMEOUT also sends a keep-alive), then reads back what the driver
+    /// applied and the driver's identity.
     pub fn open(path: &Path, timeout: Duration, reboot: Reboot) -> Result<Self, WatchdogError> {
         let io = |source| WatchdogError::Io {
             path: path.to_owned(),
@@ -55,14 +56,11 @@ impl LinuxWatchdog {
             .open(path)
             .map_err(io)?;
         let fd = file.as_raw_fd();
-        if !timeout.is_zero() {
-            let mut seconds = libc_int::try_from(timeout.as_secs().max(1)).unwrap_or(libc_int::MAX);
-            // SAFETY: `seconds` is a live c_int for the duration of the call.
-            unsafe { wdioc_settimeout(fd, &mut seconds) }.map_err(|e| io(e.into()))?;
+        let mut seconds = get_timeout(fd).map_err(|e| io(e.into()))?;
+        let wanted = libc_int::try_from(timeout.as_secs().max(1)).unwrap_or(libc_int::MAX);
+        if !timeout.is_zero() && wanted != seconds {
+            seconds = set_timeout(fd, wanted).map_err(|e| io(e.into()))?;
         }
-        let mut seconds: libc_int = 0;
-        // SAFETY: as above.
-        unsafe { wdioc_gettimeout(fd, &mut seconds) }.map_err(|e| io(e.into()))?;
         if seconds <= 0 {
             return Err(WatchdogError::Unusable {
                 path: path.to_owned(),
@@ -105,6 +103,21 @@ impl LinuxWatchdog {
     }
 }
 
+fn get_timeout(fd: i32) -> nix::Result<libc_int> {
+    let mut seconds: libc_int = 0;
+    // SAFETY: `seconds` is a live c_int for the duration of the call.
+    unsafe { wdioc_gettimeout(fd, &mut seconds) }?;
+    Ok(seconds)
+}
+
+/// Programs the timeout; returns what the driver applied.
+fn set_timeout(fd: i32, seconds: libc_int) -> nix::Result<libc_int> {
+    let mut seconds = seconds;
+    // SAFETY: `seconds` is a live c_int for the duration of the call.
+    unsafe { wdioc_settimeout(fd, &mut seconds) }?;
+    Ok(seconds)
+}
+
 pub(crate) fn identity_text(raw: &[u8]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).trim().to_owned()
@@ -136,8 +149,21 @@ impl Watchdog for LinuxWatchdog {
         Ok(())
     }
 
+    /// Sysrq where software reboot is enabled; otherwise the device's shortest timeout, so it
+    /// resets the node within a second instead of a whole timeout.
     fn reboot_now(&mut self) -> Result<(), WatchdogError> {
-        self.reboot.now()
+        match self.reboot.now() {
+            Err(WatchdogError::RebootRefused(_)) => {
+                let fd = self.fd()?;
+                set_timeout(fd, 1).map_err(|e| WatchdogError::Io {
+                    path: self.path.clone(),
+                    source: e.into(),
+                })?;
+                self.timeout = Duration::from_secs(1);
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn describe(&self) -> String {

@@ -299,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_refused_reboot_says_how_to_enable_it() {
-        let error = Reboot::Refused.now().err().expect("refused");
+        let error = Reboot::Refused.now().expect_err("refused");
         assert!(error.to_string().contains("isSoftwareRebootEnabled"), "{error}");
     }
 }

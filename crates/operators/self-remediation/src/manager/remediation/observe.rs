@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
-use kube::{Api, ResourceExt, api::ListParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, ResourceExt};
 use nodemedic_api::{
     names::{annotations, finalizers, labels, taints as keys},
     self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationConfig},
@@ -17,10 +17,8 @@ use crate::{
     manager::daemonset,
     protocol::{
         Timing, manager as rules,
-        membership::Membership,
         wait::{self, LocalWait, RecordedWait},
     },
-    registration,
 };
 
 pub struct Observed {
@@ -31,26 +29,14 @@ pub struct Observed {
     pub adjusted_from: Option<Duration>,
 }
 
-pub fn node_of(snr: &SelfNodeRemediation) -> String {
-    snr.annotations()
-        .get(annotations::NODE_NAME)
-        .cloned()
-        .unwrap_or_else(|| snr.name_any())
-}
+pub use crate::remediation_object::node_of;
 
-/// The registrations and the membership, in one list.
-pub async fn registrations(
-    client: &kube::Client,
-    namespace: &str,
-) -> Result<(Vec<rules::Registration>, Option<Membership>)> {
-    let selector = registration::registrations_and_membership_selector();
-    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await?;
-    Ok((
-        leases.items.iter().filter_map(registration::registration).collect(),
-        leases.items.iter().find_map(registration::membership),
-    ))
+/// The safe time a begun wait was set to (its assumed-rebooted time less its start).
+fn recorded_safe_time(snr: &SelfNodeRemediation) -> Option<Duration> {
+    let status = snr.status.as_ref()?;
+    let started = status.wait_started_at.as_ref()?.0;
+    let until = status.time_assumed_rebooted.as_ref()?.0;
+    Duration::try_from(until.duration_since(started)).ok()
 }
 
 /// The wait a remediation's status records.
@@ -71,32 +57,8 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         .map(|c| c.spec)
         .unwrap_or_default();
     let settings = daemonset::licence_settings(&config)?;
-    let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
-    let (regs, membership) = registrations(&ctx.client, &ctx.namespace).await?;
-    let acceptance = rules::acceptance(&node_name, &uid, &regs, membership.as_ref());
-    let timing = regs
-        .iter()
-        .find(|r| r.node == node_name)
-        .map(|own| rules::timing(settings.licence(), own))
-        .unwrap_or(Timing {
-            licence: settings.licence(),
-            watchdog: Duration::from_secs(60),
-        });
-    let configured = config
-        .safe_time_to_assume_node_rebooted_seconds
-        .map(|s| Duration::from_secs(s.max(0) as u64));
-    let (safe_time, adjusted_from) = rules::safe_time(timing.safe_time(), configured);
-    let node_taints = node
-        .as_ref()
-        .and_then(|n| n.spec.as_ref())
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default();
-    let strategy = match snr.spec.remediation_strategy {
-        RemediationStrategy::ResourceDeletion => Applied::ResourceDeletion,
-        RemediationStrategy::OutOfServiceTaint => Applied::OutOfServiceTaint,
-        RemediationStrategy::Automatic if ctx.out_of_service => Applied::OutOfServiceTaint,
-        RemediationStrategy::Automatic => Applied::ResourceDeletion,
-    };
+    // How long the wait has run is measured before the membership is read: a wait counts only
+    // up to a moment at which the membership is known unchanged.
     let phase = Phase::parse(snr.status.as_ref().and_then(|s| s.phase.as_deref()));
     let local = ctx
         .observed
@@ -119,6 +81,36 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
         }
     } else {
         None
+    };
+    let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
+    let read = crate::manager::membership::read(&ctx.client, &ctx.namespace).await?;
+    let (regs, membership) = (read.registrations, read.membership);
+    let acceptance = rules::acceptance(&node_name, &uid, &regs, membership.as_ref());
+    let timing = regs
+        .iter()
+        .find(|r| r.node == node_name)
+        .map(|own| rules::timing(settings.licence(), own))
+        .unwrap_or(Timing {
+            licence: settings.licence(),
+            watchdog: Duration::from_secs(60),
+        });
+    let configured = config
+        .safe_time_to_assume_node_rebooted_seconds
+        .map(|s| Duration::from_secs(s.max(0) as u64));
+    // Never shorter than the wait already begun: the node's agent may have restarted since with
+    // a shorter watchdog or licence, which bounds its new process, not the old one.
+    let minimum = timing.safe_time().max(recorded_safe_time(snr).unwrap_or_default());
+    let (safe_time, adjusted_from) = rules::safe_time(minimum, configured);
+    let node_taints = node
+        .as_ref()
+        .and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let strategy = match snr.spec.remediation_strategy {
+        RemediationStrategy::ResourceDeletion => Applied::ResourceDeletion,
+        RemediationStrategy::OutOfServiceTaint => Applied::OutOfServiceTaint,
+        RemediationStrategy::Automatic if ctx.out_of_service => Applied::OutOfServiceTaint,
+        RemediationStrategy::Automatic => Applied::ResourceDeletion,
     };
     let accepted_for = wait::waited(local, recorded, server_now, acceptance.epoch);
     let (pods_left, attachments_left) = if phase >= Phase::RebootCompleted {

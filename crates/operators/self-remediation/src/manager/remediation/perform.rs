@@ -119,7 +119,8 @@ pub async fn perform(
         }
         Step::CannotFence(why) => {
             // A wait that began before the node's agent disarmed proves nothing about a
-            // watchdog armed again later: the wait starts over if the agent comes back.
+            // watchdog armed again later: the wait starts over if the agent comes back, here
+            // and in a new leader (the recorded start goes too).
             ctx.observed
                 .lock()
                 .map_err(|_| Error::Poisoned)?
@@ -127,7 +128,8 @@ pub async fn perform(
             let changed = set_status(api, snr, |s, now| {
                 let a = finished(s, now, false, "FencingNotSafe", why);
                 let b = condition(s, now, types::FENCING_SAFE, false, "NoWorkingAgent", why.clone());
-                a | b
+                let c = s.wait_started_at.take().is_some() | s.membership_epoch.take().is_some();
+                a | b | c
             })
             .await?;
             if changed {

@@ -1,96 +1,9 @@
-use std::time::Duration;
+//! The verdict's checks on hand-made timelines.
 
-use jiff::Timestamp;
-use nodemedic_lab::{
-    NodeCondition, PodId,
-    timeline::{Entry, Event},
-};
-use proptest::prelude::*;
+use nodemedic_lab::timeline::Event;
 
-use super::{
-    plan::{self, Action, Options, PathKind},
-    verdict::{self, NodeSnapshot, Params, Snapshot, ViolationKind},
-};
-
-fn params() -> Params {
-    Params {
-        max_unhealthy: 1,
-        remediate_after: Duration::from_secs(25),
-        fence_grace: Duration::from_secs(20),
-        control_plane_one_at_a_time: true,
-    }
-}
-
-/// A hand-made timeline, one entry per call at the given second.
-#[derive(Default)]
-struct Script(Vec<Entry>);
-
-impl Script {
-    fn at(&mut self, s: i64, event: Event) -> &mut Self {
-        self.0.push(Entry { at: t(s), event });
-        self
-    }
-    fn cond(&mut self, s: i64, node: &str, powered: bool, partitioned: bool) -> &mut Self {
-        let condition = NodeCondition {
-            powered,
-            partitioned,
-            ..NodeCondition::default()
-        };
-        self.at(
-            s,
-            Event::NodeCondition {
-                node: node.into(),
-                condition,
-            },
-        )
-    }
-    fn power_off(&mut self, s: i64, node: &str, cause: &str) -> &mut Self {
-        self.at(
-            s,
-            Event::Power {
-                node: node.into(),
-                on: false,
-                cause: cause.into(),
-            },
-        )
-        .cond(s, node, false, false)
-    }
-    fn remediation(&mut self, s: i64, node: &str, change: &str) -> &mut Self {
-        self.at(
-            s,
-            Event::Remediation {
-                kind: "SelfNodeRemediation".into(),
-                name: node.into(),
-                node: node.into(),
-                change: change.into(),
-            },
-        )
-    }
-    fn running(&mut self, s: i64, uid: &str, node: &str) -> &mut Self {
-        self.at(
-            s,
-            Event::PodPhase {
-                pod: PodId {
-                    namespace: "vm".into(),
-                    name: "db-0".into(),
-                    uid: uid.into(),
-                },
-                node: Some(node.into()),
-                phase: "Running".into(),
-                claims: vec!["data-db-0".into()],
-                stateful: true,
-            },
-        )
-    }
-}
-
-fn t(s: i64) -> Timestamp {
-    Timestamp::from_second(1_000_000 + s).expect("time")
-}
-
-fn kinds(v: &[verdict::Violation]) -> Vec<ViolationKind> {
-    v.iter().map(|v| v.kind).collect()
-}
+use super::{Script, kinds, params, t};
+use crate::chaos::verdict::{self, CONTROLLER_RESTART, NodeSnapshot, Params, Snapshot, ViolationKind};
 
 #[test]
 fn a_partitioned_node_fenced_and_remediated_is_clean() {
@@ -181,7 +94,8 @@ fn a_long_outage_without_a_remediation_is_flagged_unless_over_budget() {
 /// Two control-plane nodes down within a budget of two; a's remediation is created at 16 s.
 fn a_remediated_while_b_waits() -> (Params, Script) {
     let mut budget_of_two = params();
-    budget_of_two.max_unhealthy = 2;
+    // Five nodes: two may be unhealthy.
+    budget_of_two.nodes = 5;
     let mut s = Script::default();
     s.cond(0, "a", false, false)
         .cond(1, "b", false, false)
@@ -262,54 +176,165 @@ fn remediation_in_flight_and_last_running() {
 }
 
 #[test]
-fn a_broken_plan_is_refused() {
-    let mut p = plan::plan(1, 0);
-    p.steps.retain(|s| {
-        !matches!(
-            s.action,
-            Action::Heal { .. } | Action::PowerOn { .. } | Action::Thaw { .. }
-        )
-    });
-    p.steps.push(plan::Step {
-        at_ms: u64::MAX,
-        action: Action::Crash { node: 0 },
-    });
-    assert!(plan::validate(&p).is_err());
+fn a_software_reboot_is_a_fence() {
+    // Of a healthy node: false, as a watchdog reset would be.
+    let mut s = Script::default();
+    s.cond(1, "a", true, false)
+        .at(40, Event::SoftwareReboot { node: "b".into() })
+        .power_off(40, "b", "software-reboot");
+    assert_eq!(
+        kinds(&verdict::false_fences(&s.0, t(0), &params())),
+        [ViolationKind::FalseFence]
+    );
+    // Of a node cut off and remediated: what self remediation without a watchdog does.
+    let mut s = Script::default();
+    s.cond(0, "b", true, true)
+        .remediation(16, "b", "created")
+        .at(25, Event::SoftwareReboot { node: "b".into() })
+        .power_off(25, "b", "software-reboot");
+    assert_eq!(verdict::false_fences(&s.0, t(0), &params()), vec![]);
 }
 
-proptest! {
-    #[test]
-    fn the_same_seed_draws_the_same_plan(seed in any::<u64>(), index in 0usize..500) {
-        prop_assert_eq!(plan::plan(seed, index), plan::plan(seed, index));
-    }
+#[test]
+fn a_removed_node_is_neither_unremediated_nor_falsely_fenced() {
+    // c leaves at 10 and is back at 70: 60 s without power, no remediation, no fence.
+    let mut s = Script::default();
+    s.removed(10, "c").added(70, "c");
+    assert_eq!(verdict::judge(&s.0, t(0), t(100), &params()), vec![]);
+    // Still gone at the end.
+    let mut s = Script::default();
+    s.removed(10, "c");
+    assert_eq!(verdict::judge(&s.0, t(0), t(100), &params()), vec![]);
+    // Its removal is no outage that would excuse a fence once it is back.
+    let mut s = Script::default();
+    s.removed(10, "c").added(70, "c").power_off(80, "c", "watchdog");
+    assert_eq!(
+        kinds(&verdict::false_fences(&s.0, t(0), &params())),
+        [ViolationKind::FalseFence]
+    );
+}
 
-    #[test]
-    fn plans_are_sound(seed in any::<u64>(), index in 0usize..500, five in any::<bool>()) {
-        for options in [Options::default(), Options { nodes: Some(if five { 5 } else { 3 }) }] {
-            let p = plan::plan_with(seed, index, options);
-            prop_assert!(matches!(p.shape.nodes, 3 | 5));
-            prop_assert!(!p.steps.is_empty());
-            prop_assert!(p.shape.path == PathKind::FenceRedfish || !p.shape.slow_bmc);
-            for step in &p.steps {
-                let slots = match &step.action {
-                    Action::Partition { nodes } => nodes.clone(),
-                    Action::Crash { node } | Action::PowerOn { node } | Action::Freeze { node } | Action::Thaw { node }
-                    | Action::IsolateFromApi { node } | Action::Heal { node } | Action::HangBmc { node }
-                    | Action::ResumeBmc { node } | Action::RestartAgent { node, .. } => vec![*node],
-                    _ => Vec::new(),
-                };
-                prop_assert!(slots.iter().all(|s| *s < p.shape.nodes), "{:?}", step);
-            }
-            // Only existing nodes, every fault healed by the end, and the rest of validate's rules.
-            prop_assert_eq!(plan::validate(&p), Ok(()), "{:?}", p);
-        }
-    }
+#[test]
+fn a_node_that_rejoined_sees_its_pods_deleted() {
+    // db-0 runs on c after c rejoined; deleted there while c is connected, it is gone, so the
+    // replacement on a is no second writer (the lab records no condition for a joining node).
+    let mut s = Script::default();
+    s.removed(10, "c")
+        .added(20, "c")
+        .running(30, "u1", "c")
+        .gone(40, "u1", "c")
+        .running(45, "u2", "a");
+    assert_eq!(verdict::two_writers(&s.0, t(0)), vec![]);
+}
 
-    #[test]
-    fn a_block_of_trials_shares_one_shape(seed in any::<u64>(), block in 0usize..50) {
-        let first = plan::plan(seed, block * plan::BLOCK).shape;
-        for i in 1..plan::BLOCK {
-            prop_assert_eq!(plan::plan(seed, block * plan::BLOCK + i).shape, first);
-        }
+#[test]
+fn a_fence_while_the_control_plane_is_down_is_false() {
+    for (stop, start) in [("stop-apiserver", "start-apiserver"), ("stop-etcd", "start-etcd")] {
+        let mut s = Script::default();
+        s.fault(0, stop)
+            .power_off(150, "a", "watchdog")
+            .cond(153, "a", true, false)
+            .fault(200, start);
+        assert_eq!(
+            kinds(&verdict::judge(&s.0, t(0), t(300), &params())),
+            [ViolationKind::FalseFence],
+            "{stop}"
+        );
     }
+}
+
+#[test]
+fn a_healthy_node_remediated_once_the_control_plane_is_back_is_flagged() {
+    let mut s = Script::default();
+    s.fault(0, "stop-etcd")
+        .fault(200, "start-etcd")
+        .remediation(230, "a", "created")
+        .remediation(235, "a", "removed");
+    assert_eq!(
+        kinds(&verdict::judge(&s.0, t(0), t(300), &params())),
+        [ViolationKind::HealthyRemediated]
+    );
+    // A node down (or just back) is fair game.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .cond(20, "a", true, false)
+        .remediation(22, "a", "created");
+    assert_eq!(verdict::healthy_remediated(&s.0, t(0), &params()), vec![]);
+}
+
+#[test]
+fn no_remediation_is_expected_while_the_control_plane_is_down() {
+    // a is down from 0; the API server stops at 5 and is started at 200: its deadline counts
+    // from 230 (start + settle), so back at 220 it needed none.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .fault(5, "stop-apiserver")
+        .fault(200, "start-apiserver")
+        .cond(220, "a", true, false);
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(300), &params()), vec![]);
+    // Down until 300, it had 70 s with remediation possible.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .fault(5, "stop-apiserver")
+        .fault(200, "start-apiserver")
+        .cond(300, "a", true, false);
+    assert_eq!(
+        kinds(&verdict::unremediated(&s.0, t(0), t(310), &params())),
+        [ViolationKind::Unremediated]
+    );
+    // A node that goes down while etcd is stopped: the same.
+    let mut s = Script::default();
+    s.fault(0, "stop-etcd")
+        .cond(100, "a", false, false)
+        .fault(200, "start-etcd")
+        .cond(250, "a", true, false);
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(300), &params()), vec![]);
+}
+
+#[test]
+fn the_budget_counts_from_the_controllers_last_restart() {
+    // Restarted at 15, 21, 27 and 33: the deadline is 58, so back at 50 is within it...
+    let restarts = |s: &mut Script| {
+        for at in [15, 21, 27, 33] {
+            s.fault(at, CONTROLLER_RESTART);
+        }
+    };
+    let mut s = Script::default();
+    s.cond(0, "a", false, false);
+    restarts(&mut s);
+    s.cond(50, "a", true, false);
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(60), &params()), vec![]);
+    // ... at 70 it is not, and without the restarts neither is 50.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false);
+    restarts(&mut s);
+    s.cond(70, "a", true, false);
+    assert_eq!(
+        kinds(&verdict::unremediated(&s.0, t(0), t(80), &params())),
+        [ViolationKind::Unremediated]
+    );
+    let mut s = Script::default();
+    s.cond(0, "a", false, false).cond(50, "a", true, false);
+    assert_eq!(
+        kinds(&verdict::unremediated(&s.0, t(0), t(60), &params())),
+        [ViolationKind::Unremediated]
+    );
+}
+
+#[test]
+fn the_budget_follows_nodes_joining_and_leaving() {
+    // Of three nodes one leaves: with two, minHealthy 51 % allows none unhealthy.
+    let mut s = Script::default();
+    s.removed(1, "c").cond(10, "a", false, false).cond(50, "a", true, false);
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(60), &params()), vec![]);
+    // An extra node joins as well: three again, one may be unhealthy, and a is owed one.
+    let mut s = Script::default();
+    s.removed(1, "c")
+        .added(2, "x")
+        .cond(10, "a", false, false)
+        .cond(50, "a", true, false);
+    assert_eq!(
+        kinds(&verdict::unremediated(&s.0, t(0), t(60), &params())),
+        [ViolationKind::Unremediated]
+    );
 }

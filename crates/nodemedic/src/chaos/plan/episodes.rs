@@ -1,0 +1,297 @@
+//! The episodes a trial is made of, each a fault (or a few) and its undoing, drawn one after
+//! the other: node faults with disturbances on top, flapping, short and long control-plane
+//! outages, controller restart loops and membership churn.
+
+use rand::{Rng, rngs::StdRng};
+
+use super::{Action, PathKind, Shape, Slot, Step};
+
+/// Node faults held at least this long should get a remediation (see the verdict's budget).
+pub const LONG_HOLD_MS: (u64, u64) = (26_000, 50_000);
+const SHORT_HOLD_MS: (u64, u64) = (3_000, 9_000);
+/// A long control-plane outage: longer than the 30 s bound agents once had on their view of the
+/// peers (`peerUpdateInterval` in the lab's config), and than `L + W` (4 s + 5 s at the lab's
+/// timings) by far, so an agent that needed the API to stay licensed would fence.
+pub const LONG_OUTAGE_MS: (u64, u64) = (90_000, 300_000);
+/// Watched after a long outage before anything else happens: the health check's detection
+/// and duration (25 s in the lab) plus the controller's re-election (its 15 s lease) and then
+/// some, so a healthy node wrongly remediated once the control plane is back is seen.
+pub const AFTERMATH_MS: u64 = 60_000;
+/// The longest control-plane outage drawn while a node fault holds.
+pub const SHORT_OUTAGE_MAX_MS: u64 = 8_000;
+/// How often the first episode of a self-remediation trial is membership churn.
+const CHURN: f64 = 0.3;
+
+pub(super) struct Builder {
+    pub rng: StdRng,
+    shape: Shape,
+    pub steps: Vec<Step>,
+    /// Where the next episode starts.
+    pub t: u64,
+}
+
+impl Builder {
+    pub fn new(rng: StdRng, shape: Shape) -> Self {
+        Self {
+            rng,
+            shape,
+            steps: Vec::new(),
+            t: 0,
+        }
+    }
+
+    fn push(&mut self, at_ms: u64, action: Action) {
+        self.steps.push(Step { at_ms, action });
+    }
+
+    /// The workload's node more often than any other.
+    fn node(&mut self) -> Slot {
+        if self.rng.random_bool(0.6) {
+            0
+        } else {
+            self.rng.random_range(1..self.shape.nodes)
+        }
+    }
+
+    fn long_hold(&mut self) -> u64 {
+        self.rng.random_range(LONG_HOLD_MS.0..=LONG_HOLD_MS.1)
+    }
+
+    fn hold(&mut self) -> u64 {
+        if self.rng.random_bool(0.7) {
+            self.long_hold()
+        } else {
+            self.rng.random_range(SHORT_HOLD_MS.0..=SHORT_HOLD_MS.1)
+        }
+    }
+
+    /// Draws one episode from `self.t` on and moves `self.t` to its end. Churn comes only first:
+    /// then slot 0 still runs the workload, so its removals never take the workload's node.
+    pub fn episode(&mut self, first: bool) {
+        let start = self.t;
+        if first && self.shape.churns() && self.rng.random_bool(CHURN) {
+            self.t = self.churn(start);
+            return;
+        }
+        // Only a fault held steadily gets disturbances on top (a flapping node has gaps).
+        let (targets, end) = match self.rng.random_range(0..17) {
+            0..=2 => self.simple(start, |n| Action::Crash { node: n }, |n| Action::PowerOn { node: n }),
+            3..=4 => self.simple(start, |n| Action::Freeze { node: n }, |n| Action::Thaw { node: n }),
+            5..=7 => self.partition(start),
+            8..=9 => self.simple(
+                start,
+                |n| Action::IsolateFromApi { node: n },
+                |n| Action::Heal { node: n },
+            ),
+            10 => (Vec::new(), self.flap(start)),
+            11 => (Vec::new(), self.control_plane(start)),
+            12..=14 => (Vec::new(), self.long_outage(start)),
+            _ => (Vec::new(), self.restart_loop(start)),
+        };
+        if !targets.is_empty() && end - start >= LONG_HOLD_MS.0 {
+            self.disturb(start, end, &targets);
+        }
+        self.t = end;
+    }
+
+    fn simple(&mut self, start: u64, fault: fn(Slot) -> Action, heal: fn(Slot) -> Action) -> (Vec<Slot>, u64) {
+        let node = self.node();
+        let end = start + self.hold();
+        self.push(start, fault(node));
+        self.push(end, heal(node));
+        (vec![node], end)
+    }
+
+    /// A minority only: a majority cut from the API server leaves no budget to remediate it.
+    fn partition(&mut self, start: u64) -> (Vec<Slot>, u64) {
+        let first = self.node();
+        let mut nodes = vec![first];
+        let max = (self.shape.nodes - 1) / 2;
+        if max >= 2 && self.rng.random_bool(0.5) {
+            let others: Vec<Slot> = (0..self.shape.nodes).filter(|n| *n != first).collect();
+            nodes.push(others[self.rng.random_range(0..others.len())]);
+        }
+        let end = start + self.hold();
+        self.push(start, Action::Partition { nodes: nodes.clone() });
+        for n in &nodes {
+            self.push(end, Action::Heal { node: *n });
+        }
+        (nodes, end)
+    }
+
+    /// A node dropping off the network and back, a few times.
+    fn flap(&mut self, start: u64) -> u64 {
+        let node = self.node();
+        let mut t = start;
+        for _ in 0..self.rng.random_range(2..=4) {
+            self.push(t, Action::Partition { nodes: vec![node] });
+            t += self.rng.random_range(3_000..10_000);
+            self.push(t, Action::Heal { node });
+            t += self.rng.random_range(3_000..8_000);
+        }
+        t
+    }
+
+    fn control_plane(&mut self, start: u64) -> u64 {
+        let mut t = start;
+        match self.rng.random_range(0..3) {
+            0 => {
+                self.push(t, Action::StopApiserver);
+                t += self.rng.random_range(2_000..SHORT_OUTAGE_MAX_MS);
+                self.push(t, Action::StartApiserver);
+            }
+            1 => self.push(t, Action::RestartEtcd),
+            _ => {
+                self.push(t, Action::RestartController { mid_remediation: false });
+                if self.shape.path == PathKind::SelfRemediation {
+                    let node = self.rng.random_range(0..self.shape.nodes);
+                    self.push(
+                        t + 1_000,
+                        Action::RestartAgent {
+                            node,
+                            mid_remediation: false,
+                        },
+                    );
+                }
+            }
+        }
+        t + 5_000
+    }
+
+    /// The API server or etcd gone for minutes with every node healthy (no remediation can be
+    /// created meanwhile anyway): nobody may fence, and nothing healthy may be remediated once
+    /// it is back, which [`AFTERMATH_MS`] of quiet lets the verdict see.
+    fn long_outage(&mut self, start: u64) -> u64 {
+        let lasts = self.rng.random_range(LONG_OUTAGE_MS.0..=LONG_OUTAGE_MS.1);
+        let (stop, back) = if self.rng.random_bool(0.5) {
+            (Action::StopApiserver, Action::StartApiserver)
+        } else {
+            (Action::StopEtcd, Action::StartEtcd)
+        };
+        self.push(start, stop);
+        self.push(start + lasts, back);
+        start + lasts + AFTERMATH_MS
+    }
+
+    /// The workload's node crashes and, once its remediation is in flight, the controller is
+    /// killed and restarted every 5-8 s, 3-8 times: each new leader must carry the remediation
+    /// on (its safe-time wait included) rather than start it again, or the loop outlasts it.
+    fn restart_loop(&mut self, start: u64) -> u64 {
+        self.push(start, Action::Crash { node: 0 });
+        // Remediations start about 15 s into a fault; the loop waits (bounded) for one anyway.
+        let at = start + self.rng.random_range(15_000..20_000);
+        let restarts = self.rng.random_range(3..=8);
+        let every_ms = self.rng.random_range(5_000..=8_000);
+        self.push(at, Action::RestartControllerLoop { restarts, every_ms });
+        let looped = at + u64::from(restarts - 1) * every_ms;
+        let end = (looped + self.rng.random_range(5_000..15_000)).max(start + LONG_HOLD_MS.0);
+        self.push(end, Action::PowerOn { node: 0 });
+        end
+    }
+
+    /// Nodes leaving and joining (self remediation only): some leave and rejoin under their
+    /// names, the extra node joins and leaves, or both (a swap); half the time the workload's
+    /// node crashes while the change is still being agreed, and the departed nodes rejoin and
+    /// the extra node leaves while its remediation is in flight. Removals come before the
+    /// crash, so the workload moves to a node that stays (the runner taints the extra node so
+    /// it never runs it), and never take more than a minority of the lab, counting the crash.
+    fn churn(&mut self, start: u64) -> u64 {
+        let n = self.shape.nodes;
+        let extra = self.shape.extra_slot();
+        let crash = self.rng.random_bool(0.5);
+        let (leave, join) = match self.rng.random_range(0..3) {
+            0 => (true, false),
+            1 => (false, true),
+            _ => (true, true),
+        };
+        // Of three nodes, one gone and one crashed leave one: no majority to agree a change
+        // with, and below the health check's 51 %. There the extra node's join meets the crash.
+        let (leave, join) = if crash && n == 3 { (false, true) } else { (leave, join) };
+        let mut t = start;
+        if join {
+            self.push(t, Action::AddNode { node: extra });
+            t += self.rng.random_range(5_000..10_000);
+        }
+        let mut leaving = Vec::new();
+        if leave {
+            let count = if n >= 5 && !crash && self.rng.random_bool(0.5) {
+                2
+            } else {
+                1
+            };
+            let mut others: Vec<Slot> = (1..n).collect();
+            for _ in 0..count {
+                leaving.push(others.remove(self.rng.random_range(0..others.len())));
+            }
+            for k in &leaving {
+                self.push(t, Action::RemoveNode { node: *k });
+                t += self.rng.random_range(2_000..5_000);
+            }
+        }
+        let (mut back, crashed_until) = if crash {
+            let at = t + self.rng.random_range(0..3_000);
+            self.push(at, Action::Crash { node: 0 });
+            (at + self.rng.random_range(15_000..25_000), Some(at + self.long_hold()))
+        } else {
+            (t + self.rng.random_range(20_000..40_000), None)
+        };
+        for k in leaving {
+            self.push(back, Action::AddNode { node: k });
+            back += self.rng.random_range(3_000..8_000);
+        }
+        if join {
+            self.push(back, Action::RemoveNode { node: extra });
+            back += self.rng.random_range(3_000..8_000);
+        }
+        match crashed_until {
+            Some(until) => {
+                let end = until.max(back);
+                self.push(end, Action::PowerOn { node: 0 });
+                end
+            }
+            None => back,
+        }
+    }
+
+    /// Control-plane, process and BMC faults while the node fault holds, in disjoint windows.
+    fn disturb(&mut self, start: u64, end: u64, targets: &[Slot]) {
+        let fence_agents = self.shape.path == PathKind::FenceRedfish;
+        if fence_agents && self.rng.random_bool(0.4) {
+            // Hung from before the remediation starts; resumed before the fault is healed, so a
+            // request the BMC took while hung lands while the remediation is still in flight.
+            let node = targets[0];
+            let hang = start + self.rng.random_range(0..4_000);
+            let resume = (hang + self.rng.random_range(5_000..25_000)).min(end - 2_000);
+            self.push(hang, Action::HangBmc { node });
+            self.push(resume, Action::ResumeBmc { node });
+        }
+        // Remediations start about 15 s into a fault.
+        let mut t = start + self.rng.random_range(15_000..20_000);
+        for _ in 0..self.rng.random_range(0..=2) {
+            if t + 8_000 >= end {
+                break;
+            }
+            let healthy: Vec<Slot> = (0..self.shape.nodes).filter(|n| !targets.contains(n)).collect();
+            match self.rng.random_range(0..4) {
+                0 => self.push(t, Action::RestartController { mid_remediation: true }),
+                1 if !fence_agents => {
+                    let node = healthy[self.rng.random_range(0..healthy.len())];
+                    self.push(
+                        t,
+                        Action::RestartAgent {
+                            node,
+                            mid_remediation: true,
+                        },
+                    );
+                }
+                2 => {
+                    self.push(t, Action::StopApiserver);
+                    t += self.rng.random_range(2_000..6_000);
+                    self.push(t, Action::StartApiserver);
+                }
+                _ => self.push(t, Action::RestartEtcd),
+            }
+            t += self.rng.random_range(2_000..5_000);
+        }
+    }
+}

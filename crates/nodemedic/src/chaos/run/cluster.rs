@@ -1,0 +1,181 @@
+//! The lab a shape runs in, and what the runner reads of the cluster: whether it is healthy,
+//! and what remediation left behind.
+
+use std::path::Path;
+
+use anyhow::Context;
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Node, Pod},
+};
+use kube::{Api, api::ListParams};
+use nodemedic_api::{fence_agents::FenceAgentsRemediation, names::leases, self_remediation::SelfNodeRemediation};
+use nodemedic_kube::node_lease;
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays};
+use serde_json::json;
+
+use super::UNHEALTHY_FOR;
+use crate::{
+    chaos::{
+        plan::{PathKind, Shape, Strategy},
+        verdict::{NodeSnapshot, Snapshot},
+    },
+    scenario::{self, NS},
+};
+
+const TEMPLATE: &str = "chaos";
+
+/// Every node Ready, db-0 Running (not being deleted), no remediation object.
+pub async fn healthy(lab: &Lab) -> nodemedic_lab::Result<Option<()>> {
+    let client = lab.client();
+    for node in Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        let ready = node
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if !ready {
+            return Ok(None);
+        }
+    }
+    let pod = Api::<Pod>::namespaced(client.clone(), "vm").get_opt("db-0").await?;
+    let running = pod.is_some_and(|p| {
+        p.metadata.deletion_timestamp.is_none() && p.status.and_then(|s| s.phase).as_deref() == Some("Running")
+    });
+    let left = Api::<SelfNodeRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .len()
+        + Api::<FenceAgentsRemediation>::all(client)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len();
+    Ok((running && left == 0).then_some(()))
+}
+
+pub async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|n| {
+            let spec = n.spec.unwrap_or_default();
+            NodeSnapshot {
+                name: n.metadata.name.unwrap_or_default(),
+                taints: spec.taints.unwrap_or_default().into_iter().map(|t| t.key).collect(),
+                unschedulable: spec.unschedulable.unwrap_or(false),
+            }
+        })
+        .collect();
+    let named = |kind: &str, name: Option<String>| format!("{kind}/{}", name.unwrap_or_default());
+    let mut remediations: Vec<String> = Api::<SelfNodeRemediation>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|r| named("SelfNodeRemediation", r.metadata.name))
+        .collect();
+    remediations.extend(
+        Api::<FenceAgentsRemediation>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|r| named("FenceAgentsRemediation", r.metadata.name)),
+    );
+    let now = jiff::Timestamp::now();
+    let leases = Api::<Lease>::namespaced(client.clone(), leases::NAMESPACE)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|l| {
+            let view = node_lease::view(l);
+            let holder = node_lease::valid_holder(Some(&view), now)?;
+            Some(format!("{} ({holder})", l.metadata.name.clone().unwrap_or_default()))
+        })
+        .collect();
+    Ok(Snapshot {
+        nodes,
+        remediations,
+        leases,
+    })
+}
+
+/// A lab of the shape with nodemedic installed (as the bench installs it), the workload
+/// running and the seed health check for the path watching every node.
+pub async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
+    // Every node control-plane and worker, as in the seed topology, so the seed health checks'
+    // selector takes them all, also with five.
+    let nodes = (1..=shape.nodes)
+        .map(|i| NodeSpec::control_plane_worker(&format!("node-{i}")))
+        .collect();
+    let mut config = LabConfig::new(nodes);
+    if shape.path == PathKind::FenceRedfish {
+        let delays = if shape.slow_bmc {
+            PowerDelays::Realistic
+        } else {
+            PowerDelays::None
+        };
+        config = config.with_bmcs(BmcOptions {
+            delays,
+            ..BmcOptions::default()
+        });
+    }
+    let lab = Lab::start(config).await.context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    let metrics = scenario::free_port()?;
+    let nhc = match shape.path {
+        PathKind::SelfRemediation => {
+            apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
+            scenario::install_self_remediation(&lab, exe, scenario::FAST_CONFIG, metrics).await?;
+            scenario::deploy_workload(&lab).await?;
+            scenario::agents_settled(&lab).await?;
+            "002-nhc-snr-3node.yaml"
+        }
+        PathKind::FenceRedfish => {
+            scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+            apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
+            scenario::start_fence_agents_controller(&lab, exe, metrics)?;
+            scenario::deploy_workload(&lab).await?;
+            "002-nhc-far-3node.yaml"
+        }
+    };
+    scenario::apply_seed(&lab, nhc, |m| {
+        m["spec"]["remediationTemplate"]["name"] = json!(TEMPLATE);
+        if let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut() {
+            for c in conditions {
+                c["duration"] = json!(format!("{}s", UNHEALTHY_FOR.as_secs()));
+            }
+        }
+    })?;
+    Ok(lab)
+}
+
+/// The path's template, named [`TEMPLATE`], with the trial's strategy. Fence agents: the seed
+/// template adapted to the lab, with attempts short enough that a hung BMC fails one within
+/// a trial (the seed's 5 x 60 s would outlast it), yet long enough for a slow BMC's 1-11 s.
+pub fn apply_template(lab: &Lab, path: PathKind, strategy: Strategy) -> anyhow::Result<()> {
+    let strategy = format!("{strategy:?}");
+    match path {
+        PathKind::SelfRemediation => {
+            lab.apply_yaml(&scenario::self_remediation_template(TEMPLATE, &strategy).to_string())?;
+        }
+        PathKind::FenceRedfish => scenario::apply_seed(lab, "002-far-template.yaml", |m| {
+            scenario::adapt_far_template(lab, m);
+            m["metadata"]["name"] = json!(TEMPLATE);
+            let spec = &mut m["spec"]["template"]["spec"];
+            spec["remediationStrategy"] = json!(strategy);
+            spec["retrycount"] = json!(3);
+            spec["retryinterval"] = json!("2s");
+            spec["timeout"] = json!("30s");
+        })?,
+    }
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! Running trial plans in labs: one lab per shape, kept for consecutive trials of that shape
+//! while it stays sound; per trial, the faults at their times, everything healed and the lab's
+//! nodes restored, a bounded wait for recovery, then the verdict. `nodemedic chaos` and the
+//! end-to-end test run this.
+
+mod act;
+mod cluster;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::Context;
+use nodemedic_healthcheck::decide::{Budget, IntOrPercent};
+use nodemedic_lab::{Event, Lab, wait};
+use serde::Serialize;
+
+pub use super::plan::kind;
+use super::{
+    plan::{self, EXTRA_NODE, PathKind, Shape, TrialPlan},
+    verdict::{self, Params, Violation, ViolationKind},
+};
+use crate::scenario;
+use act::{Ctx, Faults};
+
+/// The health check's unhealthy durations in the lab (the seed's 10 s, shortened as the bench's
+/// fast profile does).
+const UNHEALTHY_FOR: Duration = Duration::from_secs(5);
+/// The seed health checks' `minHealthy`.
+const BUDGET: Budget = Budget::MinHealthy(IntOrPercent::Percent(51));
+/// Recovery can include a reboot, the safe time and the attach-detach controller's periodic
+/// sync (about a minute with ResourceDeletion).
+const RECOVERY: Duration = Duration::from_secs(300);
+const CLEANUP: Duration = Duration::from_secs(60);
+/// A controller that exited is started again no sooner than this after its last start, as a
+/// kubelet backs off a container that keeps exiting.
+const CONTROLLER_BACKOFF: Duration = Duration::from_secs(5);
+const POD: &str = "vm/db-0";
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrialResult {
+    pub plan: TrialPlan,
+    /// Slot -> node, as resolved when the trial started (the extra node last, in labs that
+    /// churn).
+    pub nodes: Vec<String>,
+    /// What was done, with seconds since the first step.
+    pub log: Vec<String>,
+    pub violations: Vec<Violation>,
+    /// First step to the workload last seen Running (None: it never stopped being Running).
+    pub workload_back_seconds: Option<f64>,
+    /// First step to every node Ready, the workload Running, no remediation left and (self
+    /// remediation) the membership settled on the lab's nodes.
+    pub all_healthy_seconds: Option<f64>,
+    /// The trial could not run as planned (a lab that did not start, a fault that failed).
+    pub error: Option<String>,
+    pub replay: String,
+    /// Where the lab's logs were kept (a trial with a violation or an error keeps them).
+    pub logs: Option<PathBuf>,
+}
+
+/// Runs trials; keeps the last lab for the next trial of its shape.
+pub struct Runner {
+    exe: PathBuf,
+    lab: Option<(Shape, Lab)>,
+    /// The `--nodes` restriction, repeated in replay commands.
+    nodes_option: Option<usize>,
+}
+
+impl Runner {
+    /// `exe`: the nodemedic binary the lab's controller and agents run.
+    pub fn new(exe: &Path, nodes_option: Option<usize>) -> Self {
+        Self {
+            exe: exe.to_owned(),
+            lab: None,
+            nodes_option,
+        }
+    }
+
+    pub async fn trial(&mut self, plan: &TrialPlan) -> TrialResult {
+        let mut result = TrialResult {
+            plan: plan.clone(),
+            nodes: Vec::new(),
+            log: Vec::new(),
+            violations: Vec::new(),
+            workload_back_seconds: None,
+            all_healthy_seconds: None,
+            error: None,
+            replay: super::replay(plan.seed, plan.index, self.nodes_option),
+            logs: None,
+        };
+        if let Err(e) = self.run(plan, &mut result).await {
+            result.error = Some(format!("{e:#}"));
+        }
+        // A lab is reused only after a trial that ran and recovered cleanly; the logs of one that
+        // did not are kept, to find out why (a replay is a race run again, and may pass).
+        if result.error.is_some() || !result.violations.is_empty() {
+            result.logs = self.lab.as_ref().map(|(_, lab)| lab.keep_logs());
+            self.lab = None;
+        }
+        result
+    }
+
+    async fn lab(&mut self, shape: Shape) -> anyhow::Result<&Lab> {
+        if self.lab.as_ref().is_some_and(|(s, _)| *s != shape) {
+            // Dropped first: one lab at a time on a machine.
+            self.lab = None;
+        }
+        if self.lab.is_none() {
+            println!("    starting a lab: {shape:?}");
+            self.lab = Some((shape, cluster::setup(&self.exe, shape).await?));
+        }
+        self.lab.as_ref().map(|(_, lab)| lab).context("no lab")
+    }
+
+    async fn run(&mut self, plan: &TrialPlan, result: &mut TrialResult) -> anyhow::Result<()> {
+        plan::validate(plan).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+        let exe = self.exe.clone();
+        let lab = self.lab(plan.shape).await?;
+        tokio::select! {
+            done = trial(lab, &exe, plan, result) => done,
+            never = kubelet(lab) => match never {},
+        }
+    }
+}
+
+/// Restarts kube-controller-manager and kube-scheduler whenever they exit, as the kubelet of a
+/// real control-plane node does (see [`Lab::revive_control_plane`]), and the controller, as the
+/// kubelet of its Deployment's pod does: a controller that loses the lead (the API server or
+/// etcd gone longer than its lease) exits so as never to act beside a new leader.
+async fn kubelet(lab: &Lab) -> std::convert::Infallible {
+    let mut controller_started = tokio::time::Instant::now();
+    loop {
+        if let Err(error) = lab.revive_control_plane() {
+            tracing::warn!(%error, "restarting the control plane failed");
+        }
+        if !lab.process_running("controller") && controller_started.elapsed() >= CONTROLLER_BACKOFF {
+            match lab.restart_process("controller") {
+                Ok(()) => lab
+                    .timeline()
+                    .note("controller had exited; started again, as the kubelet of its Deployment's pod does"),
+                Err(error) => tracing::warn!(%error, "restarting the controller failed"),
+            }
+            controller_started = tokio::time::Instant::now();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// One trial in a ready lab: baseline, the steps at their times, quiet until the plan's end,
+/// heal, recovery, verdict.
+async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult) -> anyhow::Result<()> {
+    let mut found = lab.nodes();
+    found.sort();
+    anyhow::ensure!(
+        found.len() == plan.shape.nodes,
+        "the lab has nodes {found:?}, not the shape's {}",
+        plan.shape.nodes
+    );
+    wait::until("the cluster healthy before the trial", RECOVERY, || {
+        cluster::healthy(lab)
+    })
+    .await?;
+    if plan.shape.path == PathKind::SelfRemediation {
+        scenario::agents_settled(lab).await?;
+    }
+    cluster::apply_template(lab, plan.shape.path, plan.strategy)?;
+    let pod = scenario::running_pod(&lab.client(), &[], RECOVERY).await?;
+    let first = scenario::node_of(&pod);
+    result.nodes = std::iter::once(first.clone())
+        .chain(found.iter().filter(|n| **n != first).cloned())
+        .collect();
+    if plan.shape.churns() {
+        result.nodes.push(EXTRA_NODE.to_owned());
+    }
+    lab.timeline()
+        .note(format!("chaos trial {} of seed {}", plan.index, plan.seed));
+    let since = jiff::Timestamp::now();
+    let start = tokio::time::Instant::now();
+    let ctx = Ctx {
+        lab,
+        exe,
+        nodes: &result.nodes,
+        originals: &found,
+        since,
+    };
+    let mut faults = Faults::default();
+    let mut failed = None;
+    let mut log = Vec::new();
+    for step in &plan.steps {
+        tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
+        let line = match act::act(&ctx, &step.action, &mut faults).await {
+            Ok(what) => what,
+            Err(e) => {
+                failed.get_or_insert_with(|| format!("{:?}: {e:#}", step.action));
+                format!("{:?} failed: {e:#}", step.action)
+            }
+        };
+        log.push(format!("{:>6.1}s {line}", start.elapsed().as_secs_f64()));
+    }
+    tokio::time::sleep_until(start + Duration::from_millis(plan.end_ms)).await;
+    act::heal_all(&ctx, &faults, &mut log, start).await;
+    result.log = log;
+    let mut recovered = wait::until(
+        "recovery: every node Ready, db-0 Running, no remediation",
+        RECOVERY,
+        || cluster::healthy(lab),
+    )
+    .await
+    .map_err(|e| e.to_string());
+    if recovered.is_ok() && plan.shape.path == PathKind::SelfRemediation {
+        recovered = scenario::members_are(lab, &lab.nodes())
+            .await
+            .map_err(|e| format!("the membership did not settle on the lab's nodes: {e}"));
+    }
+    let until = jiff::Timestamp::now();
+    if let Err(detail) = recovered {
+        result.violations.push(Violation {
+            kind: ViolationKind::NotRecovered,
+            node: None,
+            at: Some(until),
+            detail,
+        });
+    } else {
+        result.all_healthy_seconds = Some(until.duration_since(since).as_secs_f64());
+        let client = lab.client();
+        let clean = wait::until("nothing left behind", CLEANUP, || {
+            let client = client.clone();
+            async move {
+                let snapshot = cluster::snapshot(&client).await?;
+                Ok(Some(snapshot).filter(|s| verdict::leftovers(s).is_empty()))
+            }
+        })
+        .await;
+        if clean.is_err() {
+            result
+                .violations
+                .extend(verdict::leftovers(&cluster::snapshot(&lab.client()).await?));
+        }
+    }
+    let entries = lab.timeline().entries();
+    let params = Params::new(plan.shape.nodes, BUDGET, &lab.config().timings, UNHEALTHY_FOR);
+    result
+        .violations
+        .extend(verdict::judge(&entries, since, until, &params));
+    result.workload_back_seconds =
+        verdict::last_running(&entries, since, POD).map(|t| t.duration_since(since).as_secs_f64());
+    result.log.extend(revivals(&entries, since));
+    match failed {
+        Some(e) => anyhow::bail!(e),
+        None => Ok(()),
+    }
+}
+
+/// The restarts [`kubelet`] made during the trial, as log lines: one per process, however
+/// often (a control plane kept down for minutes can see them exit every few seconds).
+fn revivals(entries: &[nodemedic_lab::timeline::Entry], since: jiff::Timestamp) -> Vec<String> {
+    let mut seen: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
+    for e in entries.iter().filter(|e| e.at >= since) {
+        if let Event::Note { text } = &e.event
+            && text.contains("had exited")
+        {
+            let at = e.at.duration_since(since).as_secs_f64();
+            let entry = seen.entry(text).or_insert((at, at, 0));
+            entry.1 = at;
+            entry.2 += 1;
+        }
+    }
+    let mut lines: Vec<(f64, String)> = seen
+        .into_iter()
+        .map(|(text, (first, last, count))| {
+            let again = match count {
+                1 => String::new(),
+                n => format!(" (x{n}, the last at {last:.1}s)"),
+            };
+            (first, format!("{first:>6.1}s {text}{again}"))
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    lines.into_iter().map(|(_, line)| line).collect()
+}

@@ -1,0 +1,131 @@
+//! The campaign's pure parts: plans (drawn, validated, counted) and the verdict's checks on
+//! hand-made timelines.
+
+mod plan;
+mod verdict;
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use nodemedic_healthcheck::decide::{Budget, IntOrPercent};
+use nodemedic_lab::{
+    NodeCondition, PodId,
+    timeline::{Entry, Event},
+};
+
+use super::verdict::{Params, Violation, ViolationKind};
+
+fn params() -> Params {
+    // Three nodes, minHealthy 51 %: one may be unhealthy.
+    Params {
+        nodes: 3,
+        budget: Budget::MinHealthy(IntOrPercent::Percent(51)),
+        remediate_after: Duration::from_secs(25),
+        fence_grace: Duration::from_secs(20),
+        control_plane_one_at_a_time: true,
+        control_plane_settle: Duration::from_secs(30),
+    }
+}
+
+/// A hand-made timeline, one entry per call at the given second.
+#[derive(Default)]
+struct Script(Vec<Entry>);
+
+impl Script {
+    fn at(&mut self, s: i64, event: Event) -> &mut Self {
+        self.0.push(Entry { at: t(s), event });
+        self
+    }
+    fn cond(&mut self, s: i64, node: &str, powered: bool, partitioned: bool) -> &mut Self {
+        let condition = NodeCondition {
+            powered,
+            partitioned,
+            ..NodeCondition::default()
+        };
+        self.at(
+            s,
+            Event::NodeCondition {
+                node: node.into(),
+                condition,
+            },
+        )
+    }
+    fn power_off(&mut self, s: i64, node: &str, cause: &str) -> &mut Self {
+        self.at(
+            s,
+            Event::Power {
+                node: node.into(),
+                on: false,
+                cause: cause.into(),
+            },
+        )
+        .cond(s, node, false, false)
+    }
+    fn remediation(&mut self, s: i64, node: &str, change: &str) -> &mut Self {
+        self.at(
+            s,
+            Event::Remediation {
+                kind: "SelfNodeRemediation".into(),
+                name: node.into(),
+                node: node.into(),
+                change: change.into(),
+            },
+        )
+    }
+    /// A fault of the whole lab, as the lab or the runner records it.
+    fn fault(&mut self, s: i64, fault: &str) -> &mut Self {
+        self.at(
+            s,
+            Event::Fault {
+                node: None,
+                fault: fault.into(),
+            },
+        )
+    }
+    /// The node taken out of the cluster, as `Lab::remove_node` records it.
+    fn removed(&mut self, s: i64, node: &str) -> &mut Self {
+        self.power_off(s, node, "node-removed")
+            .at(s, Event::NodeRemoved { node: node.into() })
+    }
+    /// The node joining (again): the lab records no condition for it.
+    fn added(&mut self, s: i64, node: &str) -> &mut Self {
+        self.at(s, Event::NodeAdded { node: node.into() })
+    }
+    fn gone(&mut self, s: i64, uid: &str, node: &str) -> &mut Self {
+        self.at(
+            s,
+            Event::PodGone {
+                pod: db0(uid),
+                node: Some(node.into()),
+            },
+        )
+    }
+    fn running(&mut self, s: i64, uid: &str, node: &str) -> &mut Self {
+        self.at(
+            s,
+            Event::PodPhase {
+                pod: db0(uid),
+                node: Some(node.into()),
+                phase: "Running".into(),
+                claims: vec!["data-db-0".into()],
+                stateful: true,
+            },
+        )
+    }
+}
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_000_000 + s).expect("time")
+}
+
+fn kinds(v: &[Violation]) -> Vec<ViolationKind> {
+    v.iter().map(|v| v.kind).collect()
+}
+
+fn db0(uid: &str) -> PodId {
+    PodId {
+        namespace: "vm".into(),
+        name: "db-0".into(),
+        uid: uid.into(),
+    }
+}

@@ -1,0 +1,450 @@
+//! Plans: drawn deterministically, sound, and with the episodes the campaign is for.
+
+use nodemedic_lab::Timings;
+use proptest::prelude::*;
+
+use crate::chaos::plan::{
+    self, AFTERMATH_MS, Action, LONG_OUTAGE_MS, Options, PathKind, Shape, Step, Strategy, TrialPlan,
+    summary::{
+        self, CHURN_DURING_CRASH, CONTROLLER_RESTART_LOOP, EXTRA_NODE, LONG_APISERVER_OUTAGE, LONG_ETCD_OUTAGE,
+        NODE_REJOINS,
+    },
+};
+
+const SNR3: Shape = Shape {
+    nodes: 3,
+    path: PathKind::SelfRemediation,
+    slow_bmc: false,
+};
+const SNR5: Shape = Shape { nodes: 5, ..SNR3 };
+const FAR3: Shape = Shape {
+    path: PathKind::FenceRedfish,
+    ..SNR3
+};
+
+/// Steps at seconds.
+type Steps<'a> = &'a [(u64, Action)];
+
+/// A plan of these steps, ending with its last.
+fn hand_made(shape: Shape, steps: Steps<'_>) -> TrialPlan {
+    let steps: Vec<Step> = steps
+        .iter()
+        .map(|(s, action)| Step {
+            at_ms: s * 1000,
+            action: action.clone(),
+        })
+        .collect();
+    TrialPlan {
+        seed: 0,
+        index: 0,
+        shape,
+        strategy: Strategy::OutOfServiceTaint,
+        end_ms: steps.last().map_or(0, |s| s.at_ms),
+        steps,
+    }
+}
+
+fn check(shape: Shape, steps: Steps<'_>) -> Result<(), String> {
+    plan::validate(&hand_made(shape, steps))
+}
+
+fn is_node_fault(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Crash { .. } | Action::Freeze { .. } | Action::Partition { .. } | Action::IsolateFromApi { .. }
+    )
+}
+
+/// Every plan of seeds `0..seeds`, 50 trials each.
+fn campaigns(seeds: u64) -> Vec<TrialPlan> {
+    (0..seeds)
+        .flat_map(|seed| (0..50).map(move |i| plan::plan(seed, i)))
+        .collect()
+}
+
+#[test]
+fn a_broken_plan_is_refused() {
+    let mut p = plan::plan(1, 0);
+    p.steps.retain(|s| {
+        !matches!(
+            s.action,
+            Action::Heal { .. } | Action::PowerOn { .. } | Action::Thaw { .. }
+        )
+    });
+    p.steps.push(plan::Step {
+        at_ms: u64::MAX,
+        action: Action::Crash { node: 0 },
+    });
+    assert!(plan::validate(&p).is_err());
+}
+
+proptest! {
+    #[test]
+    fn the_same_seed_draws_the_same_plan(seed in any::<u64>(), index in 0usize..500) {
+        prop_assert_eq!(plan::plan(seed, index), plan::plan(seed, index));
+    }
+
+    #[test]
+    fn plans_are_sound(seed in any::<u64>(), index in 0usize..500, five in any::<bool>()) {
+        for options in [Options::default(), Options { nodes: Some(if five { 5 } else { 3 }) }] {
+            let p = plan::plan_with(seed, index, options);
+            prop_assert!(matches!(p.shape.nodes, 3 | 5));
+            prop_assert!(!p.steps.is_empty());
+            prop_assert!(p.shape.path == PathKind::FenceRedfish || !p.shape.slow_bmc);
+            prop_assert!(p.steps.last().is_none_or(|s| s.at_ms <= p.end_ms));
+            for step in &p.steps {
+                if let Action::AddNode { node } | Action::RemoveNode { node } = step.action {
+                    prop_assert!(p.shape.churns() && (1..=p.shape.nodes).contains(&node), "{:?}", step);
+                }
+                let slots = match &step.action {
+                    Action::Partition { nodes } => nodes.clone(),
+                    Action::Crash { node } | Action::PowerOn { node } | Action::Freeze { node } | Action::Thaw { node }
+                    | Action::IsolateFromApi { node } | Action::Heal { node } | Action::HangBmc { node }
+                    | Action::ResumeBmc { node } | Action::RestartAgent { node, .. } => vec![*node],
+                    _ => Vec::new(),
+                };
+                prop_assert!(slots.iter().all(|s| *s < p.shape.nodes), "{:?}", step);
+            }
+            // Only existing nodes, every fault healed by the end, and the rest of validate's rules.
+            prop_assert_eq!(plan::validate(&p), Ok(()), "{:?}", p);
+            // What the runner counts on: slot 0 runs the workload when a node of the lab's own
+            // leaves, so that node is never the workload's.
+            let first_fault = p.steps.iter().find(|s| is_node_fault(&s.action)).map(|s| s.at_ms);
+            for step in &p.steps {
+                if let Action::RemoveNode { node } = step.action
+                    && node < p.shape.nodes
+                {
+                    prop_assert!(first_fault.is_none_or(|f| step.at_ms < f), "{:?}", p);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_of_trials_shares_one_shape(seed in any::<u64>(), block in 0usize..50) {
+        let first = plan::plan(seed, block * plan::BLOCK).shape;
+        for i in 1..plan::BLOCK {
+            prop_assert_eq!(plan::plan(seed, block * plan::BLOCK + i).shape, first);
+        }
+    }
+}
+
+#[test]
+fn membership_changes_are_checked() {
+    use Action::{AddNode, Crash, Freeze, PowerOn, RemoveNode, StartApiserver, StopApiserver};
+    // A swap in five nodes with the workload's node crashing meanwhile.
+    let swap = [
+        (0, AddNode { node: 5 }),
+        (5, RemoveNode { node: 3 }),
+        (8, Crash { node: 0 }),
+        (30, AddNode { node: 3 }),
+        (35, RemoveNode { node: 5 }),
+        (45, PowerOn { node: 0 }),
+    ];
+    assert_eq!(check(SNR5, &swap), Ok(()));
+    let refused: &[(&str, Shape, Steps<'_>)] = &[
+        (
+            "with BMCs",
+            FAR3,
+            &[(0, RemoveNode { node: 1 }), (30, AddNode { node: 1 })],
+        ),
+        (
+            "the workload's node",
+            SNR3,
+            &[(0, RemoveNode { node: 0 }), (30, AddNode { node: 0 })],
+        ),
+        (
+            "a majority",
+            SNR5,
+            &[
+                (0, RemoveNode { node: 1 }),
+                (1, RemoveNode { node: 2 }),
+                (2, RemoveNode { node: 3 }),
+                (30, AddNode { node: 1 }),
+                (31, AddNode { node: 2 }),
+                (32, AddNode { node: 3 }),
+            ],
+        ),
+        (
+            "one gone and one crashed of three",
+            SNR3,
+            &[
+                (0, RemoveNode { node: 2 }),
+                (5, Crash { node: 0 }),
+                (30, AddNode { node: 2 }),
+                (40, PowerOn { node: 0 }),
+            ],
+        ),
+        ("not back at the end", SNR3, &[(0, RemoveNode { node: 2 })]),
+        ("the extra node left in", SNR3, &[(0, AddNode { node: 3 })]),
+        (
+            "no such slot",
+            SNR3,
+            &[(0, AddNode { node: 4 }), (5, RemoveNode { node: 4 })],
+        ),
+        (
+            "added twice",
+            SNR3,
+            &[(0, AddNode { node: 3 }), (5, AddNode { node: 3 })],
+        ),
+        (
+            "a faulted node",
+            SNR5,
+            &[
+                (0, Freeze { node: 2 }),
+                (1, RemoveNode { node: 2 }),
+                (30, AddNode { node: 2 }),
+            ],
+        ),
+        (
+            "a fault of a node that left",
+            SNR5,
+            &[
+                (0, RemoveNode { node: 2 }),
+                (5, Crash { node: 2 }),
+                (10, PowerOn { node: 2 }),
+                (30, AddNode { node: 2 }),
+            ],
+        ),
+        (
+            "while the API server is down",
+            SNR3,
+            &[
+                (0, StopApiserver),
+                (1, RemoveNode { node: 2 }),
+                (5, StartApiserver),
+                (30, AddNode { node: 2 }),
+            ],
+        ),
+    ];
+    for (why, shape, steps) in refused {
+        assert!(check(*shape, steps).is_err(), "{why}");
+    }
+}
+
+#[test]
+fn control_plane_outages_are_checked() {
+    use Action::{
+        Crash, PowerOn, RestartAgent, RestartController, RestartEtcd, StartApiserver, StartEtcd, StopApiserver,
+        StopEtcd,
+    };
+    assert_eq!(check(SNR3, &[(0, StopEtcd), (120, StartEtcd)]), Ok(()));
+    // A short one during a node fault is a disturbance the plans draw.
+    let short = [
+        (0, Crash { node: 0 }),
+        (15, StopApiserver),
+        (20, StartApiserver),
+        (40, PowerOn { node: 0 }),
+    ];
+    assert_eq!(check(SNR3, &short), Ok(()));
+    let agent = RestartAgent {
+        node: 1,
+        mid_remediation: false,
+    };
+    let refused: &[(&str, Steps<'_>)] = &[
+        (
+            "a long one during a crash",
+            &[
+                (0, Crash { node: 0 }),
+                (1, StopApiserver),
+                (100, StartApiserver),
+                (110, PowerOn { node: 0 }),
+            ],
+        ),
+        (
+            "a crash while etcd is down",
+            &[
+                (0, StopEtcd),
+                (10, Crash { node: 1 }),
+                (20, PowerOn { node: 1 }),
+                (100, StartEtcd),
+            ],
+        ),
+        (
+            "etcd restarted while stopped",
+            &[(0, StopEtcd), (5, RestartEtcd), (100, StartEtcd)],
+        ),
+        (
+            "the controller restarted without etcd",
+            &[
+                (0, StopEtcd),
+                (5, RestartController { mid_remediation: false }),
+                (100, StartEtcd),
+            ],
+        ),
+        (
+            "an agent restarted without the API server",
+            &[(0, StopApiserver), (5, agent), (100, StartApiserver)],
+        ),
+        ("started what was not stopped", &[(0, StopEtcd), (100, StartApiserver)]),
+        (
+            "both at once",
+            &[
+                (0, StopApiserver),
+                (1, StopEtcd),
+                (100, StartEtcd),
+                (101, StartApiserver),
+            ],
+        ),
+        ("left stopped", &[(0, StopEtcd)]),
+    ];
+    for (why, steps) in refused {
+        assert!(check(SNR3, steps).is_err(), "{why}");
+    }
+}
+
+#[test]
+fn controller_restart_loops_are_checked() {
+    use Action::{Crash, PowerOn, RestartControllerLoop as Loop};
+    let within = [
+        (0, Crash { node: 0 }),
+        (
+            15,
+            Loop {
+                restarts: 3,
+                every_ms: 6_000,
+            },
+        ),
+        (40, PowerOn { node: 0 }),
+    ];
+    assert_eq!(check(FAR3, &within), Ok(()));
+    let refused: &[(&str, Steps<'_>)] = &[
+        (
+            "not during a crash",
+            &[(
+                0,
+                Loop {
+                    restarts: 3,
+                    every_ms: 6_000,
+                },
+            )],
+        ),
+        (
+            "the crash healed before its last restart",
+            &[
+                (0, Crash { node: 0 }),
+                (
+                    15,
+                    Loop {
+                        restarts: 8,
+                        every_ms: 8_000,
+                    },
+                ),
+                (40, PowerOn { node: 0 }),
+            ],
+        ),
+        (
+            "too many",
+            &[
+                (0, Crash { node: 0 }),
+                (
+                    15,
+                    Loop {
+                        restarts: 9,
+                        every_ms: 5_000,
+                    },
+                ),
+                (90, PowerOn { node: 0 }),
+            ],
+        ),
+        (
+            "too fast",
+            &[
+                (0, Crash { node: 0 }),
+                (
+                    15,
+                    Loop {
+                        restarts: 3,
+                        every_ms: 1_000,
+                    },
+                ),
+                (40, PowerOn { node: 0 }),
+            ],
+        ),
+    ];
+    for (why, steps) in refused {
+        assert!(check(SNR3, steps).is_err(), "{why}");
+    }
+}
+
+/// The campaign the membership work asked for: `make chaos SEED=1 TRIALS=50` has long API
+/// server and etcd outages, nodes leaving and joining (also during a crash) and controller
+/// restart loops, several of each.
+#[test]
+fn fifty_trials_of_seed_one_have_several_of_each_new_episode() {
+    let plans: Vec<TrialPlan> = (0..50).map(|i| plan::plan(1, i)).collect();
+    let counts = summary::counts(&plans);
+    for episode in [
+        LONG_APISERVER_OUTAGE,
+        LONG_ETCD_OUTAGE,
+        NODE_REJOINS,
+        EXTRA_NODE,
+        CHURN_DURING_CRASH,
+        CONTROLLER_RESTART_LOOP,
+    ] {
+        let n = counts.episodes.get(episode).copied().unwrap_or(0);
+        assert!(n >= 3, "{episode}: {n} in 50 trials of seed 1 ({counts})");
+    }
+}
+
+#[test]
+fn every_kind_of_fault_occurs_often_enough() {
+    let seeds = 100;
+    let counts = summary::counts(&campaigns(seeds));
+    let per_campaign = |n: usize| n as f64 / seeds as f64;
+    for (episode, n) in &counts.episodes {
+        assert!(
+            (3.0..=12.0).contains(&per_campaign(*n)),
+            "{episode}: {:.1} per 50 trials",
+            per_campaign(*n)
+        );
+    }
+    assert_eq!(counts.episodes.len(), 6, "{counts}");
+    // The faults there were before stay in the mix.
+    for action in [
+        "crash",
+        "freeze",
+        "partition",
+        "isolate-from-api",
+        "stop-apiserver",
+        "restart-etcd",
+        "restart-controller",
+        "restart-agent",
+        "hang-bmc",
+    ] {
+        let n = counts.actions.get(action).copied().unwrap_or(0);
+        assert!(per_campaign(n) >= 1.0, "{action}: {:.1} per 50 trials", per_campaign(n));
+    }
+}
+
+#[test]
+fn long_outages_outlast_every_bound_agents_once_had_and_are_watched_after() {
+    // The agents' old view bound was 30 s (peerUpdateInterval in the lab's config); L + W at
+    // the lab's timings is 4 s (2 x (1 s + 0.5 s) + 0.5 s + 0.5 s, scenario::FAST_CONFIG) plus
+    // the 5 s watchdog.
+    let l_plus_w = 4_000 + Timings::fast().watchdog_timeout.as_millis() as u64;
+    assert!(LONG_OUTAGE_MS.0 > 30_000 && LONG_OUTAGE_MS.0 >= 10 * l_plus_w);
+    let mut seen = 0;
+    for p in campaigns(20) {
+        for (i, stop) in p.steps.iter().enumerate() {
+            if !matches!(stop.action, Action::StopApiserver | Action::StopEtcd) {
+                continue;
+            }
+            let start = &p.steps[i + 1];
+            let lasted = start.at_ms - stop.at_ms;
+            if lasted < LONG_OUTAGE_MS.0 {
+                continue;
+            }
+            seen += 1;
+            assert!(lasted <= LONG_OUTAGE_MS.1, "{p:?}");
+            // Nothing else happens during it (validate: no node fault holds), and it is watched
+            // for a while after.
+            assert!(
+                matches!(start.action, Action::StartApiserver | Action::StartEtcd),
+                "{p:?}"
+            );
+            assert!(p.end_ms >= start.at_ms + AFTERMATH_MS, "{p:?}");
+        }
+    }
+    assert!(seen > 50, "{seen} long outages in 1,000 trials");
+}
