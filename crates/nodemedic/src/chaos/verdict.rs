@@ -71,9 +71,9 @@ pub struct Params {
     /// The nodes are control-plane nodes, which the health check remediates one at a time: a
     /// node waits while another node's remediation is in flight.
     pub control_plane_one_at_a_time: bool,
-    /// After the API server or etcd is started again, how long until remediations can be
-    /// created again: the API answering, the controller back in the lead (its 15 s lease may
-    /// have run out meanwhile, and it restarts) and its health check's watches resynced.
+    /// Once the API answers again after the API server or etcd was stopped, how long until
+    /// remediations can be created again: the controller back in the lead (a leader whose 15 s
+    /// lease ran out meanwhile exits and is started again) and its watches resynced.
     pub control_plane_settle: Duration,
 }
 
@@ -88,7 +88,7 @@ impl Params {
             fence_grace: timings.watchdog_timeout + Duration::from_secs(15),
             // Every lab node is control-plane and worker, as in the seed's compact clusters.
             control_plane_one_at_a_time: true,
-            control_plane_settle: Duration::from_secs(30),
+            control_plane_settle: Duration::from_secs(15),
         }
     }
 
@@ -108,6 +108,11 @@ const NODE_REMOVED: &str = "node-removed";
 /// The fault the runner records each time it restarts the controller (the lab's
 /// `restart_process` records nothing).
 pub const CONTROLLER_RESTART: &str = "restart-controller";
+
+/// The note the runner records once the API answers again after the API server or etcd was
+/// started: after minutes without etcd the API server takes its time to reconnect (its own
+/// backoff), so the lab's `start-etcd` fault says when it began, not when it was over.
+pub const CONTROL_PLANE_BACK: &str = "the API server answers again";
 
 /// The witness's findings from `since` on (the whole timeline is read: instances started
 /// earlier still count).
@@ -282,12 +287,28 @@ struct Outage<'a> {
     over_budget: bool,
 }
 
+/// The outage of `node` from `down` (start, deadline base, over budget) to `end`. The part of it
+/// while the control plane was still down, `stopped` on, does not count against its deadline.
+fn ended(node: &str, down: (Timestamp, Timestamp, bool), end: Timestamp, stopped: Option<Timestamp>) -> Outage<'_> {
+    let (start, base, over_budget) = down;
+    let base = stopped.map_or(base, |stopped| base + end.duration_since(stopped.max(start)));
+    Outage {
+        node,
+        start,
+        base,
+        end,
+        over_budget,
+    }
+}
+
 /// Every node disconnected from `since` on for at least `remediate_after` (up to `until` when
 /// still down) while the budget allowed remediation throughout, with no remediation for it
 /// during its outage (or just after, for the observer's lag). The deadline counts from the
-/// last moment nothing could remediate the node: for control-plane nodes, another node's
-/// remediation in flight; the API server or etcd stopped, and `control_plane_settle` after
-/// it started again (a long outage expects no remediation at all); the controller restarted.
+/// last moment nothing could remediate the node (for control-plane nodes, another node's
+/// remediation in flight; the controller's last restart), and is moved on by the time the API
+/// server or etcd was stopped during the outage and `control_plane_settle` (a node down
+/// throughout a long control-plane outage is owed nothing until it is back, and no
+/// remediation is expected during one).
 ///
 /// The budget with the controller restarting (once, or in a loop every 5-8 s): `remediate_after`
 /// after its last restart during the outage. A restarted controller reconciles afresh (it
@@ -304,7 +325,8 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
     let mut removed: BTreeSet<&str> = BTreeSet::new();
     // The health check scales its budget against the nodes there are.
     let mut count = params.nodes;
-    let mut control_plane_down = false;
+    // Since when the API server or etcd is stopped, until the API answers again.
+    let mut control_plane_down: Option<Timestamp> = None;
     let settle = signed(params.control_plane_settle);
     let mut outages = Vec::new();
     let mut remediations: Vec<(&str, Timestamp, Option<Timestamp>)> = Vec::new();
@@ -313,13 +335,6 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
             && remediations
                 .iter()
                 .any(|(n, _, removed)| *n != node && removed.is_none())
-    };
-    let ended = |node, (start, base, over_budget), end| Outage {
-        node,
-        start,
-        base,
-        end,
-        over_budget,
     };
     for e in entries {
         let waited: Vec<&str> = down
@@ -334,7 +349,7 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 removed.insert(node);
                 not_ready.remove(node.as_str());
                 if let Some(d) = down.remove(node.as_str()) {
-                    outages.push(ended(node, d, e.at));
+                    outages.push(ended(node, d, e.at, control_plane_down));
                 }
             }
             Event::NodeRemoved { node } => {
@@ -350,7 +365,7 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 if !condition.connected() {
                     down.entry(node).or_insert((e.at, e.at, false));
                 } else if let Some(d) = down.remove(node.as_str()) {
-                    outages.push(ended(node, d, e.at));
+                    outages.push(ended(node, d, e.at, control_plane_down));
                 }
             }
             Event::NodeReady { node, status, .. } => {
@@ -363,12 +378,8 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 }
             }
             Event::Fault { node: None, fault } => match fault.as_str() {
-                "stop-apiserver" | "stop-etcd" => control_plane_down = true,
-                "start-apiserver" | "start-etcd" => {
-                    control_plane_down = false;
-                    for d in down.values_mut() {
-                        d.1 = d.1.max(e.at + settle);
-                    }
+                "stop-apiserver" | "stop-etcd" => {
+                    control_plane_down.get_or_insert(e.at);
                 }
                 f if f == CONTROLLER_RESTART => {
                     for d in down.values_mut() {
@@ -377,6 +388,13 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 }
                 _ => {}
             },
+            Event::Note { text } if text == CONTROL_PLANE_BACK => {
+                if let Some(stopped) = control_plane_down.take() {
+                    for d in down.values_mut() {
+                        d.1 = d.1 + e.at.duration_since(stopped.max(d.0)) + settle;
+                    }
+                }
+            }
             _ => {}
         }
         let unhealthy = not_ready
@@ -389,14 +407,17 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
         }
         // A control-plane node's turn comes only when no other node's remediation is in
         // flight: its deadline counts from then, so it starts again at every moment the node
-        // was still waiting, as it does while the control plane is down.
+        // was still waiting.
         for (node, d) in down.iter_mut() {
-            if control_plane_down || waited.contains(node) || waiting_turn(node, &remediations) {
+            if waited.contains(node) || waiting_turn(node, &remediations) {
                 d.1 = d.1.max(e.at);
             }
         }
     }
-    outages.extend(down.into_iter().map(|(node, d)| ended(node, d, until)));
+    outages.extend(
+        down.into_iter()
+            .map(|(node, d)| ended(node, d, until, control_plane_down)),
+    );
     let lag = SignedDuration::from_secs(5);
     outages
         .into_iter()

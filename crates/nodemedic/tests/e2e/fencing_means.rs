@@ -131,20 +131,21 @@ async fn a_node_with_no_means_fails_at_once_and_an_escalating_check_moves_on_to_
     });
 
     lab.partition(&[&a]).await.expect("partition");
-    let failed = eventually("the self remediation fails at once", LONG, || async {
+    // FencingSafe=False says why (Succeeded=False says so too, until the escalating health check
+    // times the remediation out and it reports that instead).
+    let (remediation, condition) = eventually("the self remediation fails at once", LONG, || async {
         let r: SelfNodeRemediation = snr(&client, &a).await?;
-        let succeeded = r
+        let not_safe = r
             .status
             .as_ref()?
             .conditions
             .as_ref()?
             .iter()
-            .find(|c| c.type_ == "Succeeded" && c.status == "False")?
+            .find(|c| c.type_ == "FencingSafe" && c.status == "False")?
             .clone();
-        Some((r, succeeded))
+        Some((r, not_safe))
     })
     .await;
-    let (remediation, condition) = failed;
     assert!(
         condition.message.contains("nothing can fence the node"),
         "{}",

@@ -3,7 +3,7 @@
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api,
     api::{Patch, PatchParams},
@@ -17,6 +17,8 @@ use crate::scenario::{self, LabWatchdog, NS};
 
 /// How long a step `mid_remediation` waits for a remediation in flight.
 const MID_REMEDIATION: Duration = Duration::from_secs(40);
+/// How much longer than the lab the runner waits for the API after etcd is started again.
+const API_BACK: Duration = Duration::from_secs(240);
 /// On the extra node, so the scheduler never puts the workload there: a pod on a node that is
 /// then removed waits for its volume's force-detach (minutes), which is not what the churn is
 /// for. The extra node still votes, and is remediated, like any other.
@@ -75,8 +77,9 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             lab.stop_apiserver().await?;
         }
         Action::StartApiserver => {
-            lab.start_apiserver().await?;
+            let line = start_control_plane(lab, false).await?;
             faults.api_stopped = false;
+            return Ok(line);
         }
         Action::RestartEtcd => lab.restart_etcd().await?,
         Action::StopEtcd => {
@@ -84,8 +87,9 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             lab.stop_etcd().await?;
         }
         Action::StartEtcd => {
-            lab.start_etcd().await?;
+            let line = start_control_plane(lab, true).await?;
             faults.etcd_stopped = false;
+            return Ok(line);
         }
         Action::RestartController { mid_remediation } => {
             let waited = in_flight(lab, *mid_remediation, since).await;
@@ -153,6 +157,33 @@ fn describe(action: &Action, nodes: &[String]) -> String {
     }
 }
 
+/// Starts etcd or the API server again and notes when the API answers: after minutes without
+/// etcd the API server reconnects on its own backoff, which can take longer than the lab waits
+/// (60 s), so then this waits on (up to [`API_BACK`] more) rather than fail the trial.
+async fn start_control_plane(lab: &Lab, etcd: bool) -> anyhow::Result<String> {
+    let started = tokio::time::Instant::now();
+    let what = if etcd { "start-etcd" } else { "start-apiserver" };
+    let first = if etcd {
+        lab.start_etcd().await
+    } else {
+        lab.start_apiserver().await
+    };
+    if let Err(error) = first {
+        let api = Api::<Namespace>::all(lab.client());
+        wait::until("the API to answer reads", API_BACK, || {
+            let api = api.clone();
+            async move { Ok(api.get_opt("default").await.ok().flatten().map(|_| ())) }
+        })
+        .await
+        .with_context(|| format!("{what}: {error}; still no answer {API_BACK:?} later"))?;
+    }
+    lab.timeline().note(verdict::CONTROL_PLANE_BACK);
+    Ok(format!(
+        "{what} (the API answered after {:.1}s)",
+        started.elapsed().as_secs_f64()
+    ))
+}
+
 /// Restarts the controller and records it: the verdict's remediation budget counts from the
 /// controller's last start.
 fn restart_controller(lab: &Lab) -> anyhow::Result<()> {
@@ -217,13 +248,12 @@ pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, sta
     let lab = ctx.lab;
     let mut done: Vec<(String, anyhow::Result<()>)> = Vec::new();
     if faults.api_stopped {
-        done.push((
-            "start-apiserver".to_owned(),
-            lab.start_apiserver().await.map_err(Into::into),
-        ));
+        let started = start_control_plane(lab, false).await;
+        done.push(("start-apiserver".to_owned(), started.map(|_| ())));
     }
     if faults.etcd_stopped {
-        done.push(("start-etcd".to_owned(), lab.start_etcd().await.map_err(Into::into)));
+        let started = start_control_plane(lab, true).await;
+        done.push(("start-etcd".to_owned(), started.map(|_| ())));
     }
     for n in &faults.bmcs_hung {
         done.push((format!("resume-bmc {n}"), lab.resume_bmc(n).await.map_err(Into::into)));

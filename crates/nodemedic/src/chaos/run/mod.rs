@@ -200,7 +200,11 @@ async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult
         };
         log.push(format!("{:>6.1}s {line}", start.elapsed().as_secs_f64()));
     }
-    tokio::time::sleep_until(start + Duration::from_millis(plan.end_ms)).await;
+    // Quiet for as long after the last step as the plan has after it, also when the steps ran
+    // late (the API taking its time after a long outage, a loop waiting for a remediation).
+    let tail = plan.end_ms.saturating_sub(plan.steps.last().map_or(0, |s| s.at_ms));
+    let quiet = tokio::time::Instant::now() + Duration::from_millis(tail);
+    tokio::time::sleep_until(quiet.max(start + Duration::from_millis(plan.end_ms))).await;
     act::heal_all(&ctx, &faults, &mut log, start).await;
     result.log = log;
     let mut recovered = wait::until(

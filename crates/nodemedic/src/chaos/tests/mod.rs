@@ -23,7 +23,7 @@ fn params() -> Params {
         remediate_after: Duration::from_secs(25),
         fence_grace: Duration::from_secs(20),
         control_plane_one_at_a_time: true,
-        control_plane_settle: Duration::from_secs(30),
+        control_plane_settle: Duration::from_secs(15),
     }
 }
 
@@ -79,6 +79,15 @@ impl Script {
             Event::Fault {
                 node: None,
                 fault: fault.into(),
+            },
+        )
+    }
+    /// The API answering again, as the runner notes it.
+    fn back(&mut self, s: i64) -> &mut Self {
+        self.at(
+            s,
+            Event::Note {
+                text: super::verdict::CONTROL_PLANE_BACK.into(),
             },
         )
     }

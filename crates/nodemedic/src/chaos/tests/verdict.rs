@@ -264,31 +264,52 @@ fn a_healthy_node_remediated_once_the_control_plane_is_back_is_flagged() {
 
 #[test]
 fn no_remediation_is_expected_while_the_control_plane_is_down() {
-    // a is down from 0; the API server stops at 5 and is started at 200: its deadline counts
-    // from 230 (start + settle), so back at 220 it needed none.
+    // a is down from 0; the API server is stopped at 5, started at 200 and answers at 210: the
+    // 205 s without it and the 15 s settling do not count, so its deadline is 245.
+    let outage = |s: &mut Script| {
+        s.fault(5, "stop-apiserver").fault(200, "start-apiserver").back(210);
+    };
     let mut s = Script::default();
-    s.cond(0, "a", false, false)
-        .fault(5, "stop-apiserver")
-        .fault(200, "start-apiserver")
-        .cond(220, "a", true, false);
+    s.cond(0, "a", false, false);
+    outage(&mut s);
+    s.cond(240, "a", true, false);
     assert_eq!(verdict::unremediated(&s.0, t(0), t(300), &params()), vec![]);
-    // Down until 300, it had 70 s with remediation possible.
     let mut s = Script::default();
-    s.cond(0, "a", false, false)
-        .fault(5, "stop-apiserver")
-        .fault(200, "start-apiserver")
-        .cond(300, "a", true, false);
+    s.cond(0, "a", false, false);
+    outage(&mut s);
+    s.cond(250, "a", true, false);
     assert_eq!(
-        kinds(&verdict::unremediated(&s.0, t(0), t(310), &params())),
+        kinds(&verdict::unremediated(&s.0, t(0), t(300), &params())),
         [ViolationKind::Unremediated]
     );
-    // A node that goes down while etcd is stopped: the same.
+    // A node that goes down while etcd is stopped is owed a remediation only once it is back.
     let mut s = Script::default();
     s.fault(0, "stop-etcd")
         .cond(100, "a", false, false)
         .fault(200, "start-etcd")
-        .cond(250, "a", true, false);
+        .back(200)
+        .cond(235, "a", true, false);
     assert_eq!(verdict::unremediated(&s.0, t(0), t(300), &params()), vec![]);
+    // Back while the API server is still down: nothing was owed.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .fault(10, "stop-apiserver")
+        .cond(60, "a", true, false)
+        .fault(100, "start-apiserver")
+        .back(101);
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(120), &params()), vec![]);
+    // A short stop only moves the deadline on by itself and the settling: a crash at 0 with
+    // the API server gone from 17 to 21 is owed one by 44.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .fault(17, "stop-apiserver")
+        .fault(20, "start-apiserver")
+        .back(21)
+        .cond(50, "a", true, false);
+    assert_eq!(
+        kinds(&verdict::unremediated(&s.0, t(0), t(60), &params())),
+        [ViolationKind::Unremediated]
+    );
 }
 
 #[test]
