@@ -70,6 +70,10 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     }
     let mut runner = Runner::new(&exe, args.nodes);
     let mut results = Vec::new();
+    std::fs::create_dir_all(&args.out)?;
+    let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
+    let machine = crate::bench_cmd::machine();
+    let planned = indices.len();
     for index in indices {
         let plan = chaos::plan_with(args.seed, index, options);
         let steps: Vec<String> = plan.steps.iter().map(|s| kind(&s.action)).collect();
@@ -95,17 +99,12 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
             println!("    the lab's logs are kept in {}", logs.display());
         }
         results.push(result);
+        // Written after every trial, so a campaign cut short still leaves what it found.
+        write_report(&args, &stamp, &machine, planned, &results)?;
     }
     drop(runner);
-    std::fs::create_dir_all(&args.out)?;
-    let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
-    let machine = crate::bench_cmd::machine();
-    let json_path = args.out.join(format!("chaos-{stamp}.json"));
-    let report = json!({"seed": args.seed, "nodes": args.nodes, "machine": machine, "trials": results});
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
-    let md_path = args.out.join(format!("chaos-{stamp}.md"));
-    let md = markdown(args.seed, &machine, &results);
-    std::fs::write(&md_path, &md)?;
+    let (json_path, md_path) = write_report(&args, &stamp, &machine, planned, &results)?;
+    let md = std::fs::read_to_string(&md_path)?;
     println!("{md}\nwrote {} and {}", json_path.display(), md_path.display());
     let failed = results
         .iter()
@@ -115,6 +114,34 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         bail!("{failed} of {} trials failed", results.len());
     }
     Ok(())
+}
+
+fn write_report(
+    args: &ChaosArgs,
+    stamp: &str,
+    machine: &str,
+    planned: usize,
+    results: &[TrialResult],
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let json_path = args.out.join(format!("chaos-{stamp}.json"));
+    let report = json!({
+        "seed": args.seed,
+        "nodes": args.nodes,
+        "machine": machine,
+        "planned": planned,
+        "trials": results,
+    });
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    let md_path = args.out.join(format!("chaos-{stamp}.md"));
+    let mut md = markdown(args.seed, machine, results);
+    if results.len() < planned {
+        md.push_str(&format!(
+            "\n**Incomplete**: {} of the {planned} planned trials have run so far.\n",
+            results.len()
+        ));
+    }
+    std::fs::write(&md_path, &md)?;
+    Ok((json_path, md_path))
 }
 
 fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
