@@ -9,7 +9,7 @@ use std::{
 
 use jiff::{SignedDuration, Timestamp};
 use nodemedic_api::names::taints;
-use nodemedic_healthcheck::decide::Budget;
+use nodemedic_healthcheck::decide::{Budget, outage};
 use nodemedic_lab::{
     NodeCondition, Timings,
     timeline::{Entry, Event},
@@ -73,7 +73,8 @@ pub struct Params {
     pub control_plane_one_at_a_time: bool,
     /// Once the API answers again after the API server or etcd was stopped, how long until
     /// remediations can be created again: the controller back in the lead (a leader whose 15 s
-    /// lease ran out meanwhile exits and is started again) and its watches resynced.
+    /// lease ran out meanwhile exits and is started again), its watches resynced, and the lease
+    /// duration every node then gets to renew before an older Unknown counts.
     pub control_plane_settle: Duration,
 }
 
@@ -88,7 +89,7 @@ impl Params {
             fence_grace: timings.watchdog_timeout + Duration::from_secs(15),
             // Every lab node is control-plane and worker, as in the seed's compact clusters.
             control_plane_one_at_a_time: true,
-            control_plane_settle: Duration::from_secs(15),
+            control_plane_settle: Duration::from_secs(15) + outage::RENEWAL_CHANCE,
         }
     }
 

@@ -8,6 +8,8 @@ pub enum Error {
     InvalidSpec { name: String, why: String },
     #[error("{0} has no name")]
     Unnamed(&'static str),
+    #[error("the {0} is unusable: a thread panicked while changing it")]
+    Poisoned(&'static str),
 }
 
 impl Error {
@@ -18,6 +20,7 @@ impl Error {
             Self::Support(_) => "support",
             Self::InvalidSpec { .. } => "invalid_spec",
             Self::Unnamed(_) => "unnamed",
+            Self::Poisoned(_) => "poisoned",
         }
     }
 }

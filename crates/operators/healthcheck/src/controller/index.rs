@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::RwLock,
+    sync::{Mutex, RwLock},
     time::Duration,
 };
 
@@ -17,6 +17,7 @@ use nodemedic_api::names::{annotations, conditions, labels};
 
 use crate::decide::{
     ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
+    outage::ApiContact,
 };
 
 /// A remediation object as stored: its facts (with `owned` false) and the uids of the
@@ -35,6 +36,8 @@ pub struct Index {
     pub leases: RwLock<BTreeMap<String, LeaseFacts>>,
     /// Each node's last kubelet lease renewal, by the API server's clock.
     pub kubelet_renewals: RwLock<BTreeMap<String, Timestamp>>,
+    /// Whether the watches reach the API server, and when they last came back.
+    pub api_contact: Mutex<ApiContact>,
 }
 
 /// When the API server last recorded a write to the object: the newest time among its managed

@@ -11,6 +11,7 @@ mod status;
 use std::{collections::BTreeMap, convert::Infallible, sync::Arc};
 
 use futures::{StreamExt, channel::mpsc};
+use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client,
@@ -27,7 +28,12 @@ use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 use tokio::sync::watch;
 
 use self::{index::Index, kinds::Kinds, reconcile::Context};
-use crate::{Result, metrics::Metrics, spec};
+use crate::{
+    Result,
+    decide::outage::{self, Change},
+    metrics::Metrics,
+    spec,
+};
 
 /// Wakes the checks a change concerns.
 #[derive(Clone)]
@@ -82,7 +88,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
     let (leases_synced, mut leases_ready) = watch::channel(false);
     let (renewals_synced, mut renewals_ready) = watch::channel(false);
     let mut tasks = vec![
-        tokio::spawn(watch_checks(client.clone(), writer, triggers.clone())),
+        tokio::spawn(watch_checks(client.clone(), writer, triggers.clone(), index.clone())),
         tokio::spawn(watch_nodes(
             client.clone(),
             index.clone(),
@@ -138,7 +144,12 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
     Ok(())
 }
 
-async fn watch_checks(client: Client, writer: reflector::store::Writer<NodeHealthCheck>, triggers: Triggers) {
+async fn watch_checks(
+    client: Client,
+    writer: reflector::store::Writer<NodeHealthCheck>,
+    triggers: Triggers,
+    index: Arc<Index>,
+) {
     let mut generations: BTreeMap<String, Option<i64>> = BTreeMap::new();
     let stream = reflector::reflector(
         writer,
@@ -147,6 +158,7 @@ async fn watch_checks(client: Client, writer: reflector::store::Writer<NodeHealt
     .default_backoff();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
+        report(&index, "NodeHealthChecks", &event);
         match event {
             Ok(watcher::Event::Apply(nhc) | watcher::Event::InitApply(nhc)) => {
                 let name = nhc.metadata.name.clone().unwrap_or_default();
@@ -174,6 +186,7 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
         .boxed();
     let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {
+        report(&index, "nodes", &event);
         if let Ok(watcher::Event::InitApply(node)) = &event
             && let Some(name) = &node.metadata.name
         {
@@ -228,6 +241,7 @@ async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, syn
             .map(str::to_owned)
     };
     while let Some(event) = stream.next().await {
+        report(&index, "node leases", &event);
         let (lease, gone) = match event {
             Ok(watcher::Event::Init) => {
                 relist.start();
@@ -298,6 +312,7 @@ async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::
         .boxed();
     let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {
+        report(&index, "kubelet leases", &event);
         let Ok(mut renewals) = index.kubelet_renewals.write() else {
             return;
         };
@@ -324,6 +339,32 @@ async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::
             }
             Err(error) => tracing::debug!(%error, "kubelet lease watch error; retrying"),
         }
+    }
+}
+
+/// Tells the index what a watch event says about the contact with the API server. A relist's
+/// start proves nothing (no request has been made yet); a desynced watch (410 Gone) is no outage.
+fn report<K>(index: &Index, watch: &'static str, event: &Result<watcher::Event<K>, watcher::Error>) {
+    let Ok(mut contact) = index.api_contact.lock() else {
+        return;
+    };
+    let change = match event {
+        Ok(watcher::Event::Init) => return,
+        Ok(_) => contact.answered(watch, Timestamp::now()),
+        Err(watcher::Error::WatchError(status)) if status.code == 410 => return,
+        Err(_) => contact.failed(watch),
+    };
+    match change {
+        Change::Lost => tracing::warn!(
+            watch,
+            "lost the API server; remediation of Ready=Unknown nodes waits until they have had a lease duration to renew after it answers again"
+        ),
+        Change::Regained => tracing::info!(
+            watch,
+            renewal_chance_seconds = outage::RENEWAL_CHANCE.as_secs(),
+            "every watch reaches the API server again; Unknown conditions from before count from a lease duration after now"
+        ),
+        Change::Same => {}
     }
 }
 

@@ -90,8 +90,14 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
+    let unknown_counts_from = ctx
+        .index
+        .api_contact
+        .lock()
+        .map_err(|_| Error::Poisoned("API contact"))?
+        .unknown_counts_from(now);
     let (decision, node_uids) = {
-        let nodes = ctx.index.nodes.read().map_err(|_| Error::Unnamed("node index"))?;
+        let nodes = ctx.index.nodes.read().map_err(|_| Error::Poisoned("node index"))?;
         let refs: Vec<&NodeFacts> = nodes.values().collect();
         let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
             decide::decide(&Input {
@@ -104,6 +110,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 memory: &memory,
                 lease_holder: &holder,
                 alive,
+                unknown_counts_from,
             })
         };
         let first = decide_with(&BTreeMap::new());

@@ -1,9 +1,12 @@
 //! When is a node unhealthy: some rule's condition has held for its duration, measured from the
-//! condition's lastTransitionTime.
+//! condition's lastTransitionTime (an Unknown one no earlier than the outage rule allows).
 
 use jiff::Timestamp;
 
-use super::model::{NodeFacts, UnhealthyRule};
+use super::{
+    model::{NodeFacts, UnhealthyRule},
+    outage,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
@@ -19,7 +22,13 @@ pub enum Health {
     },
 }
 
-pub fn classify(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp) -> Health {
+/// `unknown_counts_from`: see [`outage::counted_since`].
+pub fn classify(
+    node: &NodeFacts,
+    rules: &[UnhealthyRule],
+    now: Timestamp,
+    unknown_counts_from: Option<Timestamp>,
+) -> Health {
     let mut soonest: Option<Timestamp> = None;
     for rule in rules {
         let Some(condition) = node
@@ -29,7 +38,7 @@ pub fn classify(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp) -> He
         else {
             continue;
         };
-        let at = condition.since + rule.duration;
+        let at = outage::counted_since(&condition.status, condition.since, unknown_counts_from) + rule.duration;
         if at <= now {
             return Health::Unhealthy {
                 type_: rule.type_.clone(),
@@ -80,17 +89,34 @@ mod tests {
 
     #[test]
     fn unhealthy_only_once_the_condition_held_for_its_duration() {
-        assert_eq!(classify(&node("True", 0), &rules(), at(1000)), Health::Healthy);
+        assert_eq!(classify(&node("True", 0), &rules(), at(1000), None), Health::Healthy);
         assert_eq!(
-            classify(&node("Unknown", 1000), &rules(), at(1299)),
+            classify(&node("Unknown", 1000), &rules(), at(1299), None),
             Health::Soon { at: at(1300) }
         );
         assert!(matches!(
-            classify(&node("Unknown", 1000), &rules(), at(1300)),
+            classify(&node("Unknown", 1000), &rules(), at(1300), None),
             Health::Unhealthy { .. }
         ));
         assert!(matches!(
-            classify(&node("False", 0), &rules(), at(300)),
+            classify(&node("False", 0), &rules(), at(300), None),
+            Health::Unhealthy { .. }
+        ));
+    }
+
+    #[test]
+    fn an_unknown_from_before_the_api_came_back_counts_from_its_chance_to_renew() {
+        let from = Some(at(2000));
+        assert_eq!(
+            classify(&node("Unknown", 1000), &rules(), at(2100), from),
+            Health::Soon { at: at(2300) }
+        );
+        assert!(matches!(
+            classify(&node("Unknown", 1000), &rules(), at(2300), from),
+            Health::Unhealthy { since, .. } if since == at(1000)
+        ));
+        assert!(matches!(
+            classify(&node("False", 1000), &rules(), at(2100), from),
             Health::Unhealthy { .. }
         ));
     }
@@ -99,6 +125,6 @@ mod tests {
     fn a_node_without_the_condition_is_healthy() {
         let mut n = node("True", 0);
         n.conditions.clear();
-        assert_eq!(classify(&n, &rules(), at(1000)), Health::Healthy);
+        assert_eq!(classify(&n, &rules(), at(1000), None), Health::Healthy);
     }
 }

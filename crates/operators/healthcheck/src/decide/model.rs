@@ -231,6 +231,9 @@ pub struct Input<'a> {
     pub lease_holder: &'a str,
     /// Ready=Unknown nodes whose kubelet leases show them alive: their remediation is held back.
     pub alive: &'a BTreeMap<String, super::liveness::Alive>,
+    /// The health check lost the API server lately: an Unknown condition counts from no earlier
+    /// than this (see [`super::outage`]).
+    pub unknown_counts_from: Option<Timestamp>,
 }
 
 /// A remediation object to create.

@@ -121,6 +121,7 @@ struct World {
     leases: BTreeMap<String, LeaseFacts>,
     memory: Memory,
     alive: BTreeMap<String, liveness::Alive>,
+    unknown_counts_from: Option<Timestamp>,
     now: Timestamp,
 }
 
@@ -147,6 +148,7 @@ impl World {
             leases: BTreeMap::new(),
             memory: Memory::default(),
             alive: BTreeMap::new(),
+            unknown_counts_from: None,
             now: at(NOW),
         }
     }
@@ -163,6 +165,7 @@ impl World {
             memory: &self.memory,
             lease_holder: HOLDER,
             alive: &self.alive,
+            unknown_counts_from: self.unknown_counts_from,
         })
     }
 }
@@ -209,6 +212,56 @@ fn remediates_a_node_unhealthy_for_its_duration_not_before() {
     }));
     assert!(reasons(&d).contains(&"DetectedUnhealthy") && reasons(&d).contains(&"RemediationCreated"));
     assert_eq!(d.status.phase, Phase::Remediating);
+}
+
+#[test]
+fn after_the_api_was_lost_an_unknown_counts_only_once_nodes_could_renew() {
+    let nodes = vec![
+        node("a", "Unknown", NOW - 600),
+        node("b", "True", 0),
+        node("c", "True", 0),
+        node("d", "False", NOW - 600),
+        node("e", "True", 0),
+    ];
+    let mut w = World::new(classic(), nodes);
+    w.unknown_counts_from = Some(at(NOW - 100));
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["d"], "a False condition is the kubelet's own word");
+    assert_eq!(
+        d.requeue_after.map(|r| r.as_secs()),
+        Some(200),
+        "looks again when the Unknown has held for its duration since then"
+    );
+    let about_a: Vec<_> = d
+        .notices
+        .iter()
+        .filter(|n| n.node.as_deref() == Some("a"))
+        .map(|n| n.reason)
+        .collect();
+    assert_eq!(about_a, ["RemediationDeferred"]);
+
+    w.unknown_counts_from = Some(at(NOW - 300));
+    assert_eq!(created_for(&w.decide()), ["a", "d"]);
+}
+
+#[test]
+fn a_remediation_under_way_goes_on_after_the_api_was_lost() {
+    let nodes = vec![
+        node("a", "Unknown", NOW - 600),
+        node("b", "True", 0),
+        node("c", "True", 0),
+    ];
+    let mut w = World::new(classic(), nodes);
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 300));
+    w.unknown_counts_from = Some(at(NOW + 40));
+    let d = w.decide();
+    assert!(d.delete.is_empty() && d.create.is_empty());
+    assert!(
+        d.leases
+            .iter()
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a"))
+    );
+    assert!(!reasons(&d).contains(&"RemediationDeferred"));
 }
 
 #[test]
@@ -602,10 +655,12 @@ fn arb_world() -> impl Strategy<Value = World> {
                 ],
                 any::<bool>(),
                 any::<bool>(),
+                proptest::option::of(0i64..NOW + 100),
             )
         })
-        .prop_map(|(nodes, crs, leases, budget, escalate, paused)| {
+        .prop_map(|(nodes, crs, leases, budget, escalate, paused, counts_from)| {
             let mut w = World::new(if escalate { escalating() } else { classic() }, nodes);
+            w.unknown_counts_from = counts_from.map(at);
             w.check.budget = budget;
             if paused {
                 w.check.pause_requests = vec!["p".into()];
@@ -666,14 +721,23 @@ proptest! {
             prop_assert!(n.labels.get(labels::EXCLUDE_FROM_REMEDIATION).is_none_or(|v| v != "true"), "excluded node {}", n.name);
             let leased = w.leases.get(&n.name).is_some_and(|l| l.holder != HOLDER && l.valid_at(w.now));
             prop_assert!(!leased, "node {} leased to maintenance", n.name);
-            prop_assert!(matches!(health::classify(n, &w.check.rules, w.now), Health::Unhealthy { .. }), "healthy node {}", n.name);
+            prop_assert!(matches!(health::classify(n, &w.check.rules, w.now, w.unknown_counts_from), Health::Unhealthy { .. }), "healthy node {}, or an Unknown the API's loss explains", n.name);
         }
         for gone in &d.delete {
             let r = w.remediations.iter().find(|r| &r.id == gone).expect("an existing object");
             if let Some(n) = w.nodes.iter().find(|n| n.name == r.node) {
-                prop_assert_eq!(health::classify(n, &w.check.rules, w.now), Health::Healthy, "deleted the remediation of an unhealthy node");
+                prop_assert_eq!(health::classify(n, &w.check.rules, w.now, None), Health::Healthy, "deleted the remediation of an unhealthy node");
             }
         }
+    }
+
+    #[test]
+    fn losing_the_api_only_defers_new_remediations(w in arb_world()) {
+        let deferred = w.decide();
+        let steady = World { unknown_counts_from: None, ..w }.decide();
+        prop_assert_eq!(deferred.delete, steady.delete);
+        prop_assert_eq!(deferred.mark_timed_out, steady.mark_timed_out);
+        prop_assert_eq!(deferred.status.healthy, steady.status.healthy);
     }
 
     #[test]
