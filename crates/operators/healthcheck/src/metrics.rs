@@ -39,6 +39,7 @@ pub struct Metrics {
     pub timed_out: Family<TemplateLabels, Counter>,
     pub budget_blocks: Family<CheckLabels, Counter>,
     pub held_back_alive: Family<CheckLabels, Counter>,
+    pub deferred_after_outage: Family<CheckLabels, Counter>,
     pub unhealthy_duration: Family<CheckLabels, Histogram>,
     pub decision_seconds: Histogram,
     pub errors: Family<ErrorLabels, Counter>,
@@ -67,6 +68,7 @@ impl Metrics {
             timed_out: Family::default(),
             budget_blocks: Family::default(),
             held_back_alive: Family::default(),
+            deferred_after_outage: Family::default(),
             unhealthy_duration: Family::new_with_constructor(duration_buckets),
             decision_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             errors: Family::default(),
@@ -125,6 +127,11 @@ impl Metrics {
             "nodemedic_healthcheck_held_back_alive",
             "Times a Ready=Unknown node's remediation was held back because its kubelet still renews its lease",
             m.held_back_alive.clone(),
+        );
+        registry.register(
+            "nodemedic_healthcheck_deferred_after_outage",
+            "Times a node's new remediation waited because the health check's loss of the API server may explain its Unknown condition",
+            m.deferred_after_outage.clone(),
         );
         registry.register(
             "nodemedic_healthcheck_unhealthy_node_duration_seconds",

@@ -77,7 +77,7 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             lab.stop_apiserver().await?;
         }
         Action::StartApiserver => {
-            let line = start_control_plane(lab, false).await?;
+            let line = start_control_plane(lab, Stopped::ApiServer).await?;
             faults.api_stopped = false;
             return Ok(line);
         }
@@ -87,7 +87,7 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             lab.stop_etcd().await?;
         }
         Action::StartEtcd => {
-            let line = start_control_plane(lab, true).await?;
+            let line = start_control_plane(lab, Stopped::Etcd).await?;
             faults.etcd_stopped = false;
             return Ok(line);
         }
@@ -157,16 +157,21 @@ fn describe(action: &Action, nodes: &[String]) -> String {
     }
 }
 
+/// The part of the control plane a trial stopped.
+#[derive(Clone, Copy, Debug)]
+enum Stopped {
+    ApiServer,
+    Etcd,
+}
+
 /// Starts etcd or the API server again and notes when the API answers: after minutes without
 /// etcd the API server reconnects on its own backoff, which can take longer than the lab waits
 /// (60 s), so then this waits on (up to [`API_BACK`] more) rather than fail the trial.
-async fn start_control_plane(lab: &Lab, etcd: bool) -> anyhow::Result<String> {
+async fn start_control_plane(lab: &Lab, stopped: Stopped) -> anyhow::Result<String> {
     let started = tokio::time::Instant::now();
-    let what = if etcd { "start-etcd" } else { "start-apiserver" };
-    let first = if etcd {
-        lab.start_etcd().await
-    } else {
-        lab.start_apiserver().await
+    let (what, first) = match stopped {
+        Stopped::ApiServer => ("start-apiserver", lab.start_apiserver().await),
+        Stopped::Etcd => ("start-etcd", lab.start_etcd().await),
     };
     if let Err(error) = first {
         let api = Api::<Namespace>::all(lab.client());
@@ -248,11 +253,11 @@ pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, sta
     let lab = ctx.lab;
     let mut done: Vec<(String, anyhow::Result<()>)> = Vec::new();
     if faults.api_stopped {
-        let started = start_control_plane(lab, false).await;
+        let started = start_control_plane(lab, Stopped::ApiServer).await;
         done.push(("start-apiserver".to_owned(), started.map(|_| ())));
     }
     if faults.etcd_stopped {
-        let started = start_control_plane(lab, true).await;
+        let started = start_control_plane(lab, Stopped::Etcd).await;
         done.push(("start-etcd".to_owned(), started.map(|_| ())));
     }
     for n in &faults.bmcs_hung {

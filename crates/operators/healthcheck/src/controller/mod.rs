@@ -3,18 +3,25 @@
 //! instant the next timer expires, never polled).
 
 mod apply;
+mod contact;
 mod index;
 mod kinds;
 mod reconcile;
 mod status;
 
-use std::{collections::BTreeMap, convert::Infallible, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    sync::{Arc, PoisonError},
+    time::Duration,
+};
 
 use futures::{StreamExt, channel::mpsc};
 use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client,
+    api::ListParams,
     core::{PartialObjectMeta, SelectorExt},
     runtime::{
         WatchStreamExt, applier,
@@ -27,7 +34,7 @@ use nodemedic_api::{healthcheck::NodeHealthCheck, names::leases};
 use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 use tokio::sync::watch;
 
-use self::{index::Index, kinds::Kinds, reconcile::Context};
+use self::{contact::Evidence, index::Index, kinds::Kinds, reconcile::Context};
 use crate::{
     Result,
     decide::outage::{self, Change},
@@ -102,6 +109,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
             leases_synced,
         )),
         tokio::spawn(watch_kubelet_leases(client.clone(), index.clone(), renewals_synced)),
+        tokio::spawn(probe_when_silent(client.clone(), index.clone())),
     ];
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
@@ -342,31 +350,61 @@ async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::
     }
 }
 
-/// Tells the index what a watch event says about the contact with the API server. A relist's
-/// start proves nothing (no request has been made yet); a desynced watch (410 Gone) is no outage.
+/// Tells the index what a watch event says about the contact with the API server.
 fn report<K>(index: &Index, watch: &'static str, event: &Result<watcher::Event<K>, watcher::Error>) {
-    let Ok(mut contact) = index.api_contact.lock() else {
-        return;
+    record(index, watch, contact::evidence(event));
+}
+
+fn record(index: &Index, source: &'static str, evidence: Evidence) {
+    let now = Timestamp::now();
+    // Its updates cannot be left half done: a panic elsewhere leaves it usable.
+    let mut contact = index.api_contact.lock().unwrap_or_else(PoisonError::into_inner);
+    let change = match evidence {
+        Evidence::Answered => contact.answered(now),
+        Evidence::Lost => contact.failed(now),
+        Evidence::Nothing => return,
     };
-    let change = match event {
-        Ok(watcher::Event::Init) => return,
-        Ok(_) => contact.answered(watch, Timestamp::now()),
-        Err(watcher::Error::WatchError(status)) if status.code == 410 => return,
-        Err(_) => contact.failed(watch),
-    };
+    drop(contact);
     match change {
         Change::Lost => tracing::warn!(
-            watch,
-            "lost the API server; remediation of Ready=Unknown nodes waits until they have had a lease duration to renew after it answers again"
+            source,
+            "lost the API server: a node that turned Unknown since it last answered is remediated only if the condition lasts its duration from a lease duration after the API answers again"
         ),
         Change::Regained => tracing::info!(
-            watch,
+            source,
             renewal_chance_seconds = outage::RENEWAL_CHANCE.as_secs(),
-            "every watch reaches the API server again; Unknown conditions from before count from a lease duration after now"
+            "the API server answers again"
         ),
-        Change::Same => {}
+        Change::Unchanged => {}
     }
 }
+
+/// While nothing arrives, asks the API with a read etcd must answer (see decide::outage).
+async fn probe_when_silent(client: Client, index: Arc<Index>) {
+    let api = Api::<Lease>::namespaced(client, KUBELET_LEASES);
+    // No resourceVersion: a consistent read, which needs etcd.
+    let params = ListParams::default().limit(1);
+    loop {
+        tokio::time::sleep(PROBE_TICK).await;
+        let silent = index
+            .api_contact
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .silent(Timestamp::now());
+        if !silent {
+            continue;
+        }
+        let evidence = match tokio::time::timeout(outage::PROBE_TIMEOUT, api.list_metadata(&params)).await {
+            Ok(Ok(_)) => Evidence::Answered,
+            Ok(Err(error)) => contact::of_error(&error),
+            Err(_) => Evidence::Lost,
+        };
+        record(&index, "read", evidence);
+    }
+}
+
+/// How often to look whether the API has been silent.
+const PROBE_TICK: Duration = Duration::from_secs(1);
 
 /// Where kubelets keep their node leases.
 const KUBELET_LEASES: &str = "kube-node-lease";

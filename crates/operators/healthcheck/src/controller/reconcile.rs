@@ -2,7 +2,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -47,6 +47,7 @@ pub struct CheckMemory {
     first_unhealthy: BTreeMap<String, (Timestamp, String)>,
     blocked: BTreeSet<String>,
     held_back_alive: BTreeSet<String>,
+    deferred: BTreeSet<String>,
     ongoing: BTreeSet<NodeLabels>,
 }
 
@@ -90,12 +91,13 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    let unknown_counts_from = ctx
+    // Its updates cannot be left half done: a panic elsewhere leaves it usable.
+    let outage = ctx
         .index
         .api_contact
         .lock()
-        .map_err(|_| Error::Poisoned("API contact"))?
-        .unknown_counts_from(now);
+        .unwrap_or_else(PoisonError::into_inner)
+        .window(now);
     let (decision, node_uids) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Poisoned("node index"))?;
         let refs: Vec<&NodeFacts> = nodes.values().collect();
@@ -110,7 +112,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 memory: &memory,
                 lease_holder: &holder,
                 alive,
-                unknown_counts_from,
+                outage,
             })
         };
         let first = decide_with(&BTreeMap::new());
@@ -294,6 +296,11 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
         m.held_back_alive.get_or_create(&check).inc();
     }
     memory.held_back_alive = decision.held_back_alive.clone();
+    for node in decision.deferred.difference(&memory.deferred) {
+        tracing::info!(nhc = %name, %node, "remediation deferred: the health check's loss of the API server may explain the node's Unknown condition");
+        m.deferred_after_outage.get_or_create(&check).inc();
+    }
+    memory.deferred = decision.deferred.clone();
     for node in plan.unhealthy.keys() {
         let entry = memory
             .first_unhealthy

@@ -22,13 +22,8 @@ pub enum Health {
     },
 }
 
-/// `unknown_counts_from`: see [`outage::counted_since`].
-pub fn classify(
-    node: &NodeFacts,
-    rules: &[UnhealthyRule],
-    now: Timestamp,
-    unknown_counts_from: Option<Timestamp>,
-) -> Health {
+/// `outage`: see [`outage::counted_since`].
+pub fn classify(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp, outage: Option<outage::Window>) -> Health {
     let mut soonest: Option<Timestamp> = None;
     for rule in rules {
         let Some(condition) = node
@@ -38,7 +33,7 @@ pub fn classify(
         else {
             continue;
         };
-        let at = outage::counted_since(&condition.status, condition.since, unknown_counts_from) + rule.duration;
+        let at = outage::counted_since(&condition.status, condition.since, outage) + rule.duration;
         if at <= now {
             return Health::Unhealthy {
                 type_: rule.type_.clone(),
@@ -105,8 +100,11 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_from_before_the_api_came_back_counts_from_its_chance_to_renew() {
-        let from = Some(at(2000));
+    fn an_unknown_from_an_outage_counts_from_the_nodes_chance_to_renew() {
+        let from = Some(outage::Window {
+            began: at(900),
+            counts_from: at(2000),
+        });
         assert_eq!(
             classify(&node("Unknown", 1000), &rules(), at(2100), from),
             Health::Soon { at: at(2300) }

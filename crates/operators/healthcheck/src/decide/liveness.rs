@@ -46,7 +46,7 @@ pub fn unknown_since(node: &NodeFacts) -> Option<Timestamp> {
         .map(|c| c.since)
 }
 
-fn signed(d: Duration) -> SignedDuration {
+pub(crate) fn signed(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 

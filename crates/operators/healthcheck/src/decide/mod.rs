@@ -57,17 +57,12 @@ pub fn decide(input: &Input<'_>) -> Decision {
         .copied()
         .filter(|n| check.selector.matches(&n.labels))
         .collect();
-    let owned: Vec<&RemediationFacts> = input.remediations.iter().filter(|r| r.owned).collect();
-    let owned_by_node = |node: &str| owned.iter().copied().filter(|r| r.node == node).collect::<Vec<_>>();
     let health: BTreeMap<&str, Health> = selected
         .iter()
-        .map(|n| {
-            (
-                n.name.as_str(),
-                classify(input, n, &owned_by_node(&n.name), &mut decision),
-            )
-        })
+        .map(|n| (n.name.as_str(), health::classify(n, &check.rules, input.now, None)))
         .collect();
+    let owned: Vec<&RemediationFacts> = input.remediations.iter().filter(|r| r.owned).collect();
+    let owned_by_node = |node: &str| owned.iter().copied().filter(|r| r.node == node).collect::<Vec<_>>();
 
     // Budget: healthy means no unhealthy condition at all (not even a pending one) and no
     // remediation object left.
@@ -175,31 +170,6 @@ pub fn decide(input: &Input<'_>) -> Decision {
         (Phase::Enabled, "NHC is enabled, no ongoing remediation".into())
     };
     decision
-}
-
-/// A node's health. A remediation already under way goes on whatever the API did since; before
-/// one starts, an Unknown that the health check's loss of the API may explain waits.
-fn classify(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], d: &mut Decision) -> Health {
-    let rules = &input.check.rules;
-    let unaffected = health::classify(node, rules, input.now, None);
-    if crs.iter().any(|r| !r.deleting) || input.unknown_counts_from.is_none() {
-        return unaffected;
-    }
-    let health = health::classify(node, rules, input.now, input.unknown_counts_from);
-    if let (Health::Unhealthy { type_, status, since }, Health::Soon { at }, Some(from)) =
-        (&unaffected, &health, input.unknown_counts_from)
-    {
-        d.notice(
-            Some(&node.name),
-            Severity::Normal,
-            "RemediationDeferred",
-            format!(
-                "Node {} has had {type_}={status} since {since}, but the health check lost the API server until shortly before, when no node could renew its lease: the condition counts only from {from}, when the node has had a lease duration to renew, so remediation waits until {at} if it persists",
-                node.name
-            ),
-        );
-    }
-    health
 }
 
 /// A referenced template that is missing or unusable disables the check.

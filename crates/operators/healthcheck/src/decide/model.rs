@@ -231,9 +231,9 @@ pub struct Input<'a> {
     pub lease_holder: &'a str,
     /// Ready=Unknown nodes whose kubelet leases show them alive: their remediation is held back.
     pub alive: &'a BTreeMap<String, super::liveness::Alive>,
-    /// The health check lost the API server lately: an Unknown condition counts from no earlier
-    /// than this (see [`super::outage`]).
-    pub unknown_counts_from: Option<Timestamp>,
+    /// The health check's last loss of the API server: the Unknown conditions it may explain
+    /// wait before a new remediation (see [`super::outage`]).
+    pub outage: Option<super::outage::Window>,
 }
 
 /// A remediation object to create.
@@ -323,6 +323,8 @@ pub struct Decision {
     pub blocked_by_budget: BTreeSet<String>,
     /// Nodes a new remediation was held back from because their kubelet leases show them alive.
     pub held_back_alive: BTreeSet<String>,
+    /// Nodes a new remediation waits for because an outage of the API may explain their Unknown.
+    pub deferred: BTreeSet<String>,
 }
 
 impl Decision {

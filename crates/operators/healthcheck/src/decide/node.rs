@@ -4,10 +4,11 @@ use jiff::Timestamp;
 use nodemedic_api::names::labels;
 
 use super::{
-    Decision, HealthyDelay, Input, LeaseAction, NewRemediation, NodeFacts, RemediationFacts, Severity, TemplateState,
+    Decision, Health, HealthyDelay, Input, LeaseAction, NewRemediation, NodeFacts, RemediationFacts, Severity,
+    TemplateState,
     budget::until,
     escalation::{self, LEASE_BUFFER, OVERDUE_FACTOR},
-    liveness,
+    health, liveness,
 };
 
 /// Why new remediation may be held back for every node.
@@ -196,8 +197,21 @@ pub fn unhealthy(
             d.blocked_by_budget.insert(name.to_owned());
             return;
         }
-        // Before the control-plane rule: a living node is not being remediated and must not
-        // keep another control-plane node waiting.
+        // Before the control-plane rule: a node whose Unknown an outage may explain, or that is
+        // alive, is not being remediated and must not keep another control-plane node waiting.
+        if let Some(at) = deferred(input, node) {
+            d.deferred.insert(name.to_owned());
+            d.notice(
+                Some(name),
+                Severity::Normal,
+                "RemediationDeferred",
+                format!(
+                    "Node {name} turned Unknown after the health check last heard from the API server before losing it, when no node could renew its lease: its remediation waits until {at}, a lease duration after the API answered again plus the condition's duration, in case the node renews meanwhile"
+                ),
+            );
+            d.requeue(until(now, at));
+            return;
+        }
         if let Some(alive) = input.alive.get(name) {
             d.held_back_alive.insert(name.to_owned());
             d.notice(
@@ -283,6 +297,16 @@ pub fn unhealthy(
             "NoTemplateLeft",
             format!("Remediation of node {name} timed out, and no template left to try"),
         );
+    }
+}
+
+/// When the node's unhealthy condition counts as held for its duration, if the outage window
+/// puts that later than now.
+fn deferred(input: &Input<'_>, node: &NodeFacts) -> Option<Timestamp> {
+    input.outage?;
+    match health::classify(node, &input.check.rules, input.now, input.outage) {
+        Health::Soon { at } => Some(at),
+        Health::Healthy | Health::Unhealthy { .. } => None,
     }
 }
 

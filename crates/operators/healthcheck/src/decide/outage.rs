@@ -4,29 +4,62 @@
 //! node controller marks every node whose renewal it missed Unknown, often before the kubelets'
 //! next renewals get through (their requests from during the outage are still timing out). Those
 //! Unknowns say nothing about the nodes. The health check cannot tell them from a node that died
-//! meanwhile, except by time: after it reaches the API again, every node gets one lease duration
-//! to renew before an Unknown that began earlier starts counting towards its rule's duration. A
-//! node that did die is remediated that much later, and only after an outage.
+//! meanwhile, except by time: an Unknown that began after the health check last heard from the
+//! API before losing it counts towards its rule's duration only from a lease duration after the
+//! API answered again, when every living node has had its chance to renew. A node that did die
+//! is remediated that much later, and only after an outage; an Unknown from before the outage is
+//! not delayed.
 //!
-//! The health check's view stands for everyone's: when its watches fail, the API is unreachable
-//! or failing (it cannot know whether the kubelets fared better, so it assumes they did not).
+//! The health check's view stands for everyone's: when it cannot reach the API, it assumes the
+//! kubelets could not either. Its watches fail when the API server is away, but while etcd is
+//! away the API server keeps them open and silent; so when nothing has arrived for a few seconds
+//! (in a living cluster the kubelets' renewals arrive all the time) it asks with a read etcd must
+//! answer, and a read that fails or takes too long is a loss. Any answer to any watch or read
+//! ends the outage (a watch that resumes says nothing until an object changes, so waiting for
+//! each one could wait for ever). Not covered: a health check started after an outage it did
+//! not see (a restart); a node whose renewal lands before the decision is still held back by the
+//! liveness rule.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
+
+use super::liveness::{self, signed};
 
 /// How long a node that is alive needs, once the API answers, to renew its lease and have the
 /// node controller see it: a kubelet lease duration (it renews every quarter of it, and a
 /// request begun during the outage may hang until its own timeout first).
-pub const RENEWAL_CHANCE: Duration = Duration::from_secs(40);
+pub const RENEWAL_CHANCE: Duration = liveness::RENEWAL_CURRENT_FOR;
 
-/// Whether the health check's watches reach the API server, from what they last reported.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Nothing received for this long: ask the API (see [`ApiContact::silent`]).
+pub const SILENCE: Duration = Duration::from_secs(5);
+
+/// A read that takes longer than this is a loss: the API server waits on a missing etcd far
+/// longer before it answers 504.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The last outage the health check saw, if any.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApiContact {
-    /// The watches whose last report was a failure.
-    failing: BTreeSet<&'static str>,
-    /// When the last watch recovered after a failure (all of them answering again).
+    /// When the API last answered a watch.
+    last_answer: Option<Timestamp>,
+    outage: Option<Outage>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Outage {
+    /// The last answer before it: an Unknown that began earlier was not caused by it.
+    lost_after: Timestamp,
+    /// The first answer after it; none while it lasts.
     regained: Option<Timestamp>,
+}
+
+/// The Unknown conditions an outage may explain (those since `began`) and when they may count
+/// from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub began: Timestamp,
+    pub counts_from: Timestamp,
 }
 
 /// What happened to the contact with the API, for the logs.
@@ -34,48 +67,61 @@ pub struct ApiContact {
 pub enum Change {
     Lost,
     Regained,
-    Same,
+    Unchanged,
 }
 
 impl ApiContact {
-    /// The watch `watch` failed (the API unreachable or answering with errors).
-    pub fn failed(&mut self, watch: &'static str) -> Change {
-        let was_failing = !self.failing.is_empty();
-        self.failing.insert(watch);
-        if was_failing { Change::Same } else { Change::Lost }
+    /// A watch failed for want of the API (unreachable, failing or overloaded).
+    pub fn failed(&mut self, now: Timestamp) -> Change {
+        if self.outage.is_some_and(|o| o.regained.is_none()) {
+            return Change::Unchanged;
+        }
+        self.outage = Some(Outage {
+            lost_after: self.last_answer.unwrap_or(now),
+            regained: None,
+        });
+        Change::Lost
     }
 
-    /// The watch `watch` received something: it reaches the API again, if it failed before.
-    pub fn answered(&mut self, watch: &'static str, now: Timestamp) -> Change {
-        if self.failing.remove(watch) && self.failing.is_empty() {
-            self.regained = Some(now);
-            Change::Regained
-        } else {
-            Change::Same
+    /// A watch received something from the API.
+    pub fn answered(&mut self, now: Timestamp) -> Change {
+        self.last_answer = Some(now);
+        match &mut self.outage {
+            Some(o) if o.regained.is_none() => {
+                o.regained = Some(now);
+                Change::Regained
+            }
+            _ => Change::Unchanged,
         }
     }
 
-    /// The earliest time an Unknown condition may count from: `now` while a watch fails (no
-    /// Unknown counts at all), a lease duration after the API was regained, or none if it never
-    /// was lost.
-    pub fn unknown_counts_from(&self, now: Timestamp) -> Option<Timestamp> {
-        if !self.failing.is_empty() {
-            return Some(now.saturating_add(signed(RENEWAL_CHANCE)).unwrap_or(now));
-        }
-        self.regained
-            .map(|at| at.saturating_add(signed(RENEWAL_CHANCE)).unwrap_or(at))
+    /// Whether nothing has been received for [`SILENCE`]: time to ask.
+    pub fn silent(&self, now: Timestamp) -> bool {
+        self.last_answer
+            .is_none_or(|t| t.checked_add(signed(SILENCE)).is_ok_and(|quiet| now >= quiet))
+    }
+
+    /// The Unknowns the last outage may explain; while it lasts they count from no earlier than
+    /// a lease duration from now.
+    pub fn window(&self, now: Timestamp) -> Option<Window> {
+        let outage = self.outage?;
+        let regained = outage.regained.unwrap_or(now);
+        Some(Window {
+            // The node controller's clock against ours: see liveness::MAX_CLOCK_AHEAD.
+            began: outage
+                .lost_after
+                .checked_sub(signed(liveness::MAX_CLOCK_AHEAD))
+                .unwrap_or(outage.lost_after),
+            counts_from: regained.checked_add(signed(RENEWAL_CHANCE)).unwrap_or(regained),
+        })
     }
 }
 
-fn signed(d: Duration) -> SignedDuration {
-    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
-}
-
-/// When a condition that has had `status` since `since` starts counting: an Unknown no earlier
-/// than `unknown_counts_from`.
-pub fn counted_since(status: &str, since: Timestamp, unknown_counts_from: Option<Timestamp>) -> Timestamp {
-    match unknown_counts_from {
-        Some(from) if status == "Unknown" => since.max(from),
+/// When a condition that has had `status` since `since` starts counting: an Unknown that began
+/// inside the window no earlier than the window allows.
+pub fn counted_since(status: &str, since: Timestamp, window: Option<Window>) -> Timestamp {
+    match window {
+        Some(w) if status == "Unknown" && since >= w.began => since.max(w.counts_from),
         _ => since,
     }
 }
@@ -91,59 +137,81 @@ mod tests {
     }
 
     #[test]
-    fn the_contact_is_regained_when_every_failing_watch_answers() {
+    fn an_outage_lasts_from_the_last_answer_to_the_next() {
         let mut contact = ApiContact::default();
-        assert_eq!(contact.unknown_counts_from(at(0)), None, "never lost");
-        assert_eq!(contact.answered("nodes", at(1)), Change::Same, "nothing had failed");
-        assert_eq!(contact.failed("nodes"), Change::Lost);
-        assert_eq!(contact.failed("leases"), Change::Same);
-        assert_eq!(contact.unknown_counts_from(at(100)), Some(at(140)), "while lost");
-        assert_eq!(contact.answered("nodes", at(110)), Change::Same, "leases still fail");
-        assert_eq!(contact.answered("leases", at(120)), Change::Regained);
-        assert_eq!(contact.unknown_counts_from(at(1000)), Some(at(160)));
-        assert_eq!(contact.answered("leases", at(130)), Change::Same, "already regained");
-        assert_eq!(contact.unknown_counts_from(at(1000)), Some(at(160)));
+        assert_eq!(contact.window(at(0)), None, "never lost");
+        assert_eq!(contact.answered(at(100)), Change::Unchanged);
+        assert_eq!(contact.failed(at(110)), Change::Lost);
+        assert_eq!(contact.failed(at(150)), Change::Unchanged);
+        let lasting = contact.window(at(200)).expect("an outage");
+        assert_eq!((lasting.began, lasting.counts_from), (at(95), at(240)));
+        assert_eq!(contact.answered(at(300)), Change::Regained);
+        assert_eq!(contact.answered(at(310)), Change::Unchanged);
+        let over = contact.window(at(1000)).expect("an outage");
+        assert_eq!((over.began, over.counts_from), (at(95), at(340)));
+        assert_eq!(contact.failed(at(400)), Change::Lost, "a new outage");
+        assert_eq!(contact.window(at(400)).map(|w| w.began), Some(at(305)));
     }
 
     #[test]
-    fn only_unknown_conditions_are_discounted() {
-        assert_eq!(counted_since("Unknown", at(10), Some(at(50))), at(50));
-        assert_eq!(counted_since("Unknown", at(60), Some(at(50))), at(60));
-        assert_eq!(counted_since("False", at(10), Some(at(50))), at(10));
-        assert_eq!(counted_since("Unknown", at(10), None), at(10));
+    fn silence_is_a_question_not_a_loss() {
+        let mut contact = ApiContact::default();
+        assert!(contact.silent(at(0)), "nothing heard yet");
+        contact.answered(at(10));
+        assert!(!contact.silent(at(14)));
+        assert!(contact.silent(at(15)));
+        assert_eq!(contact.window(at(100)), None);
+    }
+
+    #[test]
+    fn only_unknowns_that_began_in_the_window_wait() {
+        let window = Some(Window {
+            began: at(100),
+            counts_from: at(300),
+        });
+        assert_eq!(counted_since("Unknown", at(150), window), at(300));
+        assert_eq!(counted_since("Unknown", at(400), window), at(400));
+        assert_eq!(
+            counted_since("Unknown", at(50), window),
+            at(50),
+            "from before the outage"
+        );
+        assert_eq!(
+            counted_since("False", at(150), window),
+            at(150),
+            "the kubelet's own word"
+        );
+        assert_eq!(counted_since("Unknown", at(150), None), at(150));
     }
 
     proptest! {
-        /// Whatever the watches report, in any order: an Unknown never counts from before the
-        /// last recovery plus a lease duration, nor from before now plus one while a watch fails.
+        /// Whatever the watches report, in any order: an Unknown that began after the last
+        /// answer before an outage counts from no earlier than a lease duration after the
+        /// first answer after it (or after now, while it lasts), and exactly from then.
         #[test]
-        fn an_unknown_never_counts_from_inside_an_outage(
-            reports in proptest::collection::vec((0usize..3, any::<bool>()), 0..30),
+        fn an_unknown_from_an_outage_counts_from_its_chance_to_renew(
+            reports in proptest::collection::vec(any::<bool>(), 1..30),
             since in 0i64..400,
         ) {
-            const WATCHES: [&str; 3] = ["nodes", "leases", "renewals"];
             let mut contact = ApiContact::default();
-            let mut failing = BTreeSet::new();
-            let mut regained = None;
-            for (i, (watch, ok)) in reports.into_iter().enumerate() {
+            for (i, answered) in reports.iter().enumerate() {
                 let now = at(i as i64 * 10);
-                if ok {
-                    if failing.remove(WATCHES[watch]) && failing.is_empty() {
-                        regained = Some(now);
-                    }
-                    contact.answered(WATCHES[watch], now);
-                } else {
-                    failing.insert(WATCHES[watch]);
-                    contact.failed(WATCHES[watch]);
-                }
+                if *answered { contact.answered(now); } else { contact.failed(now); }
             }
             let now = at(1000);
-            let counted = counted_since("Unknown", at(since), contact.unknown_counts_from(now));
+            let counted = counted_since("Unknown", at(since), contact.window(now));
             prop_assert!(counted >= at(since));
-            if !failing.is_empty() {
-                prop_assert!(counted >= at(1040));
-            } else if let Some(r) = regained {
-                prop_assert!(counted >= r + RENEWAL_CHANCE);
+            let failures = reports.iter().enumerate().filter(|(_, ok)| !**ok).map(|(i, _)| i);
+            let Some(last_outage_start) = failures.clone().filter(|i| *i == 0 || reports[i - 1]).last() else {
+                prop_assert_eq!(counted, at(since), "never lost");
+                return Ok(());
+            };
+            let before = (0..last_outage_start).rev().find(|i| reports[*i]).map_or(last_outage_start, |i| i);
+            let after = (last_outage_start..reports.len()).find(|i| reports[*i]);
+            let began = at(before as i64 * 10 - 5);
+            let counts_from = after.map_or(now, |i| at(i as i64 * 10)) + RENEWAL_CHANCE;
+            if at(since) >= began {
+                prop_assert_eq!(counted, at(since).max(counts_from));
             } else {
                 prop_assert_eq!(counted, at(since));
             }

@@ -121,7 +121,7 @@ struct World {
     leases: BTreeMap<String, LeaseFacts>,
     memory: Memory,
     alive: BTreeMap<String, liveness::Alive>,
-    unknown_counts_from: Option<Timestamp>,
+    outage: Option<outage::Window>,
     now: Timestamp,
 }
 
@@ -148,7 +148,7 @@ impl World {
             leases: BTreeMap::new(),
             memory: Memory::default(),
             alive: BTreeMap::new(),
-            unknown_counts_from: None,
+            outage: None,
             now: at(NOW),
         }
     }
@@ -165,7 +165,7 @@ impl World {
             memory: &self.memory,
             lease_holder: HOLDER,
             alive: &self.alive,
-            unknown_counts_from: self.unknown_counts_from,
+            outage: self.outage,
         })
     }
 }
@@ -214,23 +214,36 @@ fn remediates_a_node_unhealthy_for_its_duration_not_before() {
     assert_eq!(d.status.phase, Phase::Remediating);
 }
 
+fn window(began: i64, counts_from: i64) -> Option<outage::Window> {
+    Some(outage::Window {
+        began: at(began),
+        counts_from: at(counts_from),
+    })
+}
+
 #[test]
-fn after_the_api_was_lost_an_unknown_counts_only_once_nodes_could_renew() {
+fn an_unknown_an_outage_may_explain_waits_until_the_node_could_renew() {
     let nodes = vec![
         node("a", "Unknown", NOW - 600),
         node("b", "True", 0),
         node("c", "True", 0),
         node("d", "False", NOW - 600),
-        node("e", "True", 0),
+        node("e", "Unknown", NOW - 2000),
     ];
     let mut w = World::new(classic(), nodes);
-    w.unknown_counts_from = Some(at(NOW - 100));
+    w.check.budget = Budget::MaxUnhealthy(IntOrPercent::Int(3));
+    w.outage = window(NOW - 1000, NOW - 100);
     let d = w.decide();
-    assert_eq!(created_for(&d), ["d"], "a False condition is the kubelet's own word");
+    assert_eq!(
+        created_for(&d),
+        ["d", "e"],
+        "a False condition is the kubelet's own word; e was Unknown before the outage"
+    );
+    assert_eq!(d.deferred, BTreeSet::from(["a".to_owned()]));
     assert_eq!(
         d.requeue_after.map(|r| r.as_secs()),
         Some(200),
-        "looks again when the Unknown has held for its duration since then"
+        "looks again when the Unknown has held for its duration since the node could renew"
     );
     let about_a: Vec<_> = d
         .notices
@@ -238,30 +251,39 @@ fn after_the_api_was_lost_an_unknown_counts_only_once_nodes_could_renew() {
         .filter(|n| n.node.as_deref() == Some("a"))
         .map(|n| n.reason)
         .collect();
-    assert_eq!(about_a, ["RemediationDeferred"]);
+    assert_eq!(about_a, ["DetectedUnhealthy", "RemediationDeferred"]);
+    assert!(d.status.unhealthy.contains_key("a"), "still listed unhealthy");
 
-    w.unknown_counts_from = Some(at(NOW - 300));
-    assert_eq!(created_for(&w.decide()), ["a", "d"]);
+    w.outage = window(NOW - 1000, NOW - 300);
+    assert_eq!(created_for(&w.decide()), ["a", "d", "e"]);
 }
 
 #[test]
-fn a_remediation_under_way_goes_on_after_the_api_was_lost() {
+fn an_escalation_waits_too_but_a_remediation_under_way_goes_on() {
     let nodes = vec![
         node("a", "Unknown", NOW - 600),
         node("b", "True", 0),
         node("c", "True", 0),
     ];
-    let mut w = World::new(classic(), nodes);
-    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 300));
-    w.unknown_counts_from = Some(at(NOW + 40));
+    let mut w = World::new(escalating(), nodes);
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 400));
+    let steady = w.decide();
+    assert_eq!(created_for(&steady), ["a"], "the first step timed out: escalates");
+    w.outage = window(NOW - 1000, NOW + 40);
     let d = w.decide();
-    assert!(d.delete.is_empty() && d.create.is_empty());
+    assert!(d.create.is_empty(), "the next step waits");
+    assert_eq!(d.mark_timed_out, steady.mark_timed_out, "the timeout is the timeout");
+    assert!(d.delete.is_empty());
+
+    w.remediations[0].created = at(NOW - 10);
+    let d = w.decide();
+    assert!(d.create.is_empty() && d.delete.is_empty() && d.deferred.is_empty());
     assert!(
         d.leases
             .iter()
-            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a"))
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a")),
+        "the lease is kept"
     );
-    assert!(!reasons(&d).contains(&"RemediationDeferred"));
 }
 
 #[test]
@@ -655,12 +677,12 @@ fn arb_world() -> impl Strategy<Value = World> {
                 ],
                 any::<bool>(),
                 any::<bool>(),
-                proptest::option::of(0i64..NOW + 100),
+                proptest::option::of((0i64..NOW, 0i64..NOW + 100)),
             )
         })
         .prop_map(|(nodes, crs, leases, budget, escalate, paused, counts_from)| {
             let mut w = World::new(if escalate { escalating() } else { classic() }, nodes);
-            w.unknown_counts_from = counts_from.map(at);
+            w.outage = counts_from.and_then(|(began, from)| window(began, from));
             w.check.budget = budget;
             if paused {
                 w.check.pause_requests = vec!["p".into()];
@@ -721,7 +743,7 @@ proptest! {
             prop_assert!(n.labels.get(labels::EXCLUDE_FROM_REMEDIATION).is_none_or(|v| v != "true"), "excluded node {}", n.name);
             let leased = w.leases.get(&n.name).is_some_and(|l| l.holder != HOLDER && l.valid_at(w.now));
             prop_assert!(!leased, "node {} leased to maintenance", n.name);
-            prop_assert!(matches!(health::classify(n, &w.check.rules, w.now, w.unknown_counts_from), Health::Unhealthy { .. }), "healthy node {}, or an Unknown the API's loss explains", n.name);
+            prop_assert!(matches!(health::classify(n, &w.check.rules, w.now, w.outage), Health::Unhealthy { .. }), "healthy node {}, or an Unknown the API's loss explains", n.name);
         }
         for gone in &d.delete {
             let r = w.remediations.iter().find(|r| &r.id == gone).expect("an existing object");
@@ -734,10 +756,14 @@ proptest! {
     #[test]
     fn losing_the_api_only_defers_new_remediations(w in arb_world()) {
         let deferred = w.decide();
-        let steady = World { unknown_counts_from: None, ..w }.decide();
+        let steady = World { outage: None, ..w }.decide();
         prop_assert_eq!(deferred.delete, steady.delete);
         prop_assert_eq!(deferred.mark_timed_out, steady.mark_timed_out);
-        prop_assert_eq!(deferred.status.healthy, steady.status.healthy);
+        prop_assert_eq!(&deferred.status.unhealthy.keys().collect::<Vec<_>>(), &steady.status.unhealthy.keys().collect::<Vec<_>>());
+        for new in &deferred.create {
+            let held = steady.create.iter().any(|c| c.node == new.node) || new.control_plane;
+            prop_assert!(held, "{} created only because the outage deferred another node", new.node);
+        }
     }
 
     #[test]
