@@ -201,8 +201,8 @@ mod tests {
             let now = at(1000);
             let counted = counted_since("Unknown", at(since), contact.window(now));
             prop_assert!(counted >= at(since));
-            let failures = reports.iter().enumerate().filter(|(_, ok)| !**ok).map(|(i, _)| i);
-            let Some(last_outage_start) = failures.clone().filter(|i| *i == 0 || reports[i - 1]).last() else {
+            // The failure that began the last outage: the first, or one right after an answer.
+            let Some(last_outage_start) = (0..reports.len()).rfind(|i| !reports[*i] && (*i == 0 || reports[i - 1])) else {
                 prop_assert_eq!(counted, at(since), "never lost");
                 return Ok(());
             };
