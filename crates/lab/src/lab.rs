@@ -327,6 +327,7 @@ impl Lab {
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
         tasks.push(inner.watchdogs.expiries(expired_tx));
         tasks.push(tokio::spawn(power_cycle_on_expiry(inner.clone(), expired_rx)));
+        tasks.push(tokio::spawn(restart_kwok_after_its_startup_race(inner.clone())));
         let mut lab = Self {
             inner,
             tasks,
@@ -684,6 +685,37 @@ async fn install_crds(client: &Client) -> Result<()> {
         .await?;
     }
     Ok(())
+}
+
+/// kwok 0.8 sometimes dies as it starts, of a data race in a library it uses (see
+/// `Supervised::died_of_kwok_startup_race`); it keeps no state, so starting it again is all a
+/// real kubelet's supervisor would do. Bounded, so a kwok that always dies is still reported.
+async fn restart_kwok_after_its_startup_race(inner: Arc<Inner>) {
+    const MAX_RESTARTS: usize = 5;
+    let mut restarts: BTreeMap<String, usize> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(mut procs) = inner.resources.processes.lock() else {
+            return;
+        };
+        if procs.closed {
+            return;
+        }
+        for (name, p) in procs.by_name.iter_mut() {
+            if !name.ends_with("kwok") || !p.died_of_kwok_startup_race() {
+                continue;
+            }
+            let count = restarts.entry(name.clone()).or_default();
+            if *count >= MAX_RESTARTS {
+                continue;
+            }
+            *count += 1;
+            tracing::warn!(process = %name, restart = *count, "kwok died of its startup race (concurrent map writes); starting it again");
+            if let Err(error) = p.start() {
+                tracing::warn!(process = %name, %error, "restarting kwok failed");
+            }
+        }
+    }
 }
 
 async fn power_cycle_on_expiry(inner: Arc<Inner>, mut expired: mpsc::UnboundedReceiver<String>) {

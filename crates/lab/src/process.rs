@@ -53,6 +53,8 @@ pub(crate) struct Supervised {
     /// The node's sysrq trigger, for a `<node>/<name>` process.
     sysrq_trigger: Option<PathBuf>,
     child: Option<Child>,
+    /// Where this run's output starts in the log.
+    log_start: u64,
 }
 
 impl Supervised {
@@ -68,6 +70,7 @@ impl Supervised {
             pid_file: dir.join("pids").join(&file),
             sysrq_trigger,
             child: None,
+            log_start: 0,
         }
     }
 
@@ -80,6 +83,7 @@ impl Supervised {
             .append(true)
             .open(&self.log)
             .map_err(io(format!("opening {}", self.log.display())))?;
+        self.log_start = log.metadata().map_or(0, |m| m.len());
         let log_err = log.try_clone().map_err(io("duplicating a log handle"))?;
         let mut command = match &self.spec.netns {
             Some(ns) => {
@@ -171,6 +175,19 @@ impl Supervised {
         }
     }
 
+    /// Whether this run exited on its own with kwok 0.8's startup race: easycel's type cache, a Go
+    /// map, written by two goroutines building their CEL environments at once (`fatal error:
+    /// concurrent map writes`). A kill or a power-off is never taken for it.
+    pub fn died_of_kwok_startup_race(&mut self) -> bool {
+        let exited = self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        if !exited {
+            return false;
+        }
+        let output = std::fs::read(&self.log).unwrap_or_default();
+        let this_run = String::from_utf8_lossy(output.get(self.log_start as usize..).unwrap_or_default());
+        this_run.contains("fatal error: concurrent map writes") && this_run.contains("easycel")
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }
@@ -201,5 +218,44 @@ pub(crate) fn kill_recorded(dir: &Path) {
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(p: &mut Supervised) {
+        for _ in 0..500 {
+            if !p.running() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("{} still runs", p.name);
+    }
+
+    #[test]
+    fn only_a_run_that_died_of_the_race_is_taken_for_it() {
+        let dir = std::env::temp_dir().join(format!("nodemedic-process-test-{}", std::process::id()));
+        for sub in ["logs", "pids"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("dirs");
+        }
+        let race = "echo 'fatal error: concurrent map writes'; echo 'github.com/wzshiming/easycel.getTrait'; exit 2";
+        let mut p = Supervised::new("kwok", ProcessSpec::new("sh", ["-c", race]), &dir);
+        p.start().expect("start");
+        exited(&mut p);
+        assert!(p.died_of_kwok_startup_race());
+
+        p.spec = ProcessSpec::new("sh", ["-c", "echo 'panic: something else'; exit 2"]);
+        p.start().expect("start again");
+        exited(&mut p);
+        assert!(!p.died_of_kwok_startup_race(), "an earlier run's output does not count");
+
+        p.spec = ProcessSpec::new("sh", ["-c", &format!("{race}; sleep 60")]);
+        p.start().expect("start a third time");
+        p.kill();
+        assert!(!p.died_of_kwok_startup_race(), "a kill is no race");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
