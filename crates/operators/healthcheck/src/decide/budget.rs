@@ -90,6 +90,7 @@ pub fn until(now: Timestamp, then: Timestamp) -> Duration {
 mod tests {
     use super::*;
     use crate::decide::model::{Budget, IntOrPercent};
+    use crate::decide::test_time::at;
 
     #[test]
     fn percentages_round_up_like_medik8s() {
@@ -107,10 +108,6 @@ mod tests {
         );
         assert_eq!(Budget::MaxUnhealthy(IntOrPercent::Int(5)).min_healthy(3), 0);
         assert_eq!(Budget::MinHealthy(IntOrPercent::Int(2)).min_healthy(10), 2);
-    }
-
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(s).expect("valid")
     }
 
     #[test]

@@ -52,10 +52,7 @@ mod tests {
 
     use super::*;
     use crate::decide::model::ConditionFacts;
-
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(s).expect("valid")
-    }
+    use crate::decide::test_time::at;
 
     fn node(status: &str, since: i64) -> NodeFacts {
         NodeFacts {

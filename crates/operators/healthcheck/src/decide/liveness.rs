@@ -70,10 +70,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(s).expect("valid")
-    }
+    use crate::decide::test_time::at;
 
     #[test]
     fn a_current_renewal_after_the_unknown_is_life() {

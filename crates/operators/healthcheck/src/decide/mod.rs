@@ -10,6 +10,8 @@ pub mod model;
 mod node;
 pub mod outage;
 #[cfg(test)]
+mod test_time;
+#[cfg(test)]
 mod tests;
 
 use std::{collections::BTreeMap, time::Duration};

@@ -131,10 +131,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(s).expect("valid")
-    }
+    use crate::decide::test_time::at;
 
     #[test]
     fn an_outage_lasts_from_the_last_answer_to_the_next() {

@@ -12,9 +12,7 @@ use proptest::prelude::*;
 
 use super::*;
 
-fn at(s: i64) -> Timestamp {
-    Timestamp::from_second(s).expect("valid")
-}
+use super::test_time::at;
 
 const NOW: i64 = 10_000;
 const HOLDER: &str = "NodeHealthCheck-nhc";
