@@ -7,7 +7,7 @@ use std::{
 };
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ApiResource, Patch, PatchParams},
@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::{
     apply::Apply,
-    index::Index,
+    index::{self, Index},
     kinds::{Kinds, Role},
     status,
 };
@@ -100,6 +100,13 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         .window(now);
     let (decision, node_uids) = {
         let nodes = ctx.index.nodes.read().map_err(|_| Error::Poisoned("node index"))?;
+        // Read once for both uses: a second read of the same lock on this thread could wait
+        // behind a writer forever.
+        let renewals = ctx
+            .index
+            .kubelet_renewals
+            .read()
+            .map_err(|_| Error::Poisoned("kubelet renewals"))?;
         let refs: Vec<&NodeFacts> = nodes.values().collect();
         let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
             decide::decide(&Input {
@@ -113,6 +120,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
                 lease_holder: &holder,
                 alive,
                 outage,
+                kubelet_renewals: &renewals,
             })
         };
         let first = decide_with(&BTreeMap::new());
@@ -121,7 +129,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
             .create
             .iter()
             .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)));
-        let alive = living(&ctx.index, unknown, now);
+        let alive = living(&renewals, unknown, now);
         // Decided again with the evidence, so everything that follows from a creation (its lease,
         // the one-control-plane-node rule, the phase) follows from what is created.
         let decision = if alive.is_empty() { first } else { decide_with(&alive) };
@@ -136,6 +144,13 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         (decision, uids)
     };
 
+    // The watch cache can lag the API for minutes after etcd comes back (seed 47, trial 45: a
+    // remediation created from a view of the node 111 s old, deleted 76 ms later when the node
+    // read Ready). A remediation is created only when a fresh read of its node agrees with what
+    // the decision was made from; otherwise the fresh facts are stored and it is decided again.
+    if !decision.create.is_empty() && !cache_agrees(&ctx, &decision).await? {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let created = Apply {
         ctx: &ctx,
         nhc: &nhc,
@@ -199,15 +214,45 @@ async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) 
     Ok(Action::await_change())
 }
 
+/// Whether a consistent read of every node the decision creates a remediation for shows what
+/// the index holds; where it does not, the index takes the fresh facts.
+async fn cache_agrees(ctx: &Context, decision: &Decision) -> Result<bool> {
+    let api = Api::<Node>::all(ctx.client.clone());
+    let mut agrees = true;
+    for new in &decision.create {
+        // No resourceVersion: read from etcd, not from the API server's watch cache.
+        let fresh = api.get_opt(&new.node).await?;
+        let cached = ctx
+            .index
+            .nodes
+            .read()
+            .map_err(|_| Error::Poisoned("node index"))?
+            .get(&new.node)
+            .cloned();
+        let fresh = fresh.as_ref().and_then(index::node_facts);
+        if fresh == cached {
+            continue;
+        }
+        agrees = false;
+        tracing::info!(node = %new.node, "the node's facts in the API differ from the health check's cache: deciding again before remediating it");
+        match fresh {
+            Some(facts) => {
+                ctx.index.upsert_node(facts);
+            }
+            None => {
+                ctx.index.remove_node(&new.node);
+            }
+        }
+    }
+    Ok(agrees)
+}
+
 /// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.
 fn living(
-    index: &Index,
+    renewals: &BTreeMap<String, Timestamp>,
     unknown: impl Iterator<Item = (String, Timestamp)>,
     now: Timestamp,
 ) -> BTreeMap<String, liveness::Alive> {
-    let Ok(renewals) = index.kubelet_renewals.read() else {
-        return BTreeMap::new();
-    };
     unknown
         .filter_map(|(node, since)| {
             let renewed = *renewals.get(&node)?;

@@ -101,6 +101,7 @@ mod tests {
         let from = Some(outage::Window {
             began: at(900),
             counts_from: at(2000),
+            regained: Some(at(1960)),
         });
         assert_eq!(
             classify(&node("Unknown", 1000), &rules(), at(2100), from),

@@ -234,6 +234,9 @@ pub struct Input<'a> {
     /// The health check's last loss of the API server: the Unknown conditions it may explain
     /// wait before a new remediation (see [`super::outage`]).
     pub outage: Option<super::outage::Window>,
+    /// Each node's last kubelet lease renewal (the API server's clock): a node that renewed
+    /// after an outage is not excused by it (see [`super::outage::Window::for_node`]).
+    pub kubelet_renewals: &'a BTreeMap<String, Timestamp>,
 }
 
 /// A remediation object to create.

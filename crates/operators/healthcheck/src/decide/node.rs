@@ -303,8 +303,10 @@ pub fn unhealthy(
 /// When the node's unhealthy condition counts as held for its duration, if the outage window
 /// puts that later than now.
 fn deferred(input: &Input<'_>, node: &NodeFacts) -> Option<Timestamp> {
-    input.outage?;
-    match health::classify(node, &input.check.rules, input.now, input.outage) {
+    let window = input
+        .outage?
+        .for_node(input.kubelet_renewals.get(&node.name).copied())?;
+    match health::classify(node, &input.check.rules, input.now, Some(window)) {
         Health::Soon { at } => Some(at),
         Health::Healthy | Health::Unhealthy { .. } => None,
     }

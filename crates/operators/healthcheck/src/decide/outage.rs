@@ -60,6 +60,23 @@ struct Outage {
 pub struct Window {
     pub began: Timestamp,
     pub counts_from: Timestamp,
+    /// When the API answered again (ours), while it has not: `None`.
+    pub regained: Option<Timestamp>,
+}
+
+impl Window {
+    /// The window as it applies to a node whose kubelet last renewed its lease at `renewed`
+    /// (the API server's clock): none once that renewal came after the API answered again. The
+    /// node was alive and heard after the outage, so an Unknown it turns later is its own, not
+    /// the outage's (a partition starting a few seconds after an outage is remediated on time).
+    /// A renewal stamped by a server clock behind ours may be missed: then the node waits the
+    /// window, the safe side.
+    pub fn for_node(self, renewed: Option<Timestamp>) -> Option<Window> {
+        match (self.regained, renewed) {
+            (Some(regained), Some(renewed)) if renewed > regained => None,
+            _ => Some(self),
+        }
+    }
 }
 
 /// What happened to the contact with the API, for the logs.
@@ -113,6 +130,7 @@ impl ApiContact {
                 .checked_sub(signed(liveness::MAX_CLOCK_AHEAD))
                 .unwrap_or(outage.lost_after),
             counts_from: regained.checked_add(signed(RENEWAL_CHANCE)).unwrap_or(regained),
+            regained: outage.regained,
         })
     }
 }
@@ -161,10 +179,32 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_after_the_api_answered_again_takes_the_node_out_of_the_window() {
+        let window = Window {
+            began: at(100),
+            counts_from: at(300),
+            regained: Some(at(260)),
+        };
+        assert_eq!(window.for_node(None), Some(window), "no renewal known");
+        assert_eq!(
+            window.for_node(Some(at(250))),
+            Some(window),
+            "renewed before the API came back"
+        );
+        assert_eq!(window.for_node(Some(at(261))), None);
+        let ongoing = Window {
+            regained: None,
+            ..window
+        };
+        assert_eq!(ongoing.for_node(Some(at(1000))), Some(ongoing), "the outage goes on");
+    }
+
+    #[test]
     fn only_unknowns_that_began_in_the_window_wait() {
         let window = Some(Window {
             began: at(100),
             counts_from: at(300),
+            regained: Some(at(260)),
         });
         assert_eq!(counted_since("Unknown", at(150), window), at(300));
         assert_eq!(counted_since("Unknown", at(400), window), at(400));
