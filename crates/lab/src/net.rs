@@ -44,6 +44,11 @@ impl Network {
         Ipv4Addr::new(10, 213, self.slot, 11 + index as u8)
     }
 
+    /// A fixed, locally administered MAC for bridge `which` (1: nodes, 2: management).
+    pub fn bridge_mac(&self, which: u8) -> String {
+        format!("02:6e:6d:{:02x}:{which:02x}:01", self.slot)
+    }
+
     /// The host's address on the management bridge.
     pub fn mgmt_host_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 214, self.slot, 1)
@@ -78,8 +83,16 @@ impl Network {
     }
 
     pub fn create_bridges(&self) -> Result<()> {
-        for (bridge, ip) in [(&self.bridge, self.host_ip()), (&self.mgmt_bridge, self.mgmt_host_ip())] {
-            cmd::run("ip", &["link", "add", bridge, "type", "bridge"])?;
+        for (bridge, ip, which) in [
+            (&self.bridge, self.host_ip(), 1),
+            (&self.mgmt_bridge, self.mgmt_host_ip(), 2),
+        ] {
+            // A bridge without an address of its own takes its lowest port's, so a node added
+            // or removed could change the host's MAC under every node's ARP entry for the API
+            // server: tens of seconds of failed connects on the others (seed 47, trials 20 and
+            // 22: the two survivors lost the API at a node's removal and fenced themselves).
+            let mac = self.bridge_mac(which);
+            cmd::run("ip", &["link", "add", bridge, "address", &mac, "type", "bridge"])?;
             cmd::run("ip", &["addr", "add", &format!("{ip}/24"), "dev", bridge])?;
             cmd::run("ip", &["link", "set", bridge, "up"])?;
         }
