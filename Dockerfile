@@ -20,7 +20,7 @@ RUN apt-get update \
       fence-agents ipmitool ca-certificates \
  && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
 COPY --from=build /src/target/release/nodemedic /usr/local/bin/nodemedic
-# The operators alone, the Deployment's command; the lab and benchmarks stay out of its memory.
+# The operators alone, the Deployment's command.
 COPY --from=build /src/target/release/nodemedic-controller /usr/local/bin/nodemedic-controller
 # The agent alone, the DaemonSet's command: every node runs it, so it carries nothing else.
 COPY --from=build /src/target/release/nodemedic-agent /usr/local/bin/nodemedic-agent

@@ -1,10 +1,11 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
 .PHONY: setup build test demo bench crds manifests fmt model-check
 
-# Both executables: `nodemedic` and the agent-only `nodemedic-agent` the labs run on each node.
-NODEMEDIC = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic
+# The product's executables (`nodemedic`, `nodemedic-controller`, `nodemedic-agent`) and the
+# test tooling's `nodemedic-lab` (lab, demo, bench, chaos), which runs the product's next to it.
+NODEMEDIC_LAB = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic-lab
 build: setup
-	cargo build --release --locked -p nodemedic --bins
+	cargo build --release --locked -p nodemedic -p nodemedic-harness --bins
 
 setup:
 	@bash scripts/setup.sh
@@ -13,12 +14,12 @@ test: setup
 	@bash scripts/test.sh
 
 demo: build
-	$(NODEMEDIC) demo $(ARGS)
+	$(NODEMEDIC_LAB) demo $(ARGS)
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
-# in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic bench --help).
+# in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic-lab bench --help).
 bench: build
-	$(NODEMEDIC) bench $(ARGS)
+	$(NODEMEDIC_LAB) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes
 # bench/results/chaos-*.{json,md}; a violation names the command that replays its trial).
@@ -26,7 +27,7 @@ bench: build
 SEED ?= 1
 TRIALS ?= 200
 chaos: build
-	$(NODEMEDIC) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
+	$(NODEMEDIC_LAB) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).
 crds:

@@ -12,7 +12,7 @@ step() { printf '\n=== %s ===\n' "$*" >&2; }
 
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
 # Every integration-test target and where it runs below; a new one must be added here.
-LAB_TEST_TARGETS="nodemedic:e2e nodemedic-lab:it"
+LAB_TEST_TARGETS="nodemedic-harness:e2e nodemedic-lab:it"
 LAB_FREE_TEST_TARGETS="nodemedic-api:it"
 
 step "cargo fmt --check"
@@ -32,8 +32,17 @@ if [ "$found" != "$expected" ]; then
   exit 1
 fi
 
-step "build the end-to-end tests, then start the outage test"
-e2e=$(cargo test --locked -p nodemedic --test e2e --no-run --message-format=json-render-diagnostics | python3 -c '
+step "what ships links no test tooling"
+shipped_tooling=$(cargo tree --locked -p nodemedic -e normal --prefix none | grep -E '^nodemedic-(lab|harness) ' | sort -u || true)
+if [ -n "$shipped_tooling" ]; then
+  printf 'the shipped package nodemedic depends on test tooling:\n%s\nMove what it needs under crates/.\n' "$shipped_tooling" >&2
+  exit 1
+fi
+
+step "build the product's executables and the end-to-end tests, then start the outage test"
+# The end-to-end tests run the product's executables from the same target directory.
+cargo build --locked -p nodemedic --bins
+e2e=$(cargo test --locked -p nodemedic-harness --test e2e --no-run --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
     message = json.loads(line)
@@ -41,7 +50,7 @@ for line in sys.stdin:
         print(message["executable"])')
 log=$(mktemp)
 # Run from the package's folder, as cargo runs its tests.
-(cd crates/nodemedic && exec "$e2e" --exact "$OUTAGE_TEST" --nocapture) >"$log" 2>&1 &
+(cd testing/harness && exec "$e2e" --exact "$OUTAGE_TEST" --nocapture) >"$log" 2>&1 &
 outage=$!
 trap 'kill "$outage" 2>/dev/null || true' EXIT
 

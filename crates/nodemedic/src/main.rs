@@ -1,15 +1,11 @@
-//! `nodemedic`: one binary, one subcommand per role.
+//! `nodemedic`: one binary, one subcommand per role. The lab, demo, benchmarks and fault campaign
+//! are the test tooling's `nodemedic-lab` (testing/harness), not part of what ships.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-mod bench_cmd;
-mod chaos_cmd;
-mod demo_cmd;
-mod interruptible;
-mod lab_cmd;
 mod monitoring;
 mod status;
 
@@ -36,19 +32,8 @@ enum Command {
         #[arg(long)]
         write: Option<PathBuf>,
     },
-    /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
-    Demo(demo_cmd::DemoArgs),
-    /// Time to safe recovery, per path and strategy, over N crash trials (writes a report).
-    Bench(bench_cmd::BenchArgs),
-    /// The fault campaign: seeded random trials of mixed faults, each judged (writes a report).
-    Chaos(chaos_cmd::ChaosArgs),
     /// Nodes, their health, remediations in flight and maintenance, in one table.
     Status(status::StatusArgs),
-    /// A lab cluster on this machine (real control plane, simulated nodes) and its faults.
-    Lab {
-        #[command(subcommand)]
-        command: lab_cmd::LabCommand,
-    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,11 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Controller(args) => nodemedic::controller::run(args),
         Command::Agent(args) => nodemedic::agent::run(args),
         Command::Crds { write } => crds(write),
-        Command::Lab { command } => lab_cmd::run(command),
-        Command::Demo(args) => demo_cmd::run(args),
         Command::Status(args) => status::run(args),
-        Command::Bench(args) => bench_cmd::run(args),
-        Command::Chaos(args) => chaos_cmd::run(args),
     }
 }
 

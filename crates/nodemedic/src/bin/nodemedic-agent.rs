@@ -1,8 +1,8 @@
 //! `nodemedic-agent`: the self-remediation agent alone, the DaemonSet's command.
 //!
 //! Every node runs one, so its memory counts many times over. The all-in-one `nodemedic` binary
-//! carries every operator, the lab and the benchmarks; the pages of it an agent touches cost
-//! several MiB of resident memory that this executable, with only the agent linked in, does not.
+//! carries every operator; the pages of it an agent touches cost resident memory that this
+//! executable, with only the agent linked in, does not.
 
 use clap::Parser;
 

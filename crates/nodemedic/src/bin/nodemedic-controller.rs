@@ -1,9 +1,8 @@
 //! `nodemedic-controller`: the operators alone, the Deployment's command.
 //!
-//! The all-in-one `nodemedic` binary also carries the lab, the benchmarks and the fault campaign;
-//! the pages of it the controller touches add to its resident memory, which this executable,
-//! with only the operators linked in, does not (at 5,000 nodes the controller's memory target is
-//! 64 MiB).
+//! The all-in-one `nodemedic` binary also carries the agent, `status` and `crds`; the pages of it
+//! the controller touches add to its resident memory, which this executable, with only the
+//! operators linked in, does not (at 5,000 nodes the controller's memory target is 64 MiB).
 
 use clap::Parser;
 

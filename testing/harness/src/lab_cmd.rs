@@ -1,4 +1,4 @@
-//! `nodemedic lab ...`: a lab for people. `up` starts a detached `lab serve` process that owns
+//! `nodemedic-lab ...`: a lab for people. `up` starts a detached `lab serve` process that owns
 //! the lab; the other subcommands talk to it over a unix socket, one JSON line each way.
 
 use std::{
@@ -191,7 +191,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
 fn send(request: &Request) -> anyhow::Result<Response> {
     let mut stream = UnixStream::connect(socket_path()).with_context(|| {
         format!(
-            "no lab is running here (no {}): start one with `nodemedic lab up`",
+            "no lab is running here (no {}): start one with `nodemedic-lab up`",
             socket_path().display()
         )
     })?;
@@ -205,13 +205,13 @@ fn send(request: &Request) -> anyhow::Result<Response> {
 fn up(args: &UpArgs) -> anyhow::Result<()> {
     nodemedic_lab::preflight()?;
     if socket_path().exists() && send(&Request::Status).is_ok() {
-        bail!("a lab is already up (`nodemedic lab status`; `nodemedic lab down` stops it)");
+        bail!("a lab is already up (`nodemedic-lab status`; `nodemedic-lab down` stops it)");
     }
     std::fs::create_dir_all(RUN_DIR)?;
     let log = Path::new(RUN_DIR).join("serve.log");
     let out = std::fs::File::create(&log)?;
     let mut serve = std::process::Command::new(std::env::current_exe()?);
-    serve.args(["lab", "serve", "--nodes", &args.nodes.to_string()]);
+    serve.args(["serve", "--nodes", &args.nodes.to_string()]);
     if args.workers {
         serve.arg("--workers");
     }
@@ -245,7 +245,7 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
         if ready.exists() {
             let kubeconfig = std::fs::read_to_string(&ready)?;
             println!(
-                "lab up ({} nodes)\n  export KUBECONFIG={}\n  nodemedic lab status | crash <node> | ... | down",
+                "lab up ({} nodes)\n  export KUBECONFIG={}\n  nodemedic-lab status | crash <node> | ... | down",
                 args.nodes,
                 kubeconfig.trim()
             );

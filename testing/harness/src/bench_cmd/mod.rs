@@ -1,4 +1,4 @@
-//! `nodemedic bench`: the benchmarks, each in its own lab, one lab at a time. Every suite
+//! `nodemedic-lab bench`: the benchmarks, each in its own lab, one lab at a time. Every suite
 //! returns its JSON and a markdown section with its targets met or missed; one report holds them
 //! all. Nothing here asserts a time.
 

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kube::Api;
-use nodemedic::{
-    bench::{self, Breakdown},
-    scenario::{self, NS},
-    story::{self, Milestone, Subject},
-};
 use nodemedic_api::{
     fence_agents::FenceAgentsRemediation,
     self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
+use nodemedic_harness::{
+    bench::{self, Breakdown},
+    scenario::{self, NS},
+    story::{self, Milestone, Subject},
 };
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, wait, workloads::STATEFULSET};
 use serde_json::{Map, Value, json};
@@ -104,7 +104,7 @@ fn config(path: Path, lanes: &[Lane]) -> LabConfig {
 
 /// A lab with nodemedic, each lane's template, workload and health check.
 pub async fn start(path: Path, profile: Profile, lanes: &[Lane]) -> anyhow::Result<Lab> {
-    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(config(path, lanes)).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
     let metrics = scenario::free_port()?;

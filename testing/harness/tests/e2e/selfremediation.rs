@@ -52,7 +52,7 @@ pub async fn cluster_with(config: LabConfig, watchdog: LabWatchdog, patch: &str)
 }
 
 pub fn exe() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_nodemedic"))
+    crate::nodemedic_exe()
 }
 
 pub async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
@@ -472,7 +472,7 @@ async fn agents_with_only_the_charts_service_account_and_role_register_and_remed
     let config = scenario::configure(&lab).await.expect("config");
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     start_controller(&lab, "controller", &[]);
-    scenario::start_agents_as_daemonset_pods(&lab, std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), &config)
+    scenario::start_agents_as_daemonset_pods(&lab, &crate::nodemedic_exe(), &config)
         .await
         .expect("agents");
     scenario::deploy_workload(&lab).await.expect("workload");

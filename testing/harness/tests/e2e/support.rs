@@ -7,7 +7,7 @@ use kube::{Api, Client, api::ListParams};
 use nodemedic_lab::{Lab, LabConfig, wait};
 use serde::de::DeserializeOwned;
 
-pub use nodemedic::{
+pub use nodemedic_harness::{
     bench::sample,
     scenario::{self, NS, metrics},
 };
@@ -56,7 +56,7 @@ pub fn start_controller(lab: &Lab, name: &str, extra: &[&str]) -> u16 {
     let port = free_port();
     scenario::start_controller(
         lab,
-        std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")),
+        &crate::nodemedic_exe(),
         name,
         port,
         extra,

@@ -1,4 +1,4 @@
-//! The fault campaign (`nodemedic chaos`, `make chaos`): randomized trials, reproducible from a
+//! The fault campaign (`nodemedic-lab chaos`, `make chaos`): randomized trials, reproducible from a
 //! seed, that mix node, network, control-plane (down to minutes-long API server and etcd
 //! outages), process (down to controller restart loops), BMC and membership faults (nodes
 //! leaving and joining) on 3- and 5-node labs, and judge each trial from the lab timeline.

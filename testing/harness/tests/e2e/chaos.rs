@@ -3,7 +3,7 @@
 //! etcd restarts, controller and agent restarts mid-remediation, a hung BMC; each judged by the
 //! witness, the false-fence, remediation and leftover checks.
 
-use nodemedic::chaos::{
+use nodemedic_harness::chaos::{
     Action, PathKind, Shape, Step, Strategy, TrialPlan,
     plan::validate,
     run::{Runner, TrialResult},
@@ -112,7 +112,7 @@ async fn fixed_chaos_trials_find_no_violation() {
     for p in &plans {
         assert_eq!(validate(p), Ok(()), "{p:?}");
     }
-    let mut runner = Runner::new(std::path::Path::new(env!("CARGO_BIN_EXE_nodemedic")), None);
+    let mut runner = Runner::new(&crate::nodemedic_exe(), None);
     let mut failed = Vec::new();
     for p in &plans {
         let result = runner.trial(p).await;

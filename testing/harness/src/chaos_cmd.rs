@@ -1,13 +1,13 @@
-//! `nodemedic chaos` (`make chaos SEED=.. TRIALS=..`): the fault campaign. Draws each trial's
+//! `nodemedic-lab chaos` (`make chaos SEED=.. TRIALS=..`): the fault campaign. Draws each trial's
 //! plan from the seed, runs it in a lab (one lab per shape, reused while sound), judges it, and
 //! writes `chaos-<stamp>.json` and `.md`. Exits non-zero when any trial found a violation or
 //! could not run.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
-use nodemedic::{
+use nodemedic_harness::{
     bench,
     chaos::{
         self, Options,
@@ -50,7 +50,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
 }
 
 async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let exe = nodemedic_harness::product::nodemedic()?;
     let options = Options { nodes: args.nodes };
     let indices: Vec<usize> = match args.only_trial {
         Some(i) => vec![i],

@@ -17,7 +17,7 @@ use crate::{
 };
 
 pub fn status(lab: &Lab, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_nodemedic"))
+    let out = Command::new(crate::nodemedic_exe())
         .arg("status")
         .args(args)
         .env("KUBECONFIG", lab.kubeconfig())
@@ -77,7 +77,7 @@ async fn status_shows_each_node_with_its_check_remediation_and_maintenance() {
     )
     .expect("remediation");
 
-    let mut watch = Command::new(env!("CARGO_BIN_EXE_nodemedic"))
+    let mut watch = Command::new(crate::nodemedic_exe())
         .args(["status", "--watch", "-o", "json"])
         .env("KUBECONFIG", lab.kubeconfig())
         .stdout(Stdio::piped())
@@ -122,11 +122,7 @@ async fn status_shows_each_node_with_its_check_remediation_and_maintenance() {
 
     // The same binary, named kubectl-nodemedic on the PATH, is a kubectl plugin.
     let plugins = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(
-        env!("CARGO_BIN_EXE_nodemedic"),
-        plugins.path().join("kubectl-nodemedic"),
-    )
-    .expect("copy");
+    std::fs::copy(crate::nodemedic_exe(), plugins.path().join("kubectl-nodemedic")).expect("copy");
     let path = format!(
         "{}:{}",
         plugins.path().display(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use nodemedic::{
+use nodemedic_harness::{
     bench::usage::{self, Usage},
     scenario::{self, NS},
 };
@@ -33,7 +33,7 @@ struct Window {
 
 pub async fn run() -> anyhow::Result<Section> {
     println!("==> footprint: {NODES} agents");
-    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(LabConfig::workers(NODES))
         .await
         .context("starting the lab")?;

@@ -1,6 +1,6 @@
 //! What the benchmarks compute, with no I/O: one crash trial's breakdown read from its story and
 //! percentiles over trials (here), decision latency ([`decision`]), API requests from the audit
-//! log ([`requests`]) and process usage from /proc ([`usage`]). `nodemedic bench` runs the labs.
+//! log ([`requests`]) and process usage from /proc ([`usage`]). `nodemedic-lab bench` runs the labs.
 
 use serde::Serialize;
 

@@ -9,7 +9,7 @@ mod lanes;
 
 use anyhow::bail;
 use clap::ValueEnum;
-use nodemedic::bench::{self, Breakdown};
+use nodemedic_harness::bench::{self, Breakdown};
 use nodemedic_lab::witness;
 use serde_json::json;
 

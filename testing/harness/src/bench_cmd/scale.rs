@@ -7,11 +7,11 @@ use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::Context;
 use kube::Api;
-use nodemedic::{
+use nodemedic_api::{healthcheck::NodeHealthCheck, self_remediation::SelfNodeRemediation};
+use nodemedic_harness::{
     bench::{self, Summary, decision, requests, usage},
     scenario::{self, NS},
 };
-use nodemedic_api::{healthcheck::NodeHealthCheck, self_remediation::SelfNodeRemediation};
 use nodemedic_lab::{Lab, LabConfig, wait};
 use serde::Serialize;
 use serde_json::json;
@@ -80,7 +80,7 @@ pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
 }
 
 async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
-    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(LabConfig::fleet(nodes)).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
     scenario::configure_with(&lab, NO_AGENTS_CONFIG).await?;

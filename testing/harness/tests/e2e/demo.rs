@@ -10,11 +10,11 @@ use crate::text;
 #[test]
 fn the_demo_narrates_a_safe_recovery_in_order_and_writes_its_report() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = Command::new(env!("CARGO_BIN_EXE_nodemedic"))
+    let out = Command::new(env!("CARGO_BIN_EXE_nodemedic-lab"))
         .args(["demo", "--report-dir"])
         .arg(dir.path())
         .output()
-        .expect("nodemedic demo runs");
+        .expect("nodemedic-lab demo runs");
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     let narration = [

@@ -24,7 +24,7 @@ impl LabLock {
                 Ok(lock) => return Ok(Self { _lock: lock }),
                 Err((file, _)) => file,
             };
-            tracing::info!("another lab is running on this machine; waiting for it to finish (`nodemedic lab down` stops a lab started by hand)");
+            tracing::info!("another lab is running on this machine; waiting for it to finish (`nodemedic-lab down` stops a lab started by hand)");
             Flock::lock(file, FlockArg::LockExclusive)
                 .map(|lock| Self { _lock: lock })
                 .map_err(|(_, e)| crate::Error::Io { what: "locking /run/nodemedic/lab.lock".into(), source: e.into() })

@@ -1,6 +1,6 @@
 //! Running trial plans in labs: one lab per shape, kept for consecutive trials of that shape
 //! while it stays sound; per trial, the faults at their times, everything healed and the lab's
-//! nodes restored, a bounded wait for recovery, then the verdict. `nodemedic chaos` and the
+//! nodes restored, a bounded wait for recovery, then the verdict. `nodemedic-lab chaos` and the
 //! end-to-end test run this.
 
 mod act;

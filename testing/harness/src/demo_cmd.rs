@@ -1,4 +1,4 @@
-//! `nodemedic demo`: the seed blog's scenario in a lab. Three nodes (each control-plane and
+//! `nodemedic-lab demo`: the seed blog's scenario in a lab. Three nodes (each control-plane and
 //! worker), nodemedic installed (controller, an agent per node), the seed NodeHealthCheck, a
 //! one-replica StatefulSet with a ReadWriteOnce volume (the stand-in for a VM) on one node. That
 //! node loses power; the demo narrates each step as it happens, ends with the timeline and the
@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::Args;
-use nodemedic::{
+use nodemedic_harness::{
     report::Report,
     scenario::{self, NS},
     story::{self, Milestone, Subject},
@@ -47,7 +47,7 @@ fn durations(manifest: &mut serde_json::Value, seconds: Option<u32>) {
 }
 
 async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("locating the nodemedic binary")?;
+    let exe = nodemedic_harness::product::nodemedic()?;
     let shortened = (!args.default_timings).then_some(5);
     let mut config = LabConfig::seed();
     if args.default_timings {
@@ -156,7 +156,7 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let violations: Vec<String> = witness::check(&entries).iter().map(|v| v.to_string()).collect();
     let report = Report {
         title: format!(
-            "nodemedic demo: {node} dies, {} brings db-0 back",
+            "nodemedic-lab demo: {node} dies, {} brings db-0 back",
             if args.fence_agents {
                 "fence agents (Redfish)"
             } else {

@@ -1,0 +1,12 @@
+//! nodemedic's test tooling around the lab: the steps that install nodemedic into a lab and run
+//! the stateful stand-in for a VM ([`scenario`]), the story of a node failure read from the lab
+//! timeline ([`story`], [`report`]), the benchmarks' measures ([`bench`]) and the fault campaign
+//! ([`chaos`]). Shared by the `nodemedic-lab` executable and the end-to-end tests; nothing here
+//! ships in an image.
+
+pub mod bench;
+pub mod chaos;
+pub mod product;
+pub mod report;
+pub mod scenario;
+pub mod story;

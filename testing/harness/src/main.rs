@@ -1,0 +1,45 @@
+//! `nodemedic-lab`: nodemedic's test tooling in one executable. A lab cluster on this machine
+//! (real control plane, simulated nodes) and its faults, the demo, the benchmarks and the fault
+//! campaign. It runs the product's `nodemedic` executables, built next to it; none of this ships.
+
+use clap::{Parser, Subcommand};
+
+mod bench_cmd;
+mod chaos_cmd;
+mod demo_cmd;
+mod interruptible;
+mod lab_cmd;
+
+#[derive(Parser)]
+#[command(
+    name = "nodemedic-lab",
+    version,
+    about = "A lab cluster on this machine to try nodemedic in, its demo, benchmarks and fault campaign"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Lab(lab_cmd::LabCommand),
+    /// A lab with nodemedic installed: a node dies, its stateful workload comes back elsewhere.
+    Demo(demo_cmd::DemoArgs),
+    /// Time to safe recovery, per path and strategy, over N crash trials (writes a report).
+    Bench(bench_cmd::BenchArgs),
+    /// The fault campaign: seeded random trials of mixed faults, each judged (writes a report).
+    Chaos(chaos_cmd::ChaosArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    // One crypto provider for every TLS user in the process (kube, the BMCs' clients): ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match Cli::parse().command {
+        Command::Lab(command) => lab_cmd::run(command),
+        Command::Demo(args) => demo_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
+        Command::Chaos(args) => chaos_cmd::run(args),
+    }
+}

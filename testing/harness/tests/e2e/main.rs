@@ -1,0 +1,43 @@
+//! End-to-end tests of nodemedic's executables against lab clusters. The product's `nodemedic`
+//! is run from the same target directory: build it first (`cargo build -p nodemedic --bins`;
+//! `make test` does).
+
+mod chaos;
+mod chart;
+mod demo;
+mod fenceagents;
+mod fencing_means;
+mod healthcheck;
+mod lab_cli;
+mod maintenance;
+mod membership;
+mod outages;
+mod selfremediation;
+mod status;
+pub mod support;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+/// The product's all-in-one executable.
+pub fn nodemedic_exe() -> PathBuf {
+    nodemedic_harness::product::nodemedic().expect("the product's nodemedic executable is built")
+}
+
+/// The test tooling's executable: the lab playground, demo, bench and chaos.
+pub fn nodemedic_lab(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodemedic-lab"))
+        .args(args)
+        .output()
+        .expect("nodemedic-lab runs")
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
