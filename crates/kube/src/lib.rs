@@ -5,6 +5,7 @@
 pub mod client;
 pub mod conditions;
 pub mod events;
+pub mod finalizers;
 pub mod leader;
 pub mod logging;
 pub mod metrics_server;

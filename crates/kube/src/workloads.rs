@@ -60,7 +60,7 @@ pub async fn force_delete_pods(client: &Client, pods: &[Pod]) -> Result<()> {
 ///
 /// Best effort: without it the release still completes, only later (for example when the
 /// ClusterRole lacks `nodes/status`, as before an upgrade re-applies it).
-pub async fn clear_volumes_in_use(client: &Client, node: &str) {
+async fn clear_volumes_in_use(client: &Client, node: &str) {
     if let Err(error) = try_clear_volumes_in_use(client, node).await {
         tracing::warn!(%node, %error, "could not clear the node's volumes in use; the attach-detach controller will detach at its next resync");
     }
@@ -83,12 +83,18 @@ async fn try_clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn delete_attachments(client: &Client, attachments: &[VolumeAttachment]) -> Result<()> {
+/// Releases a fenced node's volumes for other nodes: clears the node's volumes in use (see
+/// `clear_volumes_in_use`) and deletes its attachments not already being deleted. Returns how
+/// many it deleted.
+pub async fn release_attachments(client: &Client, node: &str, attachments: &[VolumeAttachment]) -> Result<usize> {
+    clear_volumes_in_use(client, node).await;
     let api = Api::<VolumeAttachment>::all(client.clone());
-    for va in attachments {
+    let mut deleted = 0;
+    for va in attachments.iter().filter(|va| va.metadata.deletion_timestamp.is_none()) {
         delete_if_present(&api, &va.name_any(), &DeleteParams::default()).await?;
+        deleted += 1;
     }
-    Ok(())
+    Ok(deleted)
 }
 
 pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<()>

@@ -91,7 +91,7 @@ async fn act(
                     .await;
             }
             forget_drain(ctx, nm);
-            remove_finalizer(api, nm).await?;
+            nodemedic_kube::finalizers::remove(api, nm, finalizers::NODE_MAINTENANCE).await?;
             ctx.events
                 .normal(
                     &on,
@@ -351,21 +351,4 @@ async fn add_finalizer_and_owner(api: &Api<NodeMaintenance>, nm: &NodeMaintenanc
     api.patch(&nm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
-}
-
-async fn remove_finalizer(api: &Api<NodeMaintenance>, nm: &NodeMaintenance) -> Result<()> {
-    let finalizers: Vec<&String> = nm
-        .finalizers()
-        .iter()
-        .filter(|f| f.as_str() != finalizers::NODE_MAINTENANCE)
-        .collect();
-    let patch = json!({"metadata": {"resourceVersion": nm.resource_version(), "finalizers": finalizers}});
-    match api
-        .patch(&nm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }

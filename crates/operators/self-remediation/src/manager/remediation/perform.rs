@@ -4,17 +4,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::controller::Action,
-};
+use kube::{Api, ResourceExt, runtime::controller::Action};
 use nodemedic_api::{
     names::{conditions as types, finalizers, labels, taints as keys},
     self_remediation::{RemediationStrategy, SelfNodeRemediation},
 };
 use nodemedic_kube::{taints, workloads};
-use serde_json::json;
 
 use super::{
     Context,
@@ -62,15 +57,7 @@ pub async fn perform(
                 .await;
         }
         Step::RemoveFinalizer => {
-            let kept: Vec<String> = snr
-                .finalizers()
-                .iter()
-                .filter(|f| *f != finalizers::SNR)
-                .cloned()
-                .collect();
-            let patch = json!({"metadata": {"finalizers": kept, "resourceVersion": snr.resource_version()}});
-            api.patch(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            nodemedic_kube::finalizers::remove(api, snr, finalizers::SNR).await?;
             ctx.observed
                 .lock()
                 .map_err(|_| Error::Poisoned)?
@@ -144,11 +131,7 @@ pub async fn perform(
             return Ok(Some(Action::requeue(Duration::from_secs(10))));
         }
         Step::AddFinalizer => {
-            let mut all = snr.finalizers().to_vec();
-            all.push(finalizers::SNR.to_owned());
-            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": snr.resource_version()}});
-            api.patch(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            nodemedic_kube::finalizers::add(api, snr, finalizers::SNR).await?;
             events.normal(&on, "AddFinalizer", "added the finalizer").await;
         }
         Step::AddNoScheduleTaint => {
@@ -298,13 +281,12 @@ pub async fn perform(
         }
         Step::DeleteAttachments => {
             let vas = workloads::attachments(&ctx.client, node).await?;
-            workloads::clear_volumes_in_use(&ctx.client, node).await;
-            workloads::delete_attachments(&ctx.client, &vas).await?;
+            let deleted = workloads::release_attachments(&ctx.client, node, &vas).await?;
             events
                 .normal(
                     &on,
                     "DeleteResources",
-                    format!("deleted {} volume attachments of fenced node {node}", vas.len()),
+                    format!("deleted {deleted} volume attachments of fenced node {node}"),
                 )
                 .await;
         }

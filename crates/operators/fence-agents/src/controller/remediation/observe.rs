@@ -1,0 +1,111 @@
+//! Reads what the decision needs: the remediation, its node and taints, the agent's checked
+//! options while it is live, and the node's pods and volume attachments while it releases them.
+
+use k8s_openapi::api::{core::v1::Node, core::v1::Pod, storage::v1::VolumeAttachment};
+use kube::{Api, ResourceExt};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    names::{annotations, finalizers, taints as keys},
+};
+use nodemedic_kube::{taints, workloads};
+
+use super::super::{Context, options};
+use crate::{
+    Result,
+    decide::fencing::{Facts, Step},
+};
+
+pub struct Observed {
+    pub current: FenceAgentsRemediation,
+    pub node: String,
+    pub uid: String,
+    /// The agent's options and metadata, or why they cannot be used; only while live.
+    pub checked: std::result::Result<options::Checked, String>,
+    pub pods: Vec<Pod>,
+    pub attachments: Vec<VolumeAttachment>,
+    pub facts: Facts,
+}
+
+/// `None` once the remediation is gone.
+pub async fn observe(
+    api: &Api<FenceAgentsRemediation>,
+    name: &str,
+    namespace: &str,
+    ctx: &Context,
+) -> Result<Option<Observed>> {
+    let Some(current) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let node = node_name(&current);
+    let uid = current.uid().unwrap_or_default();
+    let step = current_step(&current);
+    let deleting = current.metadata.deletion_timestamp.is_some();
+    let live = !deleting && !step.finished();
+    let node_object = Api::<Node>::all(ctx.client.clone()).get_opt(&node).await?;
+    let node_taints = node_object
+        .as_ref()
+        .and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let checked = if live {
+        options::for_node(&ctx.client, &ctx.agents, namespace, &current.spec, &node).await?
+    } else {
+        Err("not needed".into())
+    };
+    let (pods, attachments) = if live && step == Step::RecoveringWorkloads {
+        (
+            workloads::pods(&ctx.client, &node).await?,
+            workloads::attachments(&ctx.client, &node).await?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let facts = Facts {
+        deleting,
+        timed_out_by_health_check: current.annotations().contains_key(annotations::NHC_TIMED_OUT),
+        node_exists: node_object.is_some(),
+        has_finalizer: nodemedic_kube::finalizers::has(&current, finalizers::FAR),
+        has_remediation_taint: taints::has(&node_taints, keys::FAR_KEY, "NoSchedule"),
+        has_out_of_service_taint: taints::has(&node_taints, keys::OUT_OF_SERVICE_KEY, "NoExecute"),
+        parameters: checked.as_ref().map(|c| c.options.action).map_err(Clone::clone),
+        strategy: current.spec.remediation_strategy,
+        step,
+        run: ctx.runs.state(&uid),
+        pods_left: pods.len(),
+        attachments_left: attachments.len(),
+    };
+    Ok(Some(Observed {
+        current,
+        node,
+        uid,
+        checked,
+        pods,
+        attachments,
+        facts,
+    }))
+}
+
+/// medik8s: the node-name annotation, else the CR's name.
+pub fn node_name(far: &FenceAgentsRemediation) -> String {
+    far.annotations()
+        .get(annotations::NODE_NAME)
+        .cloned()
+        .unwrap_or_else(|| far.name_any())
+}
+
+fn current_step(far: &FenceAgentsRemediation) -> Step {
+    let status = far.status.as_ref();
+    if let Some(step) = status.and_then(|s| s.step.as_deref()) {
+        return Step::parse(Some(step));
+    }
+    let condition = |type_| {
+        status
+            .and_then(|s| s.conditions.as_deref())
+            .and_then(|c| nodemedic_kube::conditions::find(c, type_))
+            .map(|c| c.status.as_str())
+    };
+    Step::from_conditions(
+        condition(nodemedic_api::names::conditions::SUCCEEDED),
+        condition(nodemedic_api::names::conditions::FENCE_AGENT_ACTION_SUCCEEDED),
+    )
+}
