@@ -4,12 +4,22 @@ use std::time::Duration;
 
 use kube::{Client, Config};
 
+use crate::CallContext;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot find a Kubernetes configuration (in-cluster, or KUBECONFIG / ~/.kube/config): {0}")]
     Config(#[from] kube::config::InferConfigError),
     #[error("Kubernetes API request failed: {0}")]
     Kube(#[from] kube::Error),
+    /// A request that failed, named (see [`crate::context::CallContext`]): a log line says which
+    /// of a reconcile's many requests it was.
+    #[error("{call}: {source}")]
+    Call {
+        call: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("leader election failed: {0}")]
     Leader(#[from] kube_lease_manager::LeaseManagerError),
     #[error("node lease {lease} is held by {holder}")]
@@ -24,6 +34,32 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// A failed request named after what it was for; [`crate::CallContext`] on a whole result.
+    pub fn call(call: impl Into<String>, source: kube::Error) -> Self {
+        Self::Call {
+            call: call.into(),
+            source,
+        }
+    }
+
+    /// The API request's own error, named or not.
+    pub fn kube(&self) -> Option<&kube::Error> {
+        match self {
+            Self::Kube(source) | Self::Call { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The status code of the API server's answer, when it answered with an error.
+    pub fn api_status(&self) -> Option<u16> {
+        match self.kube()? {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
 /// The configuration this process should use: in-cluster, or KUBECONFIG / ~/.kube/config.
 pub async fn infer_config() -> Result<Config> {
     Ok(Config::infer().await?)
@@ -31,7 +67,7 @@ pub async fn infer_config() -> Result<Config> {
 
 /// The client controllers use: kube's defaults (retries on 429/503/504 with backoff).
 pub fn client(config: Config) -> Result<Client> {
-    Ok(Client::try_from(config)?)
+    Client::try_from(config).context("building the Kubernetes client")
 }
 
 /// A client whose every request fails fast and deterministically, for reachability probes and
@@ -42,11 +78,11 @@ pub fn fail_fast_client(mut config: Config, timeout: Duration) -> Result<Client>
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
-    Ok(Client::try_from(config)?)
+    Client::try_from(config).context("building the Kubernetes client")
 }
 
 /// A client that does not retry but keeps kube's default timeouts (watches stay open).
 pub fn no_retry_client(mut config: Config) -> Result<Client> {
     config.default_retry = false;
-    Ok(Client::try_from(config)?)
+    Client::try_from(config).context("building the Kubernetes client")
 }

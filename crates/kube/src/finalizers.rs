@@ -10,12 +10,13 @@ use kube::{
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::Result;
+use crate::{CallContext, Result};
 
 /// Adds `finalizer` (if missing) and returns the updated object.
 pub async fn add<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
 {
     if has(object, finalizer) {
         return Ok(object.clone());
@@ -29,6 +30,7 @@ where
 pub async fn remove<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<bool>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
 {
     if !has(object, finalizer) {
         return Ok(false);
@@ -41,7 +43,7 @@ where
         .collect();
     match write(api, object, kept).await {
         Ok(_) => Ok(true),
-        Err(crate::Error::Kube(kube::Error::Api(status))) if status.code == 404 => Ok(false),
+        Err(error) if error.api_status() == Some(404) => Ok(false),
         Err(error) => Err(error),
     }
 }
@@ -53,9 +55,17 @@ pub fn has<K: Resource>(object: &K, finalizer: &str) -> bool {
 async fn write<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
 {
+    let name = object.name_any();
     let patch = json!({"metadata": {"resourceVersion": object.resource_version(), "finalizers": finalizers}});
-    Ok(api
-        .patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            let kind = K::kind(&K::DynamicType::default()).into_owned();
+            match object.namespace() {
+                Some(namespace) => format!("patching the finalizers of {kind} {namespace}/{name}"),
+                None => format!("patching the finalizers of {kind} {name}"),
+            }
+        })
 }

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod conditions;
+pub mod context;
 pub mod events;
 pub mod finalizers;
 pub mod leader;
@@ -17,3 +18,4 @@ pub mod time;
 pub mod workloads;
 
 pub use client::{Error, Result};
+pub use context::CallContext;

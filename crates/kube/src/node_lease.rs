@@ -17,7 +17,7 @@ use kube::{
 };
 use nodemedic_api::names::leases;
 
-use crate::{Error, Result};
+use crate::{CallContext, Error, Result};
 
 /// What a lease looks like to the decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,7 +99,11 @@ impl NodeLeases {
     /// Creates the lease namespace when missing (medik8s does this at start).
     pub async fn ensure_namespace(&self) -> Result<()> {
         let api: Api<Namespace> = Api::all(self.client.clone());
-        if api.get_opt(leases::NAMESPACE).await?.is_none() {
+        let existing = api
+            .get_opt(leases::NAMESPACE)
+            .await
+            .with_context(|| format!("reading namespace {}", leases::NAMESPACE))?;
+        if existing.is_none() {
             let ns = Namespace {
                 metadata: ObjectMeta {
                     name: Some(leases::NAMESPACE.into()),
@@ -110,14 +114,18 @@ impl NodeLeases {
             match api.create(&PostParams::default(), &ns).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e).with_context(|| format!("creating namespace {}", leases::NAMESPACE)),
             }
         }
         Ok(())
     }
 
     pub async fn get(&self, node: &str) -> Result<Option<Lease>> {
-        Ok(self.api.get_opt(&leases::node_lease_name(node)).await?)
+        let name = leases::node_lease_name(node);
+        self.api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading node lease {}/{name}", leases::NAMESPACE))
     }
 
     /// The valid holder of the node's lease right now.
@@ -130,7 +138,11 @@ impl NodeLeases {
     /// `Error::LeaseHeld` when another holder has a valid lease.
     pub async fn request(&self, node: &str, node_uid: &str, holder: &str, duration: Duration) -> Result<()> {
         let name = leases::node_lease_name(node);
-        let existing = self.api.get_opt(&name).await?;
+        let existing = self
+            .api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading node lease {}/{name}", leases::NAMESPACE))?;
         let now = Timestamp::now();
         let decision = decide(existing.as_ref().map(view).as_ref(), holder, duration / 2, now);
         match (decision, existing) {
@@ -145,21 +157,28 @@ impl NodeLeases {
                         &PostParams::default(),
                         &new_lease(node, node_uid, holder, duration, now),
                     )
-                    .await?;
+                    .await
+                    .with_context(|| format!("creating node lease {}/{name}", leases::NAMESPACE))?;
                 Ok(())
             }
             (LeaseDecision::Renew, Some(mut lease)) => {
                 let old = lease.spec.take().unwrap_or_default();
                 let transitions = old.lease_transitions.unwrap_or(0);
                 lease.spec = Some(spec(holder, duration, now, transitions, old.acquire_time));
-                self.api.replace(&name, &PostParams::default(), &lease).await?;
+                self.api
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                    .with_context(|| format!("renewing node lease {}/{name}", leases::NAMESPACE))?;
                 Ok(())
             }
             (LeaseDecision::TakeOver, Some(mut lease)) => {
                 let old = lease.spec.take().unwrap_or_default();
                 let transitions = old.lease_transitions.unwrap_or(0) + 1;
                 lease.spec = Some(spec(holder, duration, now, transitions, None));
-                self.api.replace(&name, &PostParams::default(), &lease).await?;
+                self.api
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                    .with_context(|| format!("taking over node lease {}/{name}", leases::NAMESPACE))?;
                 Ok(())
             }
         }
@@ -174,14 +193,25 @@ impl NodeLeases {
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => self.request(node, node_uid, holder, duration).await,
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e).with_context(|| {
+                format!(
+                    "creating node lease {}/{}",
+                    leases::NAMESPACE,
+                    leases::node_lease_name(node)
+                )
+            }),
         }
     }
 
     /// Releases our lease (deletes it). Someone else's valid lease is left alone and reported.
     pub async fn invalidate(&self, node: &str, holder: &str) -> Result<()> {
         let name = leases::node_lease_name(node);
-        let Some(lease) = self.api.get_opt(&name).await? else {
+        let Some(lease) = self
+            .api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading node lease {}/{name}", leases::NAMESPACE))?
+        else {
             return Ok(());
         };
         let view = view(&lease);
@@ -206,7 +236,7 @@ impl NodeLeases {
                         lease: name,
                         holder: "someone who changed it since it was read".into(),
                     }),
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err(e).with_context(|| format!("deleting node lease {}/{name}", leases::NAMESPACE)),
                 }
             }
         }

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{Error, Result};
+use crate::{CallContext, Error, Result};
 
 pub fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
     Taint {
@@ -46,7 +46,11 @@ pub fn without(taints: &[Taint], key: &str, effect: &str) -> Option<Vec<Taint>> 
 pub async fn update(api: &Api<Node>, node: &str, edit: impl Fn(&[Taint]) -> Option<Vec<Taint>>) -> Result<bool> {
     const ATTEMPTS: u32 = 8;
     for _ in 0..ATTEMPTS {
-        let Some(current) = api.get_opt(node).await? else {
+        let Some(current) = api
+            .get_opt(node)
+            .await
+            .with_context(|| format!("reading node {node} to edit its taints"))?
+        else {
             return Ok(false);
         };
         let taints = current.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
@@ -58,7 +62,7 @@ pub async fn update(api: &Api<Node>, node: &str, edit: impl Fn(&[Taint]) -> Opti
         match api.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e).with_context(|| format!("patching the taints of node {node}")),
         }
     }
     Err(Error::Conflict {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
-use crate::{Error, Result};
+use crate::{CallContext, Error, Result};
 
 pub fn now() -> Time {
     Time(jiff::Timestamp::now())
@@ -37,7 +37,10 @@ pub async fn server_now(client: &kube::Client) -> Result<jiff::Timestamp> {
     let request = http::Request::get("/version")
         .body(kube::client::Body::from(Vec::new()))
         .map_err(|e| Error::ServerClock(e.to_string()))?;
-    let response = client.send(request).await?;
+    let response = client
+        .send(request)
+        .await
+        .context("reading the API server's clock (GET /version)")?;
     let date = response
         .headers()
         .get(http::header::DATE)

@@ -11,14 +11,15 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::Result;
+use crate::{CallContext, Result};
 
 /// Pods bound to the node, except DaemonSet pods (their controller puts them straight back and
 /// they belong to the node, not to a workload that could run twice).
 pub async fn pods(client: &Client, node: &str) -> Result<Vec<Pod>> {
     let pods = Api::<Pod>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await?;
+        .await
+        .with_context(|| format!("listing the pods on node {node}"))?;
     Ok(pods
         .items
         .into_iter()
@@ -29,7 +30,8 @@ pub async fn pods(client: &Client, node: &str) -> Result<Vec<Pod>> {
 pub async fn attachments(client: &Client, node: &str) -> Result<Vec<VolumeAttachment>> {
     let all = Api::<VolumeAttachment>::all(client.clone())
         .list(&ListParams::default())
-        .await?;
+        .await
+        .context("listing VolumeAttachments")?;
     Ok(all.items.into_iter().filter(|va| va.spec.node_name == node).collect())
 }
 
@@ -40,8 +42,10 @@ pub async fn force_delete_pods(client: &Client, pods: &[Pod]) -> Result<()> {
         ..Default::default()
     };
     for pod in pods {
-        let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-        delete_if_present(&api, &pod.name_any(), &force).await?;
+        let namespace = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let api = Api::<Pod>::namespaced(client.clone(), &namespace);
+        delete_if_present(&api, &name, &force, || format!("force-deleting pod {namespace}/{name}")).await?;
     }
     Ok(())
 }
@@ -71,7 +75,7 @@ async fn try_clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
     let reported = match nodes.get_status(node).await {
         Ok(n) => n.status.and_then(|s| s.volumes_in_use).unwrap_or_default(),
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e).with_context(|| format!("reading the status of node {node}")),
     };
     if reported.is_empty() {
         return Ok(());
@@ -79,7 +83,8 @@ async fn try_clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
     let patch = json!({"status": {"volumesInUse": null}});
     nodes
         .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+        .await
+        .with_context(|| format!("clearing the volumes in use of node {node}"))?;
     Ok(())
 }
 
@@ -91,19 +96,29 @@ pub async fn release_attachments(client: &Client, node: &str, attachments: &[Vol
     let api = Api::<VolumeAttachment>::all(client.clone());
     let mut deleted = 0;
     for va in attachments.iter().filter(|va| va.metadata.deletion_timestamp.is_none()) {
-        delete_if_present(&api, &va.name_any(), &DeleteParams::default()).await?;
+        let name = va.name_any();
+        delete_if_present(&api, &name, &DeleteParams::default(), || {
+            format!("deleting VolumeAttachment {name}")
+        })
+        .await?;
         deleted += 1;
     }
     Ok(deleted)
 }
 
-pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<()>
+/// Deletes `name`; one already gone is not an error. `call` names the request in the error.
+pub async fn delete_if_present<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+    call: impl FnOnce() -> String,
+) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     match api.delete(name, params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e).with_context(call),
     }
 }

@@ -1,7 +1,5 @@
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
     #[error(transparent)]
     Support(#[from] nodemedic_kube::Error),
     #[error("{0} has no namespace")]
@@ -15,7 +13,8 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Kube(_) => "kube",
+            // Kubernetes API errors arrive inside nodemedic_kube's error, named by its CallContext.
+            Self::Support(e) if e.kube().is_some() => "kube",
             Self::Support(_) => "support",
             Self::Unnamespaced(_) => "unnamespaced",
             Self::Agent(_) => "agent",

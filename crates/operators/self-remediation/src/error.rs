@@ -2,8 +2,6 @@ use crate::watchdog::WatchdogError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
     #[error(transparent)]
     Support(#[from] nodemedic_kube::Error),
     #[error(transparent)]
@@ -24,7 +22,8 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Kube(_) => "kube",
+            // Kubernetes API errors arrive inside nodemedic_kube's error, named by its CallContext.
+            Self::Support(e) if e.kube().is_some() => "kube",
             Self::Support(_) => "support",
             Self::Watchdog(_) => "watchdog",
             Self::Certificate(_) => "certificate",

@@ -10,6 +10,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use nodemedic_kube::CallContext;
 
 use crate::protocol::{
     manager::{Means, Registration},
@@ -36,11 +37,12 @@ pub fn registrations_and_membership_selector() -> String {
 }
 
 /// The registration Leases and the membership Lease, in one list.
-pub async fn list(client: &kube::Client, namespace: &str) -> kube::Result<Vec<Lease>> {
+pub async fn list(client: &kube::Client, namespace: &str) -> nodemedic_kube::Result<Vec<Lease>> {
     let selector = kube::api::ListParams::default().labels(&registrations_and_membership_selector());
     Ok(kube::Api::<Lease>::namespaced(client.clone(), namespace)
         .list(&selector)
-        .await?
+        .await
+        .with_context(|| format!("listing the registration and membership Leases in {namespace}"))?
         .items)
 }
 

@@ -7,6 +7,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use nodemedic_api::fence_agents::{DEFAULT_SHARED_SECRET_NAME, FenceAgentsRemediationSpec};
+use nodemedic_kube::CallContext;
 
 use crate::{
     Result,
@@ -37,15 +38,17 @@ pub async fn for_node(
     };
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let shared_secret = match &spec.shared_secret_name {
-        Some(name) => match read(&secrets, name).await? {
+        Some(name) => match read(&secrets, namespace, name).await? {
             Some(values) => values,
             None => return Ok(Err(missing(name, namespace, "sharedSecretName"))),
         },
         // medik8s's old default applies only when that Secret exists.
-        None => read(&secrets, DEFAULT_SHARED_SECRET_NAME).await?.unwrap_or_default(),
+        None => read(&secrets, namespace, DEFAULT_SHARED_SECRET_NAME)
+            .await?
+            .unwrap_or_default(),
     };
     let node_secret = match spec.node_secret_names.get(node) {
-        Some(name) => match read(&secrets, name).await? {
+        Some(name) => match read(&secrets, namespace, name).await? {
             Some(values) => values,
             None => return Ok(Err(missing(name, namespace, &format!("nodeSecretNames[{node}]")))),
         },
@@ -73,8 +76,12 @@ fn missing(name: &str, namespace: &str, field: &str) -> String {
     )
 }
 
-async fn read(secrets: &Api<Secret>, name: &str) -> Result<Option<BTreeMap<String, String>>> {
-    let Some(secret) = secrets.get_opt(name).await? else {
+async fn read(secrets: &Api<Secret>, namespace: &str, name: &str) -> Result<Option<BTreeMap<String, String>>> {
+    let Some(secret) = secrets
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading Secret {namespace}/{name}"))?
+    else {
         return Ok(None);
     };
     let mut values: BTreeMap<String, String> = secret

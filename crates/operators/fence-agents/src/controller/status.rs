@@ -9,7 +9,7 @@ use nodemedic_api::{
     fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationStatus},
     names::conditions as types,
 };
-use nodemedic_kube::conditions;
+use nodemedic_kube::{CallContext, conditions};
 use serde_json::json;
 
 use crate::{Result, decide::fencing};
@@ -51,7 +51,14 @@ pub async fn write(
     }
     let patch = json!({"metadata": {"resourceVersion": far.resource_version()}, "status": status});
     api.patch_status(&far.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+        .await
+        .with_context(|| {
+            let namespace = far.namespace().unwrap_or_default();
+            format!(
+                "writing the status of FenceAgentsRemediation {namespace}/{}",
+                far.name_any()
+            )
+        })?;
     Ok(true)
 }
 

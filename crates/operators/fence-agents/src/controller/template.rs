@@ -14,7 +14,7 @@ use nodemedic_api::{
     fence_agents::{FenceAgentsRemediationTemplate, FenceAgentsRemediationTemplateStatus},
     names::{annotations, conditions as types},
 };
-use nodemedic_kube::conditions;
+use nodemedic_kube::{CallContext, conditions};
 use serde_json::json;
 
 use super::{Context, options};
@@ -37,7 +37,11 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
         // templates, since each remediation is named apart from its node.
         let patch = json!({"metadata": {"annotations": {annotations::MULTIPLE_TEMPLATES_SUPPORT: "true"}}});
         api.patch(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+            .with_context(|| {
+                let name = template.name_any();
+                format!("annotating FenceAgentsRemediationTemplate {namespace}/{name} for multiple templates")
+            })?;
         // The patch is a new version: its watch event brings the reconcile that validates.
         return Ok(Action::await_change());
     }
@@ -209,6 +213,13 @@ async fn write(
 ) -> Result<()> {
     let patch = json!({"metadata": {"resourceVersion": template.resource_version()}, "status": status});
     api.patch_status(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+        .await
+        .with_context(|| {
+            let namespace = template.namespace().unwrap_or_default();
+            format!(
+                "writing the status of FenceAgentsRemediationTemplate {namespace}/{}",
+                template.name_any()
+            )
+        })?;
     Ok(())
 }

@@ -211,7 +211,10 @@ impl Apply<'_> {
             }
             // Someone (a previous leader, another check) made it already; the watch will tell.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) => {
+                let call = format!("creating a {} for node {}", new.kind, new.node);
+                Err(nodemedic_kube::Error::call(call, e).into())
+            }
         }
     }
 
@@ -234,7 +237,7 @@ impl Apply<'_> {
                     Ok(_) | Err(kube::Error::Api(_)) => {
                         tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated")
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(nodemedic_kube::Error::call(format!("annotating {id} with {key}"), e).into()),
                 }
             }
         }
@@ -252,7 +255,7 @@ impl Apply<'_> {
             {
                 Ok(_) => tracing::info!(nhc = %self.name, object = %id, "deleted remediation"),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(nodemedic_kube::Error::call(format!("deleting {id}"), e).into()),
             }
         }
         Ok(())

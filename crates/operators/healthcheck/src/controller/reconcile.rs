@@ -14,7 +14,7 @@ use kube::{
     runtime::controller::Action,
 };
 use nodemedic_api::{healthcheck::NodeHealthCheck, names::leases};
-use nodemedic_kube::{events::Events, node_lease::NodeLeases};
+use nodemedic_kube::{CallContext, events::Events, node_lease::NodeLeases};
 use serde_json::json;
 
 use super::{
@@ -295,7 +295,8 @@ async fn patch_status_if_changed(
     }
     new.last_update_time = Some(now);
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({ "status": new })))
-        .await?;
+        .await
+        .with_context(|| format!("writing the status of NodeHealthCheck {name}"))?;
     Ok(())
 }
 

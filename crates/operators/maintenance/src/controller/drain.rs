@@ -26,18 +26,22 @@ pub async fn pass(ctx: &Context, observed: &Observed) -> Result<Pass> {
             continue;
         }
         let api = Api::<Pod>::namespaced(ctx.evictions.clone(), &facts.namespace);
-        let result = match fate(&facts) {
+        let (result, call) = match fate(&facts) {
             Fate::Stay => continue,
             // The eviction client does not retry: a 429 from a budget comes straight back here
             // instead of hanging in the client's backoff.
-            Fate::Evict => api
-                .evict(&pod.name_any(), &EvictParams::default())
-                .await
-                .map(|_| "evicted"),
-            Fate::Delete => api
-                .delete(&pod.name_any(), &DeleteParams::default())
-                .await
-                .map(|_| "deleted"),
+            Fate::Evict => (
+                api.evict(&pod.name_any(), &EvictParams::default())
+                    .await
+                    .map(|_| "evicted"),
+                "evicting",
+            ),
+            Fate::Delete => (
+                api.delete(&pod.name_any(), &DeleteParams::default())
+                    .await
+                    .map(|_| "deleted"),
+                "deleting",
+            ),
         };
         let outcome = match result {
             Ok(done) => done,
@@ -52,7 +56,10 @@ pub async fn pass(ctx: &Context, observed: &Observed) -> Result<Pass> {
                 });
                 "blocked"
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let call = format!("{call} pod {}/{}", facts.namespace, facts.name);
+                return Err(nodemedic_kube::Error::call(call, e).into());
+            }
         };
         tracing::debug!(pod = %format!("{}/{}", facts.namespace, facts.name), outcome, "drain");
         Metrics::count(&ctx.metrics.evictions, outcome);

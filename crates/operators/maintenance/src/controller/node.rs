@@ -19,15 +19,16 @@ fn nodes(ctx: &Context) -> Api<Node> {
     Api::all(ctx.client.clone())
 }
 
-/// A merge patch on a node that may be gone (nothing to do then).
-async fn patch(ctx: &Context, node: &str, patch: Value) -> Result<()> {
+/// A merge patch on a node that may be gone (nothing to do then). `what` names it in an error:
+/// "{what} node {node}".
+async fn patch(ctx: &Context, node: &str, what: &str, patch: Value) -> Result<()> {
     match nodes(ctx)
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(nodemedic_kube::Error::call(format!("{what} node {node}"), e).into()),
     }
 }
 
@@ -36,6 +37,7 @@ pub async fn label(ctx: &Context, node: &str) -> Result<()> {
     patch(
         ctx,
         node,
+        "adding the exclude-from-remediation label to",
         json!({"metadata": {"labels": {labels::EXCLUDE_FROM_REMEDIATION: "true"}}}),
     )
     .await
@@ -49,8 +51,12 @@ pub async fn taint(ctx: &Context, node: &str) -> Result<()> {
 }
 
 pub async fn cordon(ctx: &Context, node: &str, unschedulable: bool) -> Result<()> {
-    let value = if unschedulable { json!(true) } else { Value::Null };
-    patch(ctx, node, json!({"spec": {"unschedulable": value}})).await
+    let (value, what) = if unschedulable {
+        (json!(true), "cordoning")
+    } else {
+        (Value::Null, "uncordoning")
+    };
+    patch(ctx, node, what, json!({"spec": {"unschedulable": value}})).await
 }
 
 /// Uncordons and removes the taints, the label and our lease; each step is a no-op when already
@@ -65,6 +71,7 @@ pub async fn give_back(ctx: &Context, node: &str) -> Result<()> {
     patch(
         ctx,
         node,
+        "removing the exclude-from-remediation label from",
         json!({"metadata": {"labels": {labels::EXCLUDE_FROM_REMEDIATION: null}}}),
     )
     .await?;

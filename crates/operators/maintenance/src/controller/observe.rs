@@ -10,7 +10,7 @@ use nodemedic_api::{
     maintenance::{MaintenancePhase, NodeMaintenance},
     names::{conditions as types, finalizers, labels, leases, taints},
 };
-use nodemedic_kube::{conditions, node_lease};
+use nodemedic_kube::{CallContext, conditions, node_lease};
 
 use super::Context;
 use crate::{
@@ -80,14 +80,19 @@ fn live_and_active(nm: &NodeMaintenance) -> bool {
 
 pub async fn observe(ctx: &Context, nm: &NodeMaintenance) -> Result<Observed> {
     let node_name = nm.spec.node_name.as_str();
-    let node = Api::<Node>::all(ctx.client.clone()).get_opt(node_name).await?;
+    let node = Api::<Node>::all(ctx.client.clone())
+        .get_opt(node_name)
+        .await
+        .with_context(|| format!("reading node {node_name}"))?;
     let pods = Api::<Pod>::all(ctx.client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
-        .await?
+        .await
+        .with_context(|| format!("listing the pods on node {node_name}"))?
         .items;
     let all = Api::<NodeMaintenance>::all(ctx.client.clone())
         .list(&ListParams::default())
-        .await?
+        .await
+        .context("listing NodeMaintenances")?
         .items;
     let others: Vec<&NodeMaintenance> = all
         .iter()
@@ -190,7 +195,8 @@ fn drain_timed_out(nm: &NodeMaintenance) -> bool {
 async fn etcd_members(ctx: &Context) -> Result<Vec<Member>> {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), "kube-system")
         .list(&ListParams::default().labels("component=etcd"))
-        .await?;
+        .await
+        .context("listing the etcd pods in kube-system")?;
     Ok(pods
         .items
         .iter()

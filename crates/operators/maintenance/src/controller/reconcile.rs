@@ -11,7 +11,7 @@ use nodemedic_api::{
     maintenance::{MaintenancePhase, NodeMaintenance, PodReference},
     names::{finalizers, leases},
 };
-use nodemedic_kube::events;
+use nodemedic_kube::{CallContext, events};
 use serde_json::json;
 
 use super::{
@@ -44,7 +44,11 @@ enum Next {
 pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Context>) -> Result<Action> {
     let api = Api::<NodeMaintenance>::all(ctx.client.clone());
     // The controller's copy may predate our own last write; acting on it would only conflict.
-    let Some(fresh) = api.get_opt(&nm.name_any()).await? else {
+    let Some(fresh) = api
+        .get_opt(&nm.name_any())
+        .await
+        .with_context(|| format!("reading NodeMaintenance {}", nm.name_any()))?
+    else {
         return Ok(Action::await_change());
     };
     let mut current = Arc::new(fresh);
@@ -54,7 +58,11 @@ pub async fn reconcile(nm: Arc<NodeMaintenance>, ctx: Arc<Context>) -> Result<Ac
         tracing::debug!(maintenance = %current.name_any(), node = %current.spec.node_name, ?step, "step");
         match act(&ctx, &api, &current, &observed, step).await? {
             Next::Done(action) => return Ok(action),
-            Next::Continue => match api.get_opt(&current.name_any()).await? {
+            Next::Continue => match api
+                .get_opt(&current.name_any())
+                .await
+                .with_context(|| format!("reading NodeMaintenance {}", current.name_any()))?
+            {
                 Some(fresh) => current = Arc::new(fresh),
                 None => return Ok(Action::await_change()),
             },
@@ -348,7 +356,9 @@ async fn add_finalizer_and_owner(api: &Api<NodeMaintenance>, nm: &NodeMaintenanc
         "finalizers": finalizers,
         "ownerReferences": owners,
     }});
-    api.patch(&nm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    let name = nm.name_any();
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("adding the finalizer and node owner to NodeMaintenance {name}"))?;
     Ok(())
 }

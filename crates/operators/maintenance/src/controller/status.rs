@@ -9,7 +9,7 @@ use nodemedic_api::{
     maintenance::{NodeMaintenance, NodeMaintenanceStatus, PodReference},
     names::conditions as types,
 };
-use nodemedic_kube::conditions;
+use nodemedic_kube::{CallContext, conditions};
 use serde_json::{Value, json};
 
 use crate::Result;
@@ -39,8 +39,10 @@ pub async fn write(
         }
     }
     let patch = json!({"metadata": {"resourceVersion": nm.resource_version()}, "status": fields});
-    api.patch_status(&nm.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    let name = nm.name_any();
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("writing the status of NodeMaintenance {name}"))?;
     Ok(true)
 }
 

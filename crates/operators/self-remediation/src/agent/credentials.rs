@@ -15,6 +15,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
+use nodemedic_kube::CallContext;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -107,7 +108,9 @@ async fn request(client: &Client, namespace: &str, node: &str) -> Result<PeerIde
         status: None,
     };
     let api = Api::<CertificateSigningRequest>::all(client.clone());
-    api.create(&PostParams::default(), &csr).await?;
+    api.create(&PostParams::default(), &csr)
+        .await
+        .with_context(|| format!("creating CertificateSigningRequest {name}"))?;
     tracing::info!(csr = %name, "asked nodemedic's signer for a peer certificate");
     let signed = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
@@ -137,7 +140,8 @@ async fn request(client: &Client, namespace: &str, node: &str) -> Result<PeerIde
     })??;
     let ca = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get(CA_CONFIGMAP)
-        .await?;
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{CA_CONFIGMAP}"))?;
     let ca_pem = ca
         .data
         .and_then(|d| d.get(CA_KEY).cloned())

@@ -12,6 +12,7 @@ use std::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::ListParams};
 use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
+use nodemedic_kube::CallContext;
 
 use super::{AgentArgs, metrics::Metrics, peers, publisher::Publisher};
 use crate::{
@@ -45,7 +46,8 @@ fn intents(list: &[SelfNodeRemediation], booted: Option<jiff::Timestamp>) -> Vec
 pub(super) async fn read_intents(fast: &Client, booted: Option<jiff::Timestamp>) -> Result<Vec<Intent>> {
     let list = Api::<SelfNodeRemediation>::all(fast.clone())
         .list(&ListParams::default())
-        .await?;
+        .await
+        .context("listing SelfNodeRemediations")?;
     Ok(intents(&list.items, booted))
 }
 

@@ -6,6 +6,7 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
 };
 use nodemedic_api::names::annotations;
+use nodemedic_kube::CallContext;
 use serde_json::json;
 
 use crate::{
@@ -34,11 +35,15 @@ pub async fn register(client: &Client, namespace: &str, published: &Published) -
     let api = Api::<Lease>::namespaced(client.clone(), namespace);
     let name = registration::lease_name(&published.node);
     let now = nodemedic_kube::time::micro_now();
-    match api.get_opt(&name).await? {
+    let existing = api
+        .get_opt(&name)
+        .await
+        .with_context(|| format!("reading registration Lease {namespace}/{name}"))?;
+    match existing {
         None => {
             let lease = Lease {
                 metadata: ObjectMeta {
-                    name: Some(name),
+                    name: Some(name.clone()),
                     labels: Some(published.labels()),
                     annotations: Some(published.annotations()),
                     owner_references: published.owner_references(),
@@ -50,7 +55,9 @@ pub async fn register(client: &Client, namespace: &str, published: &Published) -
                     ..Default::default()
                 }),
             };
-            api.create(&PostParams::default(), &lease).await?;
+            api.create(&PostParams::default(), &lease)
+                .await
+                .with_context(|| format!("creating registration Lease {namespace}/{name}"))?;
         }
         Some(existing) => {
             // Conditional on what was read: a write that lands late (its answer timed out) fails
@@ -64,7 +71,9 @@ pub async fn register(client: &Client, namespace: &str, published: &Published) -
                 metadata["ownerReferences"] = json!(owners);
             }
             let patch = json!({ "metadata": metadata, "spec": { "renewTime": now } });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("renewing registration Lease {namespace}/{name}"))?;
         }
     }
     Ok(())

@@ -22,6 +22,7 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams},
 };
+use nodemedic_kube::CallContext;
 use serde_json::json;
 use tokio::sync::oneshot;
 
@@ -97,17 +98,17 @@ async fn publish_disarmed(client: &Client, namespace: &str, node: &str, incarnat
         }),
     ]);
     let api = Api::<Lease>::namespaced(client.clone(), namespace);
+    let name = registration::lease_name(node);
     match api
-        .patch(
-            &registration::lease_name(node),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await
     {
         // Never registered: nothing counts on this node's watchdog.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        other => other.map(|_| ()).map_err(Into::into),
+        other => other
+            .map(|_| ())
+            .with_context(|| format!("marking registration Lease {namespace}/{name} disarmed"))
+            .map_err(Into::into),
     }
 }
 

@@ -13,7 +13,7 @@ use kube::{
     runtime::controller::Action,
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
-use nodemedic_kube::{conditions, events::Events};
+use nodemedic_kube::{CallContext, conditions, events::Events};
 use serde_json::json;
 
 use super::{Metrics, daemonset, membership};
@@ -158,7 +158,13 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
             patch["status"]["fencingMeans"][gone] = serde_json::Value::Null;
         }
         api.patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+            .with_context(|| {
+                format!(
+                    "writing the status of SelfNodeRemediationConfig {}/{CONFIG_NAME}",
+                    ctx.namespace
+                )
+            })?;
     }
     // Everything read here is watched (the config, its DaemonSet, the registrations, the
     // membership, the remediations): a change wakes this reconcile. No periodic pass: at rest
@@ -240,12 +246,18 @@ async fn ensure_daemonset(
     let mut desired = daemonset::render(&config.spec, &ctx.namespace, &ctx.image);
     desired.metadata.owner_references = config.controller_owner_ref(&()).map(|o| vec![o]);
     let hash = |d: &DaemonSet| d.annotations().get(daemonset::CONFIG_HASH).cloned();
-    match api.get_opt(daemonset::NAME).await? {
+    let existing = api
+        .get_opt(daemonset::NAME)
+        .await
+        .with_context(|| format!("reading DaemonSet {}/{}", ctx.namespace, daemonset::NAME))?;
+    match existing {
         Some(existing) if hash(&existing) == hash(&desired) => return Ok(()),
         Some(existing) if existing.metadata.deletion_timestamp.is_some() => return Ok(()),
         Some(_) => {
             // medik8s re-creates the agents on a config change; so does nodemedic.
-            api.delete(daemonset::NAME, &DeleteParams::foreground()).await?;
+            api.delete(daemonset::NAME, &DeleteParams::foreground())
+                .await
+                .with_context(|| format!("deleting DaemonSet {}/{}", ctx.namespace, daemonset::NAME))?;
             ctx.events
                 .normal(
                     on,
@@ -260,7 +272,10 @@ async fn ensure_daemonset(
     match api.create(&PostParams::default(), &desired).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(Error::from(e)),
+        Err(e) => {
+            let call = format!("creating DaemonSet {}/{}", ctx.namespace, daemonset::NAME);
+            Err(nodemedic_kube::Error::call(call, e).into())
+        }
     }
 }
 

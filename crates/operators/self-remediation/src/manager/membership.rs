@@ -11,7 +11,7 @@ use kube::{
     api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions},
 };
 use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{CallContext, events::Events};
 
 use super::Metrics;
 use crate::{
@@ -49,7 +49,8 @@ pub async fn read(client: &Client, namespace: &str) -> Result<Read> {
 async fn waits_running(client: &Client) -> Result<bool> {
     let list = Api::<SelfNodeRemediation>::all(client.clone())
         .list(&ListParams::default())
-        .await?;
+        .await
+        .context("listing SelfNodeRemediations")?;
     Ok(list.items.iter().any(|r| {
         let status = r.status.as_ref();
         crate::remediation_object::is_intent(r)
@@ -69,7 +70,13 @@ async fn orphaned(client: &Client, read: &Read) -> Result<BTreeMap<String, Optio
         let Some(node) = registration::Published::from_lease(lease).map(|p| p.node) else {
             continue;
         };
-        if !owned && nodes.get_opt(&node).await?.is_none() {
+        if !owned
+            && nodes
+                .get_opt(&node)
+                .await
+                .with_context(|| format!("reading node {node}"))?
+                .is_none()
+        {
             gone.insert(node, lease.uid());
         }
     }
@@ -120,7 +127,13 @@ pub async fn reconcile(
                     .await;
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(error) => return Err(error.into()),
+            Err(error) => {
+                let call = format!(
+                    "deleting the registration Lease {namespace}/{} of a gone node",
+                    registration::lease_name(node)
+                );
+                return Err(nodemedic_kube::Error::call(call, error).into());
+            }
         }
     }
     let desired: BTreeSet<String> = read
@@ -242,12 +255,14 @@ async fn write(leases: &Api<Lease>, membership: &Membership, version: Option<Str
     };
     // Conditional on what was read: two managers (a deposed leader) cannot both change it.
     match version {
-        None => leases.create(&PostParams::default(), &lease).await?,
-        Some(_) => {
-            leases
-                .replace(registration::MEMBERSHIP_LEASE, &PostParams::default(), &lease)
-                .await?
-        }
+        None => leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .with_context(|| format!("creating the membership Lease {}", registration::MEMBERSHIP_LEASE))?,
+        Some(_) => leases
+            .replace(registration::MEMBERSHIP_LEASE, &PostParams::default(), &lease)
+            .await
+            .with_context(|| format!("replacing the membership Lease {}", registration::MEMBERSHIP_LEASE))?,
     };
     Ok(())
 }

@@ -8,7 +8,7 @@ use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret},
 };
 use kube::{
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt,
     api::{ObjectMeta, PostParams},
 };
 use nodemedic_api::{
@@ -19,7 +19,10 @@ use nodemedic_api::{
         SelfNodeRemediationTemplateResource, SelfNodeRemediationTemplateSpec,
     },
 };
-use nodemedic_kube::pki::{Authority, Pem};
+use nodemedic_kube::{
+    CallContext,
+    pki::{Authority, Pem},
+};
 
 use crate::{
     Error, Result,
@@ -31,12 +34,16 @@ const CA_DAYS: i64 = 3650;
 /// Creates `object` unless it exists; never overwrites what a user changed.
 async fn create_once<K>(api: &Api<K>, object: &K) -> Result<bool>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     match api.create(&PostParams::default(), object).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
+        Err(e) => {
+            let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+            let call = format!("creating {} {namespace}/{}", K::kind(&()), object.name_any());
+            Err(nodemedic_kube::Error::call(call, e).into())
+        }
     }
 }
 
@@ -44,7 +51,11 @@ where
 /// published in a ConfigMap the agents read.
 pub async fn certificate_authority(client: &Client, namespace: &str) -> Result<Authority> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
-    let pem = match secrets.get_opt(CA_SECRET).await? {
+    let existing = secrets
+        .get_opt(CA_SECRET)
+        .await
+        .with_context(|| format!("reading Secret {namespace}/{CA_SECRET}"))?;
+    let pem = match existing {
         Some(secret) => {
             let data = secret.data.unwrap_or_default();
             let field = |k: &str| {
@@ -100,7 +111,8 @@ pub async fn certificate_authority(client: &Client, namespace: &str) -> Result<A
             &kube::api::PatchParams::apply("nodemedic-controller").force(),
             &kube::api::Patch::Apply(&serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": published.metadata, "data": published.data})),
         )
-        .await?;
+        .await
+        .with_context(|| format!("publishing ConfigMap {namespace}/{CA_CONFIGMAP}"))?;
     Authority::from_pem(&pem).map_err(|e| Error::Certificate(e.to_string()))
 }
 

@@ -13,7 +13,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
-use nodemedic_kube::{events::Events, pki::Authority};
+use nodemedic_kube::{CallContext, events::Events, pki::Authority};
 use serde_json::json;
 use x509_parser::prelude::FromDer;
 
@@ -113,7 +113,13 @@ async fn handle(
     let name = csr.name_any();
     let now = nodemedic_kube::time::now();
     let checked = match verdict(csr, namespace) {
-        Ok(node) if Api::<Node>::all(client.clone()).get_opt(&node).await?.is_none() => {
+        Ok(node)
+            if Api::<Node>::all(client.clone())
+                .get_opt(&node)
+                .await
+                .with_context(|| format!("reading node {node}"))?
+                .is_none() =>
+        {
             Err(format!("node {node} does not exist"))
         }
         other => other,
@@ -124,7 +130,8 @@ async fn handle(
             tracing::warn!(csr = %name, %why, "denying a peer certificate request");
             let denial = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "reason": "NotTheRequestingNode", "message": why, "lastUpdateTime": now}]}});
             api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&denial))
-                .await?;
+                .await
+                .with_context(|| format!("denying CertificateSigningRequest {name}"))?;
             metrics.csr(false);
             events
                 .warning(&nodemedic_kube::events::reference(csr), "CertificateDenied", why)
@@ -147,7 +154,10 @@ async fn handle(
         {
             Ok(updated) => version = updated.resource_version(),
             Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let call = format!("approving CertificateSigningRequest {name}");
+                return Err(nodemedic_kube::Error::call(call, e).into());
+            }
         }
     }
     let request = String::from_utf8_lossy(&csr.spec.request.0).into_owned();
@@ -164,7 +174,10 @@ async fn handle(
     {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            let call = format!("writing the certificate of CertificateSigningRequest {name}");
+            return Err(nodemedic_kube::Error::call(call, e).into());
+        }
     }
     metrics.csr(true);
     tracing::info!(csr = %name, %node, "signed a peer certificate");

@@ -7,7 +7,7 @@ use nodemedic_api::{
     fence_agents::FenceAgentsRemediation,
     names::{annotations, finalizers, taints as keys},
 };
-use nodemedic_kube::{taints, workloads};
+use nodemedic_kube::{CallContext, taints, workloads};
 
 use super::super::{Context, options};
 use crate::{
@@ -33,7 +33,11 @@ pub async fn observe(
     namespace: &str,
     ctx: &Context,
 ) -> Result<Option<Observed>> {
-    let Some(current) = api.get_opt(name).await? else {
+    let Some(current) = api
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading FenceAgentsRemediation {namespace}/{name}"))?
+    else {
         return Ok(None);
     };
     let node = node_name(&current);
@@ -41,7 +45,10 @@ pub async fn observe(
     let step = current_step(&current);
     let deleting = current.metadata.deletion_timestamp.is_some();
     let live = !deleting && !step.finished();
-    let node_object = Api::<Node>::all(ctx.client.clone()).get_opt(&node).await?;
+    let node_object = Api::<Node>::all(ctx.client.clone())
+        .get_opt(&node)
+        .await
+        .with_context(|| format!("reading node {node}"))?;
     let node_taints = node_object
         .as_ref()
         .and_then(|n| n.spec.as_ref())

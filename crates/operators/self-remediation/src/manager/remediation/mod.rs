@@ -14,7 +14,7 @@ use std::{
 
 use kube::{Api, Client, ResourceExt, runtime::controller::Action};
 use nodemedic_api::self_remediation::SelfNodeRemediation;
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{CallContext, events::Events};
 
 use super::Metrics;
 use crate::{
@@ -64,7 +64,11 @@ pub async fn reconcile(snr: Arc<SelfNodeRemediation>, ctx: Arc<Context>) -> Resu
     let name = snr.name_any();
     // Each step changes what the next one reads: re-read, at most a bounded number of times.
     for _ in 0..16 {
-        let Some(current) = api.get_opt(&name).await? else {
+        let Some(current) = api.get_opt(&name).await.with_context(|| {
+            let namespace = snr.namespace().unwrap_or_default();
+            format!("reading SelfNodeRemediation {namespace}/{name}")
+        })?
+        else {
             return Ok(Action::await_change());
         };
         let seen = observe::observe(&current, &ctx).await?;

@@ -8,7 +8,7 @@ use nodemedic_api::{
     names::{annotations, finalizers, labels, taints as keys},
     self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
-use nodemedic_kube::{taints, workloads};
+use nodemedic_kube::{CallContext, taints, workloads};
 
 use super::Context;
 use crate::{
@@ -53,7 +53,8 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
     let uid = snr.uid().ok_or(Error::Unnamed("SelfNodeRemediation"))?;
     let config = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)
         .get_opt(CONFIG_NAME)
-        .await?
+        .await
+        .with_context(|| format!("reading SelfNodeRemediationConfig {}/{CONFIG_NAME}", ctx.namespace))?
         .map(|c| c.spec)
         .unwrap_or_default();
     let settings = daemonset::licence_settings(&config)?;
@@ -82,7 +83,10 @@ pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observe
     } else {
         None
     };
-    let node = Api::<Node>::all(ctx.client.clone()).get_opt(&node_name).await?;
+    let node = Api::<Node>::all(ctx.client.clone())
+        .get_opt(&node_name)
+        .await
+        .with_context(|| format!("reading node {node_name}"))?;
     let read = crate::manager::membership::read(&ctx.client, &ctx.namespace).await?;
     let (regs, membership) = (read.registrations, read.membership);
     let acceptance = rules::acceptance(&node_name, &uid, &regs, membership.as_ref());

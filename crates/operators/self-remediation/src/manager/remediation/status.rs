@@ -8,7 +8,7 @@ use nodemedic_api::{
     names::conditions as types,
     self_remediation::{SelfNodeRemediation, SelfNodeRemediationStatus},
 };
-use nodemedic_kube::conditions;
+use nodemedic_kube::{CallContext, conditions};
 use serde_json::json;
 
 use crate::Result;
@@ -98,6 +98,13 @@ pub async fn set_status(
     }
     let patch = json!({"metadata": {"resourceVersion": snr.resource_version()}, "status": status});
     api.patch_status(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+        .await
+        .with_context(|| {
+            let namespace = snr.namespace().unwrap_or_default();
+            format!(
+                "writing the status of SelfNodeRemediation {namespace}/{}",
+                snr.name_any()
+            )
+        })?;
     Ok(true)
 }
