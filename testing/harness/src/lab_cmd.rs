@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use nodemedic_harness::scenario::{self, NS};
 use nodemedic_lab::{Lab, LabConfig, NodeSpec, Timings};
 use serde::{Deserialize, Serialize};
 use tokio::{
@@ -33,6 +34,13 @@ pub enum LabCommand {
     Status,
     /// The lab's timeline so far.
     Timeline,
+    /// The end of a lab process's log: controller, node-2/agent, node-2/kwok, kube-apiserver, ...
+    Logs {
+        process: String,
+        /// How many lines from the end (0: all of it).
+        #[arg(long, default_value_t = 60)]
+        lines: usize,
+    },
     /// Power a node off and leave it off.
     Crash {
         node: String,
@@ -90,9 +98,13 @@ pub struct UpArgs {
     #[arg(long)]
     pub default_timings: bool,
     /// Give every node a BMC (Redfish over TLS on :443 and IPMI on :623 at its BMC address,
-    /// user ansible, password n0tPassword), for the fence agents.
+    /// user ansible, password n0tPassword), and install the seed's fence-agents template for them.
     #[arg(long)]
     pub bmcs: bool,
+    /// Only the cluster: do not install nodemedic (controller, agents, configuration, templates)
+    /// nor the stateful workload.
+    #[arg(long)]
+    pub bare: bool,
 }
 
 impl UpArgs {
@@ -126,6 +138,7 @@ impl UpArgs {
 enum Request {
     Status,
     Timeline,
+    Logs { process: String, lines: usize },
     Down,
     Crash { node: String },
     Reset { node: String },
@@ -155,6 +168,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         LabCommand::Down => Request::Down,
         LabCommand::Status => Request::Status,
         LabCommand::Timeline => Request::Timeline,
+        LabCommand::Logs { process, lines } => Request::Logs { process, lines },
         LabCommand::Crash { node } => Request::Crash { node },
         LabCommand::Reset { node } => Request::Reset { node },
         LabCommand::PowerOff { node } => Request::PowerOff { node },
@@ -212,11 +226,15 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
     let out = std::fs::File::create(&log)?;
     let mut serve = std::process::Command::new(std::env::current_exe()?);
     serve.args(["serve", "--nodes", &args.nodes.to_string()]);
-    if args.workers {
-        serve.arg("--workers");
-    }
-    if args.default_timings {
-        serve.arg("--default-timings");
+    for (set, flag) in [
+        (args.workers, "--workers"),
+        (args.default_timings, "--default-timings"),
+        (args.bmcs, "--bmcs"),
+        (args.bare, "--bare"),
+    ] {
+        if set {
+            serve.arg(flag);
+        }
     }
     // Detached: its own session, so closing this terminal does not stop the lab.
     let mut child = serve
@@ -227,7 +245,8 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
         .spawn()?;
     let ready = Path::new(RUN_DIR).join("kubeconfig");
     let _ = std::fs::remove_file(&ready);
-    for _ in 0..1200 {
+    // Installing nodemedic waits for every agent to be a member: seconds, rarely a minute.
+    for _ in 0..UP_TIMEOUT_TENTHS {
         if let Some(status) = child.try_wait()? {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
             bail!(
@@ -244,16 +263,51 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
         }
         if ready.exists() {
             let kubeconfig = std::fs::read_to_string(&ready)?;
-            println!(
-                "lab up ({} nodes)\n  export KUBECONFIG={}\n  nodemedic-lab status | crash <node> | ... | down",
-                args.nodes,
-                kubeconfig.trim()
-            );
+            let kubectl = std::fs::read_to_string(Path::new(RUN_DIR).join("kubectl")).unwrap_or_default();
+            print!("{}", next_steps(args, kubeconfig.trim(), kubectl.trim()));
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("the lab did not become ready within 2 minutes; see {}", log.display())
+    bail!(
+        "the lab did not become ready within {} minutes; see {}",
+        UP_TIMEOUT_TENTHS / 600,
+        log.display()
+    )
+}
+
+const UP_TIMEOUT_TENTHS: u32 = 3 * 600;
+
+/// What `up` prints: how to reach the lab and what to try in it.
+fn next_steps(args: &UpArgs, kubeconfig: &str, kubectl: &str) -> String {
+    let mut out = format!("lab up: {} nodes", args.nodes);
+    if args.bmcs {
+        out.push_str(", each with a Redfish and an IPMI BMC");
+    }
+    if args.bare {
+        out.push_str(" (bare: nodemedic is not installed)\n");
+    } else {
+        out.push_str(&format!(
+            "\nnodemedic is installed in namespace {NS}: the controller, an agent per node, the SelfNodeRemediationConfig and templates{}, and a StatefulSet db (pod db-0, a ReadWriteOnce volume) in namespace vm\n",
+            if args.bmcs { ", the fence-agents template for the BMCs" } else { "" }
+        ));
+    }
+    out.push_str(&format!(
+        "\n  export KUBECONFIG={kubeconfig}\n  alias kubectl={kubectl}   # the lab's own, if you have none\n\nThen, for example:\n"
+    ));
+    if !args.bare {
+        out.push_str(
+            "  kubectl apply -f examples/try-it/nodehealthcheck.yaml   # a health check of the worker nodes
+  nodemedic status --watch                                 # in another terminal
+  kubectl -n vm get pod db-0 -o wide                      # where the \"VM\" runs
+  nodemedic-lab crash <that node>                         # and watch it come back elsewhere
+  nodemedic-lab logs controller                           # or node-2/agent, kube-apiserver, ...
+  nodemedic-lab timeline
+",
+        );
+    }
+    out.push_str("  nodemedic-lab status | crash | freeze | partition | heal | ... (nodemedic-lab --help)\n  nodemedic-lab down\n");
+    out
 }
 
 fn serve(args: UpArgs) -> anyhow::Result<()> {
@@ -261,12 +315,28 @@ fn serve(args: UpArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let lab = Lab::start(args.config()).await?;
+        if !args.bare {
+            let exe = nodemedic_harness::product::nodemedic()?;
+            let patch = if args.default_timings {
+                scenario::SEED_TIMINGS_CONFIG
+            } else {
+                scenario::FAST_CONFIG
+            };
+            let metrics = scenario::free_port()?;
+            scenario::install_playground(&lab, &exe, patch, metrics).await?;
+            tracing::info!(metrics = %format!("http://127.0.0.1:{metrics}/metrics"), "nodemedic installed");
+        }
         std::fs::create_dir_all(RUN_DIR)?;
         let _ = std::fs::remove_file(socket_path());
         let listener = UnixListener::bind(socket_path())?;
         // Also reachable at a stable path while up.
         let stable = Path::new(RUN_DIR).join("admin.kubeconfig");
         std::fs::copy(lab.kubeconfig(), &stable)?;
+        std::fs::write(
+            Path::new(RUN_DIR).join("kubectl"),
+            lab.kubectl_path().display().to_string(),
+        )?;
+        // Written last: `up` waits for this file.
         std::fs::write(Path::new(RUN_DIR).join("kubeconfig"), stable.display().to_string())?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
@@ -293,7 +363,7 @@ fn serve(args: UpArgs) -> anyhow::Result<()> {
             }
         }
         drop(lab);
-        for file in ["lab.sock", "kubeconfig", "admin.kubeconfig"] {
+        for file in ["lab.sock", "kubeconfig", "admin.kubeconfig", "kubectl"] {
             let _ = std::fs::remove_file(Path::new(RUN_DIR).join(file));
         }
         anyhow::Ok(())
@@ -314,6 +384,7 @@ async fn handle(lab: &Lab, request: Request) -> Response {
                 text: lab.timeline().render(),
             };
         }
+        Request::Logs { process, lines } => return logs(lab, &process, lines),
         Request::Down => Ok(()),
         Request::Crash { node } => lab.crash(&node).await,
         Request::Reset { node } => lab.reset(&node).await,
@@ -341,6 +412,36 @@ async fn handle(lab: &Lab, request: Request) -> Response {
             ok: false,
             text: e.to_string(),
         },
+    }
+}
+
+fn logs(lab: &Lab, process: &str, lines: usize) -> Response {
+    match std::fs::read_to_string(lab.log_path(process)) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            let from = if lines == 0 { 0 } else { all.len().saturating_sub(lines) };
+            Response {
+                ok: true,
+                text: all[from..].join("\n"),
+            }
+        }
+        Err(_) => {
+            let mut known: Vec<String> = std::fs::read_dir(lab.dir().join("logs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    Some(name.strip_suffix(".log")?.replacen('_', "/", 1))
+                })
+                .filter(|name| name != "audit")
+                .collect();
+            known.sort();
+            Response {
+                ok: false,
+                text: format!("the lab has no process {process}; its logs: {}", known.join(", ")),
+            }
+        }
     }
 }
 

@@ -172,6 +172,24 @@ pub async fn install_self_remediation(
     Ok(config)
 }
 
+/// What `nodemedic-lab up` installs for a person to try: every operator in one controller
+/// (metrics on `metrics_port`), an agent in every node, the seed SelfNodeRemediationConfig with
+/// `patch` (the manager then creates the default templates), and, when the lab has BMCs, the
+/// seed's fence-agents credentials and template with each node's BMC address; and the stateful
+/// stand-in for a VM. No health check: that is the person's to write.
+pub async fn install_playground(lab: &Lab, exe: &Path, patch: &str, metrics_port: u16) -> Result<()> {
+    create_namespace(&lab.client(), NS).await?;
+    let config = configure_with(lab, patch).await?;
+    start_controller(lab, exe, "controller", metrics_port, &[], "info,kube=warn")?;
+    start_agents(lab, exe, &config)?;
+    if !bmc_ips(lab).is_empty() {
+        apply_seed(lab, "002-far-credentials-secret.yaml", |_| {})?;
+        apply_seed(lab, "002-far-template.yaml", |m| adapt_far_template(lab, m))?;
+    }
+    deploy_workload(lab).await?;
+    agents_settled(lab).await
+}
+
 /// Starts an agent (`exe`) in every node, each with its own node identity and lab watchdog, with
 /// the flags the manager's DaemonSet would give it.
 pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {

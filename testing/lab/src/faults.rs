@@ -330,20 +330,10 @@ impl Lab {
     }
 
     async fn wait_api(&self, timeout: Duration) -> Result<()> {
-        let client = self.client();
+        let client = crate::readiness::quiet_client(self.kubeconfig()).await?;
         wait::until("the API server to answer", timeout, || {
             let client = client.clone();
-            async move {
-                let request = http::Request::get("/readyz")
-                    .body(Vec::new())
-                    .map_err(|e| Error::Invalid(e.to_string()))?;
-                Ok(client
-                    .request_text(request)
-                    .await
-                    .ok()
-                    .filter(|b| b.trim() == "ok")
-                    .map(|_| ()))
-            }
+            async move { Ok(crate::readiness::api_ready(&client).await?.then_some(())) }
         })
         .await
     }

@@ -234,7 +234,7 @@ impl Lab {
             control_plane::apiserver(&bins, &pki, net.host_ip(), &ports, &config.timings, &audit),
         )?;
         let client = client_from(&kubeconfig).await?;
-        wait_ready(&resources, &client).await?;
+        wait_ready(&resources, &crate::readiness::quiet_client(&kubeconfig).await?).await?;
         start_process(
             &resources,
             "kube-controller-manager",
@@ -638,15 +638,7 @@ async fn wait_ready(resources: &Resources, client: &Client) -> Result<()> {
                 return Err(died);
             }
         }
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        Ok(client
-            .request_text(request)
-            .await
-            .ok()
-            .filter(|body| body.trim() == "ok")
-            .map(|_| ()))
+        Ok(crate::readiness::api_ready(client).await?.then_some(()))
     })
     .await
     .map_err(|e| match e {

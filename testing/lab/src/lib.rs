@@ -25,6 +25,7 @@ mod nodes;
 mod observer;
 mod pki;
 mod process;
+mod readiness;
 pub mod seeds;
 pub mod storage;
 mod sysrq;

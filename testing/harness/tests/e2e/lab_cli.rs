@@ -81,3 +81,117 @@ fn a_lab_without_its_binaries_says_what_to_run() {
         "{said}"
     );
 }
+
+/// Stops the lab `nodemedic-lab up` started, also when the test fails half-way.
+struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = nodemedic_lab(&["down"]);
+    }
+}
+
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn kubectl(kubeconfig: &str, args: &[&str]) -> std::process::Output {
+    let dir = std::env::var_os("KUBEBUILDER_ASSETS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(nodemedic_lab::build_dir);
+    Command::new(dir.join("kubectl"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .current_dir(repo())
+        .output()
+        .expect("kubectl runs")
+}
+
+/// Polls `probe` every second until it answers, for at most `seconds`.
+fn within<T>(seconds: u64, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(found) = probe() {
+            return found;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {seconds} s");
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// The README's "Try it", step by step: a lab with nodemedic and BMCs, a person's own health
+/// check applied with kubectl, `nodemedic status`, a crash, the workload elsewhere, the logs and
+/// the timeline, down.
+#[test]
+fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_and_timeline() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let up = nodemedic_lab(&["up", "--bmcs"]);
+    let _down = Down;
+    let said = text(&up);
+    assert!(up.status.success(), "{said}");
+    assert!(
+        said.contains("nodemedic is installed") && said.contains("BMC"),
+        "{said}"
+    );
+    let kubeconfig = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
+        .expect("up prints the KUBECONFIG")
+        .to_owned();
+    let status = nodemedic_lab(&["status"]);
+    assert!(text(&status).contains(" bmc "), "{}", text(&status));
+
+    let applied = kubectl(&kubeconfig, &["apply", "-f", "examples/try-it/nodehealthcheck.yaml"]);
+    assert!(applied.status.success(), "{}", text(&applied));
+    let where_it_runs = |kubeconfig: &str| {
+        let out = kubectl(
+            kubeconfig,
+            &[
+                "-n",
+                "vm",
+                "get",
+                "pod",
+                "db-0",
+                "-o",
+                "jsonpath={.status.phase} {.spec.nodeName}",
+            ],
+        );
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        line.strip_prefix("Running ").map(str::to_owned)
+    };
+    let node = within(120, "db-0 Running", || where_it_runs(&kubeconfig));
+    let rows = Command::new(crate::nodemedic_exe())
+        .args(["status", "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .expect("nodemedic status runs");
+    assert!(rows.status.success(), "{}", text(&rows));
+    assert!(
+        text(&rows).contains("try-it"),
+        "the check watches every node: {}",
+        text(&rows)
+    );
+
+    let crash = nodemedic_lab(&["crash", &node]);
+    assert!(crash.status.success(), "{}", text(&crash));
+    let elsewhere = within(240, "db-0 Running on another node", || {
+        where_it_runs(&kubeconfig).filter(|n| *n != node)
+    });
+
+    let controller = nodemedic_lab(&["logs", "controller"]);
+    assert!(controller.status.success(), "{}", text(&controller));
+    assert!(text(&controller).contains(&node), "{}", text(&controller));
+    let agent = nodemedic_lab(&["logs", &format!("{elsewhere}/agent"), "--lines", "5"]);
+    assert!(agent.status.success(), "{}", text(&agent));
+    assert!(text(&agent).lines().count() <= 6, "{}", text(&agent));
+    let unknown = nodemedic_lab(&["logs", "nothing-by-this-name"]);
+    assert!(
+        !unknown.status.success() && text(&unknown).contains("controller") && text(&unknown).contains("node-1/agent"),
+        "{}",
+        text(&unknown)
+    );
+    let timeline = text(&nodemedic_lab(&["timeline"]));
+    assert!(timeline.contains(&format!("fault: crash {node}")), "{timeline}");
+    assert!(timeline.contains("SelfNodeRemediation"), "{timeline}");
+    assert!(timeline.contains(&format!("Running on {elsewhere}")), "{timeline}");
+}
