@@ -44,6 +44,8 @@ pub mod conditions {
     pub const STORM_COOLDOWN_ACTIVE: &str = "StormCooldownActive";
     /// nodemedic: whether the budget (minHealthy / maxUnhealthy) currently allows new remediation.
     pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";
+    /// nodemedic: whether the selector matches any node (False: the check watches nothing).
+    pub const NODES_SELECTED: &str = "NodesSelected";
     // FenceAgentsRemediation and its template.
     pub const FENCE_AGENT_ACTION_SUCCEEDED: &str = "FenceAgentActionSucceeded";
     pub const FENCE_AGENT_STATUS_VALIDATION_SUCCEEDED: &str = "FenceAgentStatusValidationSucceeded";

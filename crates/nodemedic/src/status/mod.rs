@@ -20,7 +20,7 @@ use nodemedic_api::{
 };
 use serde::de::DeserializeOwned;
 
-pub use view::{NodeRow, Snapshot, rows, table};
+pub use view::{Snapshot, rows, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -45,7 +45,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 /// All objects of a kind; an API the cluster does not serve (CRD not installed) is empty.
-async fn all<K>(client: &Client) -> anyhow::Result<Vec<K>>
+pub(crate) async fn all<K>(client: &Client) -> anyhow::Result<Vec<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -57,7 +57,7 @@ where
 }
 
 /// The self-remediation agents' registrations, wherever nodemedic runs.
-async fn registrations(client: &Client) -> anyhow::Result<Vec<Lease>> {
+pub(crate) async fn registrations(client: &Client) -> anyhow::Result<Vec<Lease>> {
     let selector = ListParams::default().labels(&nodemedic_self_remediation::registration::registrations_selector());
     Ok(Api::<Lease>::all(client.clone())
         .list(&selector)
@@ -85,9 +85,15 @@ async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
     })
 }
 
-fn render(rows: &[NodeRow], format: Format) -> anyhow::Result<String> {
+fn render(snapshot: &Snapshot, format: Format) -> anyhow::Result<String> {
+    let rows = &rows(snapshot, jiff::Timestamp::now());
+    // JSON and YAML stay one list of rows for scripts; the warnings go to stderr there.
+    let warnings = view::warnings(snapshot);
+    if format != Format::Table {
+        warnings.iter().for_each(|w| eprintln!("{w}"));
+    }
     Ok(match format {
-        Format::Table => table(rows),
+        Format::Table => table(rows) + &warnings.iter().map(|w| format!("\n{w}")).collect::<String>(),
         Format::Json => format!("{}\n", serde_json::to_string_pretty(rows)?),
         Format::Yaml => serde_saphyr::to_string(&rows.to_vec())?,
     })
@@ -108,9 +114,7 @@ where
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let config = nodemedic_kube::client::infer_config().await?;
     let client = nodemedic_kube::client::client(config)?;
-    let show = |snapshot: &Snapshot| -> anyhow::Result<String> {
-        render(&rows(snapshot, jiff::Timestamp::now()), args.output)
-    };
+    let show = |snapshot: &Snapshot| -> anyhow::Result<String> { render(snapshot, args.output) };
     if !args.watch {
         print!("{}", show(&snapshot(&client).await?)?);
         return Ok(());

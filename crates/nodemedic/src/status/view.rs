@@ -202,6 +202,28 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
 }
 
 /// `42s`, `3m05s`, `2h10m`, `3d4h`.
+/// What a person must know beyond the rows: health checks that watch no node (their
+/// NodesSelected condition is False), with the condition's reason why.
+pub fn warnings(s: &Snapshot) -> Vec<String> {
+    s.checks
+        .iter()
+        .filter_map(|check| {
+            let condition = check
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == nodemedic_api::names::conditions::NODES_SELECTED && c.status == "False")?;
+            Some(format!(
+                "WARNING: NodeHealthCheck {} selects no nodes: {}",
+                check.metadata.name.as_deref().unwrap_or_default(),
+                condition.message
+            ))
+        })
+        .collect()
+}
+
 pub fn human_age(seconds: i64) -> String {
     let s = seconds.max(0);
     match s {
@@ -353,5 +375,24 @@ mod tests {
         assert_eq!(human_age(185), "3m05s");
         assert_eq!(human_age(7800), "2h10m");
         assert_eq!(human_age(3 * 86400 + 4 * 3600), "3d4h");
+    }
+
+    #[test]
+    fn a_check_that_selects_no_nodes_is_a_warning_line() {
+        let mut s = snapshot();
+        assert!(warnings(&s).is_empty());
+        s.checks.push(obj(json!({
+            "apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck",
+            "metadata": {"name": "nhc-snr-3node"},
+            "spec": {"selector": {"matchLabels": {"node-role.kubernetes.io/master": ""}}},
+            "status": {"conditions": [{"type": "NodesSelected", "status": "False", "reason": "NoNodesSelected",
+                "message": "the selector matches none of the cluster's 3 nodes", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+        })));
+        assert_eq!(
+            warnings(&s),
+            [
+                "WARNING: NodeHealthCheck nhc-snr-3node selects no nodes: the selector matches none of the cluster's 3 nodes"
+            ]
+        );
     }
 }

@@ -615,3 +615,54 @@ async fn two_replicas_only_the_leader_acts_and_a_new_leader_duplicates_nothing()
     })
     .await;
 }
+
+/// The seed's three-node manifest applied unchanged to a plain cluster, whose nodes carry
+/// `node-role.kubernetes.io/control-plane` (as kubeadm sets it) and not `master`: the check
+/// says it watches nothing, names the label to select instead, and `nodemedic status` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_check_selecting_no_nodes_says_so_and_names_the_label_to_use() {
+    let nodes = (1..=2)
+        .map(|i| {
+            let mut node = NodeSpec::plain(&format!("node-{i}"));
+            node.labels
+                .insert("node-role.kubernetes.io/control-plane".into(), String::new());
+            node
+        })
+        .collect();
+    let lab = lab(LabConfig::new(nodes)).await;
+    let client = lab.client();
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
+    let seed = nodemedic_lab::seeds::load("002-nhc-snr-3node.yaml").expect("the seed manifest");
+    lab.apply_yaml(&nodemedic_lab::seeds::yaml(&seed))
+        .expect("applied unchanged");
+    let condition = eventually("the NodesSelected condition", LONG, || async {
+        nhc(&client, "nhc-snr-3node")
+            .await
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "NodesSelected")
+    })
+    .await;
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "NoNodesSelected")
+    );
+    assert!(
+        condition.message.contains("node-role.kubernetes.io/master")
+            && condition
+                .message
+                .contains("2 nodes carry node-role.kubernetes.io/control-plane"),
+        "{}",
+        condition.message
+    );
+    eventually("a NoNodesSelected event", LONG, || {
+        event_with(&client, "NoNodesSelected", "node-role.kubernetes.io/control-plane")
+    })
+    .await;
+    let table = crate::status::status(&lab, &[]);
+    assert!(
+        table.contains("WARNING: NodeHealthCheck nhc-snr-3node selects no nodes"),
+        "{table}"
+    );
+}

@@ -32,6 +32,7 @@ pub fn memory(status: Option<&NodeHealthCheckStatus>) -> Memory {
         cooldown_since: since_if_true(conditions::STORM_COOLDOWN_ACTIVE),
         remediation_allowed: state(conditions::REMEDIATION_ALLOWED),
         disabled: state(conditions::DISABLED),
+        nodes_selected: state(conditions::NODES_SELECTED),
     }
 }
 
@@ -71,6 +72,19 @@ pub fn build(
             Desired {
                 type_: conditions::DISABLED,
                 status: *disabled,
+                reason,
+                message: message.clone(),
+            },
+            generation,
+            now,
+        );
+    }
+    if let Some((selected, reason, message)) = &plan.nodes_selected {
+        cond::set(
+            &mut conditions,
+            Desired {
+                type_: conditions::NODES_SELECTED,
+                status: *selected,
                 reason,
                 message: message.clone(),
             },

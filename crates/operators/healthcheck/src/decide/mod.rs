@@ -9,6 +9,7 @@ pub mod liveness;
 pub mod model;
 mod node;
 pub mod outage;
+mod selection;
 #[cfg(test)]
 mod test_time;
 #[cfg(test)]
@@ -27,6 +28,15 @@ pub const TEMPLATE_RETRY: Duration = Duration::from_secs(15);
 
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut decision = Decision::default();
+    let check = input.check;
+    let selected: Vec<&NodeFacts> = input
+        .nodes
+        .iter()
+        .copied()
+        .filter(|n| check.selector.matches(&n.labels))
+        .collect();
+    // Said even when a template is missing too: a seed manifest applied unchanged has both.
+    selection::report(input, selected.len(), &mut decision);
     if let Some((reason, message)) = template_problem(input) {
         if input.memory.disabled != Some(true) {
             decision.notice(None, Severity::Warning, "Disabled", message.clone());
@@ -52,13 +62,6 @@ pub fn decide(input: &Input<'_>) -> Decision {
         "No issues found, NodeHealthCheck is enabled.".into(),
     ));
 
-    let check = input.check;
-    let selected: Vec<&NodeFacts> = input
-        .nodes
-        .iter()
-        .copied()
-        .filter(|n| check.selector.matches(&n.labels))
-        .collect();
     let health: BTreeMap<&str, Health> = selected
         .iter()
         .map(|n| (n.name.as_str(), health::classify(n, &check.rules, input.now, None)))

@@ -215,6 +215,7 @@ pub struct Memory {
     pub cooldown_since: Option<Timestamp>,
     pub remediation_allowed: Option<bool>,
     pub disabled: Option<bool>,
+    pub nodes_selected: Option<bool>,
 }
 
 pub struct Input<'a> {
@@ -291,6 +292,8 @@ pub struct StatusPlan {
     pub reason: String,
     pub disabled: Option<(bool, &'static str, String)>,
     pub remediation_allowed: (bool, &'static str, String),
+    /// Whether the selector matches any node, and why not.
+    pub nodes_selected: Option<(bool, &'static str, String)>,
     pub storm_since: Option<Timestamp>,
     pub cooldown_since: Option<Timestamp>,
 }

@@ -797,3 +797,27 @@ proptest! {
         prop_assert_eq!(w.decide(), w.decide());
     }
 }
+
+#[test]
+fn a_selector_matching_no_node_warns_once_naming_it_and_the_label_to_use() {
+    let mut seed_style = classic();
+    seed_style.selector = Selector::from_iter([("node-role.kubernetes.io/master", "")]);
+    let nodes = vec![control_plane(node("a", "True", 0)), control_plane(node("b", "True", 0))];
+    let mut w = World::new(seed_style, nodes);
+    w.nodes.iter_mut().for_each(|n| {
+        n.labels.remove("node-role.kubernetes.io/master");
+    });
+    let d = w.decide();
+    let (selected, reason, message) = d.status.nodes_selected.clone().expect("condition");
+    assert!(!selected && reason == "NoNodesSelected");
+    assert!(message.contains("node-role.kubernetes.io/master") && message.contains("none of the cluster's 2 nodes"));
+    assert!(message.contains("node-role.kubernetes.io/control-plane"), "{message}");
+    assert_eq!(d.notices.iter().filter(|n| n.reason == "NoNodesSelected").count(), 1);
+
+    w.memory.nodes_selected = Some(false);
+    let d = w.decide();
+    assert!(!reasons(&d).contains(&"NoNodesSelected"), "said once");
+
+    let selecting = World::new(classic(), vec![node("a", "True", 0)]);
+    assert_eq!(selecting.decide().status.nodes_selected.map(|c| c.0), Some(true));
+}
