@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod doctor;
 mod monitoring;
 mod status;
 
@@ -34,6 +35,8 @@ enum Command {
     },
     /// Nodes, their health, remediations in flight and maintenance, in one table.
     Status(status::StatusArgs),
+    /// Check the cluster for what nodemedic needs; print each problem with its fix.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => nodemedic::agent::run(args),
         Command::Crds { write } => crds(write),
         Command::Status(args) => status::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 
