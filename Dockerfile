@@ -1,8 +1,9 @@
-# The `nodemedic` binary (every role, status, crds), the single-role `nodemedic-controller` and
-# `nodemedic-agent`, and the ClusterLabs fence agents the Fence Agents Remediation controller runs.
-# Build: docker build -t nodemedic .
+# The same two images `make image` builds without a container engine (scripts/build-images.sh),
+# for people with one:
+#   docker build --target controller -t ghcr.io/nodemedic/nodemedic-controller:0.1.0 .
+#   docker build --target agent -t ghcr.io/nodemedic/nodemedic-agent:0.1.0 .
 #
-# Stage 1: build with the same toolchain and lockfile CI uses.
+# Stage 1: build with the same toolchain and lockfile CI uses; only the shipped package.
 FROM docker.io/library/rust:1.95-bookworm AS build
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler \
@@ -10,24 +11,41 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p nodemedic --bins \
- && strip target/release/nodemedic target/release/nodemedic-controller target/release/nodemedic-agent
+ && strip target/release/nodemedic target/release/nodemedic-controller target/release/nodemedic-agent \
+ && mkdir -p /agent/usr/local/bin /agent/tmp /agent/etc \
+ && cp target/release/nodemedic-agent /agent/usr/local/bin/ \
+ && for lib in $(ldd target/release/nodemedic-agent | grep -oE '/[^ ]+'); do \
+      install -D -m 0755 "$(readlink -f "$lib")" "/agent$lib"; \
+    done \
+ && echo 'root:x:0:0:root:/:/usr/local/bin/nodemedic-agent' > /agent/etc/passwd
 
-# Stage 2: Debian slim plus the fence agents (fence_redfish, fence_ipmilan, ... and ipmitool,
-# which fence_ipmilan calls). Nothing else: no shell tools the binary needs.
-FROM docker.io/library/debian:bookworm-slim
-RUN apt-get update \
+# The agent: its executable and the libraries the loader resolves for it. The DaemonSet runs it
+# privileged (it opens the watchdog device).
+FROM scratch AS agent
+COPY --from=build /agent/ /
+ENTRYPOINT ["/usr/local/bin/nodemedic-agent"]
+
+# The controller: Debian bookworm with the fence agents (fence_redfish, fence_ipmilan, ... and
+# ipmitool, which fence_ipmilan calls), without documentation and with only the EC2 model of the
+# AWS SDK (fence_aws; the other models are most of the SDK's size).
+FROM docker.io/library/debian:bookworm-slim AS controller
+RUN printf '%s\n' \
+      'path-exclude=/usr/share/doc/*' 'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/info/*' \
+      'path-exclude=/usr/share/locale/*' 'path-exclude=/usr/share/lintian/*' \
+      'path-exclude=/usr/lib/python3/dist-packages/botocore/data/*' \
+      'path-include=/usr/lib/python3/dist-packages/botocore/data/_retry.json' \
+      'path-include=/usr/lib/python3/dist-packages/botocore/data/endpoints.json' \
+      'path-include=/usr/lib/python3/dist-packages/botocore/data/partitions.json' \
+      'path-include=/usr/lib/python3/dist-packages/botocore/data/sdk-default-configuration.json' \
+      'path-include=/usr/lib/python3/dist-packages/botocore/data/ec2/*' \
+      > /etc/dpkg/dpkg.cfg.d/nodemedic \
+ && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       fence-agents ipmitool ca-certificates \
- && rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/nodemedic /usr/local/bin/nodemedic
-# The operators alone, the Deployment's command.
 COPY --from=build /src/target/release/nodemedic-controller /usr/local/bin/nodemedic-controller
-# The agent alone, the DaemonSet's command: every node runs it, so it carries nothing else.
-COPY --from=build /src/target/release/nodemedic-agent /usr/local/bin/nodemedic-agent
 # `kubectl nodemedic` when the binary is copied out of the image onto a kubectl user's PATH.
 RUN ln -s /usr/local/bin/nodemedic /usr/local/bin/kubectl-nodemedic
-# The controller runs unprivileged; the agent DaemonSet runs privileged (it opens /dev/watchdog)
-# and sets its own securityContext.
 USER 65532:65532
-ENTRYPOINT ["/usr/local/bin/nodemedic"]
-CMD ["controller"]
+ENTRYPOINT ["/usr/local/bin/nodemedic-controller"]

@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup build test demo bench crds manifests fmt model-check
+.PHONY: setup build test demo bench crds manifests fmt model-check image
 
 # The product's executables (`nodemedic`, `nodemedic-controller`, `nodemedic-agent`) and the
 # test tooling's `nodemedic-lab` (lab, demo, bench, chaos), which runs the product's next to it.
@@ -12,6 +12,11 @@ setup:
 
 test: setup
 	@bash scripts/test.sh
+
+# The controller and agent OCI images, without a container engine (scripts/build-images.sh):
+# target/images/nodemedic-{controller,agent}-<version>.oci.tar.
+image: build
+	bash scripts/build-images.sh
 
 demo: build
 	$(NODEMEDIC_LAB) demo $(ARGS)

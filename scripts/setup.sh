@@ -14,8 +14,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # Debian packages: the real fence agents and BMC emulators, netns/nftables tooling, protoc for
-# the peer protocol.
-packages=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl openssl ca-certificates)
+# the peer protocol, and what builds and runs the images without a container engine.
+packages=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl openssl ca-certificates
+  mmdebstrap umoci skopeo crun)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -11,6 +11,10 @@ app.kubernetes.io/name: nodemedic
 app.kubernetes.io/component: controller
 {{- end }}
 
-{{- define "nodemedic.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- define "nodemedic.controllerImage" -}}
+{{ .Values.image.registry }}/{{ .Values.image.controller }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "nodemedic.agentImage" -}}
+{{ .Values.image.registry }}/{{ .Values.image.agent }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}

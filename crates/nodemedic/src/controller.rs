@@ -42,7 +42,7 @@ pub struct ControllerArgs {
     #[arg(
         long,
         env = "NODEMEDIC_AGENT_IMAGE",
-        default_value = "ghcr.io/nodemedic/nodemedic:latest"
+        default_value = concat!("ghcr.io/nodemedic/nodemedic-agent:", env!("CARGO_PKG_VERSION"))
     )]
     pub agent_image: String,
     /// Where the fence agents (fence_redfish, fence_ipmilan, ...) are installed.

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds nodemedic's two OCI images without a container engine, from Debian packages and the
+# release binaries (`make image` builds those first):
+#   nodemedic-controller  Debian bookworm (essential) + the ClusterLabs fence agents + ipmitool +
+#                         CA certificates, and nodemedic, nodemedic-controller on top
+#   nodemedic-agent       the agent executable and the shared libraries it loads, nothing else
+# Output: target/images/<image>-<version>.oci.tar (OCI image layout archives, gzip layers), and
+# target/images/sizes.json for `make bench`. The Debian base is cached outside the repo.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/images
+target=${CARGO_TARGET_DIR:-$root/target}
+out=$target/images
+bins=$target/release
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
+registry=${NODEMEDIC_IMAGE_REGISTRY:-ghcr.io/nodemedic}
+log() { printf '[build-images] %s\n' "$*" >&2; }
+
+for tool in mmdebstrap umoci skopeo; do
+  command -v "$tool" >/dev/null || { log "ERROR: $tool is missing: run scripts/setup.sh"; exit 1; }
+done
+for exe in nodemedic nodemedic-controller nodemedic-agent; do
+  [ -x "$bins/$exe" ] || { log "ERROR: $bins/$exe is missing: cargo build --release -p nodemedic --bins"; exit 1; }
+done
+mkdir -p "$cache" "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# The controller's base: what the fence agents need to run, without documentation. The cloud
+# SDKs' API models are most of the size; only the models the cloud agents use are kept (EC2 for
+# fence_aws), so the BMC agents (fence_redfish, fence_ipmilan, ...) and the cloud ones still work.
+packages=fence-agents,ipmitool,ca-certificates
+excludes=(
+  '/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*'
+  '/usr/lib/python3/dist-packages/botocore/data/*'
+)
+includes=(
+  # dpkg's `*` crosses `/`: the top-level files by name.
+  '/usr/lib/python3/dist-packages/botocore/data/_retry.json'
+  '/usr/lib/python3/dist-packages/botocore/data/endpoints.json'
+  '/usr/lib/python3/dist-packages/botocore/data/partitions.json'
+  '/usr/lib/python3/dist-packages/botocore/data/sdk-default-configuration.json'
+  '/usr/lib/python3/dist-packages/botocore/data/ec2/*'
+)
+spec="bookworm $packages ${excludes[*]} ${includes[*]}"
+base=$cache/controller-base-$(printf '%s' "$spec" | sha256sum | cut -c1-16).tar
+if [ ! -s "$base" ]; then
+  log "building the controller's Debian base ($packages; first time only, about a minute)"
+  opts=()
+  for p in "${excludes[@]}"; do opts+=(--dpkgopt="path-exclude=$p"); done
+  for p in "${includes[@]}"; do opts+=(--dpkgopt="path-include=$p"); done
+  mmdebstrap --quiet --variant=essential --format=tar --include="$packages" \
+    --aptopt='APT::Install-Recommends "false"' "${opts[@]}" \
+    --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+    bookworm "$base.partial"
+  mv "$base.partial" "$base"
+fi
+
+# An image from a root filesystem directory: one layer, the entrypoint, an unprivileged user
+# (the agent DaemonSet overrides it: it opens the watchdog device).
+image() {
+  local name=$1 rootfs=$2 entrypoint=$3 user=$4
+  local layout=$work/$name-layout bundle=$work/$name-bundle
+  umoci init --layout "$layout"
+  umoci new --image "$layout:$version"
+  umoci unpack --image "$layout:$version" "$bundle" >/dev/null
+  cp -a "$rootfs/." "$bundle/rootfs/"
+  umoci repack --image "$layout:$version" "$bundle"
+  umoci config --image "$layout:$version" \
+    --config.entrypoint "$entrypoint" --config.user "$user" \
+    --config.env "PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin" \
+    --config.label "org.opencontainers.image.title=$name" \
+    --config.label "org.opencontainers.image.version=$version" \
+    --config.label "org.opencontainers.image.source=https://github.com/nodemedic/nodemedic"
+  umoci gc --layout "$layout"
+  rm -f "$out/$name-$version.oci.tar"
+  skopeo copy --quiet "oci:$layout:$version" "oci-archive:$out/$name-$version.oci.tar:$registry/$name:$version"
+  log "$out/$name-$version.oci.tar ($(du -m "$out/$name-$version.oci.tar" | cut -f1) MiB)"
+}
+
+controller=$work/controller-rootfs
+mkdir -p "$controller"
+tar -xf "$base" -C "$controller"
+install -D -m 0755 -s "$bins/nodemedic" "$controller/usr/local/bin/nodemedic"
+install -D -m 0755 -s "$bins/nodemedic-controller" "$controller/usr/local/bin/nodemedic-controller"
+ln -sf nodemedic "$controller/usr/local/bin/kubectl-nodemedic"
+image nodemedic-controller "$controller" /usr/local/bin/nodemedic-controller 65532:65532
+
+# The agent: its executable and exactly the libraries the dynamic loader resolves for it.
+agent=$work/agent-rootfs
+install -D -m 0755 -s "$bins/nodemedic-agent" "$agent/usr/local/bin/nodemedic-agent"
+ldd "$bins/nodemedic-agent" | grep -oE '/[^ ]+' | while read -r lib; do
+  install -D -m 0755 "$(readlink -f "$lib")" "$agent$lib"
+done
+mkdir -p "$agent/tmp" "$agent/etc"
+echo 'root:x:0:0:root:/:/usr/local/bin/nodemedic-agent' > "$agent/etc/passwd"
+image nodemedic-agent "$agent" /usr/local/bin/nodemedic-agent 0:0
+
+python3 - "$out" "$version" <<'PY'
+import json, os, sys, tarfile
+out, version = sys.argv[1], sys.argv[2]
+sizes = {}
+for name in ("nodemedic-controller", "nodemedic-agent"):
+    archive = os.path.join(out, f"{name}-{version}.oci.tar")
+    with tarfile.open(archive) as t:
+        layers = [m for m in t.getmembers() if m.isfile() and m.size > 0]
+        unpacked = 0
+        for m in layers:
+            f = t.extractfile(m)
+            try:
+                with tarfile.open(fileobj=f, mode="r:*") as layer:
+                    unpacked += sum(x.size for x in layer.getmembers() if x.isfile())
+            except tarfile.TarError:
+                pass  # the index, manifest and config are JSON, not layers
+    sizes[name] = {"archive_bytes": os.path.getsize(archive), "unpacked_bytes": unpacked}
+with open(os.path.join(out, "sizes.json"), "w") as f:
+    json.dump(sizes, f, indent=2)
+print(json.dumps(sizes))
+PY
