@@ -122,15 +122,33 @@ impl Resources {
         }
         self.net.destroy(&made);
         crate::watchdog_device::unmount_under(&self.dir);
-        let _ = std::fs::remove_dir_all(&self.shm);
         // NODEMEDIC_KEEP_LAB_LOGS: keep a finished lab's logs too, to read what a run did.
         let asked = std::env::var("NODEMEDIC_KEEP_LAB_LOGS").is_ok_and(|v| !v.is_empty() && v != "0");
-        if std::thread::panicking() || asked || self.keep_logs.load(Ordering::SeqCst) {
+        let keep = std::thread::panicking() || asked || self.keep_logs.load(Ordering::SeqCst);
+        if keep {
+            keep_logs_on_disk(&self.shm.join("logs"), &self.dir.join("logs"));
+        }
+        let _ = std::fs::remove_dir_all(&self.shm);
+        if keep {
             let _ = std::fs::write(self.dir.join("torn-down"), "");
             eprintln!("lab logs kept in {}", self.dir.join("logs").display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Replaces the link to the in-memory logs with a copy of them (best effort: teardown goes on).
+fn keep_logs_on_disk(memory: &Path, link: &Path) {
+    if !link.is_symlink() {
+        return;
+    }
+    let _ = std::fs::remove_file(link);
+    if std::fs::create_dir_all(link).is_err() {
+        return;
+    }
+    for entry in std::fs::read_dir(memory).into_iter().flatten().flatten() {
+        let _ = std::fs::copy(entry.path(), link.join(entry.file_name()));
     }
 }
 
@@ -185,12 +203,17 @@ impl Lab {
 
         let id = format!("{:04x}", rand::random::<u16>());
         let dir = lock::labs_root().join(&id);
-        for sub in ["logs", "pids", "pki", "nodes"] {
+        for sub in ["pids", "pki", "nodes"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(format!("creating {}", dir.display())))?;
         }
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(io("recording the lab owner"))?;
         let shm = PathBuf::from(format!("/dev/shm/nodemedic-{id}"));
-        std::fs::create_dir_all(&shm).map_err(io("creating the tmpfs directory"))?;
+        std::fs::create_dir_all(shm.join("logs")).map_err(io("creating the tmpfs directory"))?;
+        // Every process's log and the audit log are written in memory: the API server writes an
+        // audit event before it answers, and a write to a disk busy with someone else's writeback
+        // can wait for seconds, long enough for agents' API checks to fail (seen in a fault
+        // campaign while a large file was written beside it). Copied to disk when kept.
+        std::os::unix::fs::symlink(shm.join("logs"), dir.join("logs")).map_err(io("linking the lab's logs"))?;
         let net = Network::plan(&id)?;
         let node_names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
         let resources = Resources {
