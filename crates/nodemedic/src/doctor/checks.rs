@@ -2,6 +2,7 @@
 
 use nodemedic_api::names::labels::{ROLE_CONTROL_PLANE, ROLE_MASTER, ROLE_WORKER};
 use nodemedic_healthcheck::decide::TemplateRef;
+use nodemedic_healthcheck::decide::selection::{SeedStyleLabel, seed_style_label};
 use nodemedic_self_remediation::protocol::manager::{Means, cannot_fence};
 use serde::Serialize;
 
@@ -228,52 +229,50 @@ fn health_check(f: &Facts, c: &HealthCheck) -> Vec<Finding> {
         .filter(|n| c.selects(n))
         .map(|n| n.name.as_str())
         .collect();
-    let nobody_has = |label: &str| c.selector_keys.contains(label) && !f.nodes.iter().any(|n| n.has_label(label));
-    let mut out = vec![
-        if nobody_has(ROLE_MASTER) && f.nodes.iter().any(|n| n.has_label(ROLE_CONTROL_PLANE)) {
-            finding(
-                Severity::Warning,
-                "openshift",
-                subject.clone(),
-                format!(
-                    "the selector uses {ROLE_MASTER} (OpenShift's label), which no node has: it selects {} nodes",
-                    selected.len()
-                ),
-                format!(
-                    "select {ROLE_CONTROL_PLANE} instead of {ROLE_MASTER}: kubectl edit nodehealthcheck {}",
-                    c.name
-                ),
-            )
-        } else if nobody_has(ROLE_WORKER) && selected.is_empty() {
-            finding(
-                Severity::Warning,
-                "openshift",
-                subject.clone(),
-                format!("the selector uses {ROLE_WORKER} (set by OpenShift, not by kubeadm), which no node has"),
-                format!(
-                    "label the workers (kubectl label node <node> {ROLE_WORKER}=), or select the nodes without {ROLE_CONTROL_PLANE} (operator DoesNotExist): kubectl edit nodehealthcheck {}",
-                    c.name
-                ),
-            )
-        } else if selected.is_empty() {
-            finding(
-                Severity::Warning,
-                "health-check",
-                subject.clone(),
-                "the selector matches no node: the health check watches nothing".into(),
-                format!(
-                    "change its selector to labels your nodes have (kubectl get nodes --show-labels): kubectl edit nodehealthcheck {}",
-                    c.name
-                ),
-            )
-        } else {
-            ok(
-                "health-check",
-                subject.clone(),
-                format!("selects {}", selected.join(", ")),
-            )
-        },
-    ];
+    let seed_style = seed_style_label(&c.selector_keys, f.nodes.iter().map(|n| &n.labels));
+    let mut out = vec![if let Some(SeedStyleLabel::Master { .. }) = seed_style {
+        finding(
+            Severity::Warning,
+            "openshift",
+            subject.clone(),
+            format!(
+                "the selector uses {ROLE_MASTER} (OpenShift's label), which no node has: it selects {} nodes",
+                selected.len()
+            ),
+            format!(
+                "select {ROLE_CONTROL_PLANE} instead of {ROLE_MASTER}: kubectl edit nodehealthcheck {}",
+                c.name
+            ),
+        )
+    } else if seed_style == Some(SeedStyleLabel::Worker) && selected.is_empty() {
+        finding(
+            Severity::Warning,
+            "openshift",
+            subject.clone(),
+            format!("the selector uses {ROLE_WORKER} (set by OpenShift, not by kubeadm), which no node has"),
+            format!(
+                "label the workers (kubectl label node <node> {ROLE_WORKER}=), or select the nodes without {ROLE_CONTROL_PLANE} (operator DoesNotExist): kubectl edit nodehealthcheck {}",
+                c.name
+            ),
+        )
+    } else if selected.is_empty() {
+        finding(
+            Severity::Warning,
+            "health-check",
+            subject.clone(),
+            "the selector matches no node: the health check watches nothing".into(),
+            format!(
+                "change its selector to labels your nodes have (kubectl get nodes --show-labels): kubectl edit nodehealthcheck {}",
+                c.name
+            ),
+        )
+    } else {
+        ok(
+            "health-check",
+            subject.clone(),
+            format!("selects {}", selected.join(", ")),
+        )
+    }];
     out.extend(c.templates().into_iter().map(|t| template(f, &subject, t)));
     out
 }

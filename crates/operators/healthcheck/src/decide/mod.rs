@@ -9,7 +9,7 @@ pub mod liveness;
 pub mod model;
 mod node;
 pub mod outage;
-mod selection;
+pub mod selection;
 #[cfg(test)]
 mod test_time;
 #[cfg(test)]
