@@ -28,6 +28,8 @@ pub enum Error {
     Conflict { what: String, attempts: u32 },
     #[error("serving {what} failed: {source}")]
     Serve { what: &'static str, source: std::io::Error },
+    #[error("admission webhook: {0}")]
+    Webhook(String),
     #[error("the API server's answer has no usable Date header: {0}")]
     ServerClock(String),
 }

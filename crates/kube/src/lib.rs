@@ -2,6 +2,7 @@
 //! this crate only moves data to and from the API server, and keeps the few pure helpers that
 //! every operator needs (conditions, taints, node-lease rules).
 
+pub mod admission;
 pub mod client;
 pub mod conditions;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod pki;
 pub mod shutdown;
 pub mod taints;
 pub mod time;
+pub mod webhook;
 pub mod workloads;
 
 pub use client::{Error, Result};

@@ -5,7 +5,11 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use nodemedic_kube::{events::Events, leader, metrics_server};
+use nodemedic_kube::{
+    events::Events,
+    leader, metrics_server,
+    webhook::{self, certs::San},
+};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -51,6 +55,37 @@ pub struct ControllerArgs {
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// Where the admission webhook listens (HTTPS, every replica); "" turns it off.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub webhook_bind: WebhookBind,
+    /// The Service the API server calls the webhook through: its DNS names
+    /// (<service>.<namespace>.svc) go into the serving certificate.
+    #[arg(long, default_value = "nodemedic-controller-webhook")]
+    pub webhook_service: String,
+    /// The ValidatingWebhookConfiguration whose caBundle the controller keeps equal to its CA.
+    #[arg(long, default_value = "nodemedic-admission")]
+    pub webhook_configuration: String,
+    /// More names (DNS or IP) for the serving certificate, e.g. 127.0.0.1 when the API server
+    /// calls the webhook by URL on the same host. Repeat, or separate with commas.
+    #[arg(long, value_delimiter = ',')]
+    pub webhook_extra_san: Vec<San>,
+}
+
+/// `--webhook-bind`: an address, or nothing for no webhook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WebhookBind(pub Option<SocketAddr>);
+
+impl std::str::FromStr for WebhookBind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Ok(Self(None));
+        }
+        s.parse().map(|a| Self(Some(a))).map_err(|_| {
+            format!("{s:?} is not an address and port like 0.0.0.0:9443; give \"\" to turn the webhook off")
+        })
+    }
 }
 
 /// Every operator's metrics, registered in one registry (the controller's /metrics).
@@ -88,7 +123,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let config = nodemedic_kube::client::infer_config().await?;
     // Evictions must see a budget's 429 at once, not after the default client's retries.
     let evictions = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(10))?;
-    let client = nodemedic_kube::client::client(config)?;
+    let client = nodemedic_kube::client::client(config.clone())?;
 
     let mut registry = Registry::default();
     let OperatorMetrics {
@@ -100,6 +135,19 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
+    // Before the election: admission must answer on every replica, also while leadership moves.
+    if let Some(bind) = args.webhook_bind.0 {
+        // Reads for a decision must end within the API server's webhook timeout (chart: 5 s).
+        let reads = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(3))?;
+        let settings = webhook::Settings {
+            bind,
+            namespace: args.namespace.clone(),
+            service: args.webhook_service.clone(),
+            configuration: args.webhook_configuration.clone(),
+            extra_names: args.webhook_extra_san.clone(),
+        };
+        webhook::spawn(client.clone(), settings, admission_routes(reads));
+    }
 
     let leadership = if args.leader_elect {
         let mut leadership = leader::elect(
@@ -170,7 +218,107 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     }
 }
 
+fn admission_routes(reads: kube::Client) -> Vec<webhook::Route> {
+    use nodemedic_healthcheck::controller::admission as nhc;
+    use nodemedic_maintenance::controller::admission as nm;
+    vec![
+        webhook::Route::new(nm::PATH, move |request| nm::validate(reads.clone(), request)),
+        webhook::Route::new(nhc::PATH, |request| std::future::ready(nhc::validate(&request))),
+    ]
+}
+
 async fn shutdown() {
     nodemedic_kube::shutdown::signal().await;
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        controller: ControllerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ControllerArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("nodemedic-controller").chain(args.iter().copied())).map(|c| c.controller)
+    }
+
+    #[test]
+    fn the_webhook_serves_by_default_and_an_empty_bind_turns_it_off() {
+        let defaults = parse(&[]).expect("defaults parse");
+        assert_eq!(defaults.webhook_bind.0, Some("0.0.0.0:9443".parse().expect("addr")));
+        assert_eq!(defaults.webhook_configuration, "nodemedic-admission");
+        assert_eq!(parse(&["--webhook-bind", ""]).expect("parses").webhook_bind.0, None);
+        let lab = parse(&[
+            "--webhook-bind=127.0.0.1:0",
+            "--webhook-extra-san=127.0.0.1,webhook.lab",
+        ])
+        .expect("parses");
+        assert_eq!(lab.webhook_extra_san.len(), 2);
+    }
+
+    #[test]
+    fn a_bad_webhook_flag_says_what_it_expects() {
+        let error = parse(&["--webhook-bind", "9443"]).expect_err("refused").to_string();
+        assert!(error.contains("like 0.0.0.0:9443"), "{error}");
+        let error = parse(&["--webhook-extra-san", "Web_Hook"])
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("neither an IP address nor a DNS name"), "{error}");
+    }
+
+    /// The chart and the flags' defaults name the same objects and paths, so a default install
+    /// serves what its configuration calls.
+    #[test]
+    fn the_chart_calls_what_the_controller_serves() {
+        let rendered: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(include_str!("../../../deploy/nodemedic.yaml")).expect("the rendered chart");
+        let defaults = parse(&[]).expect("defaults parse");
+        let find = |kind: &str| {
+            rendered
+                .iter()
+                .find(|d| d["kind"] == kind)
+                .unwrap_or_else(|| panic!("the chart renders a {kind}"))
+        };
+        let configuration = find("ValidatingWebhookConfiguration");
+        assert_eq!(
+            configuration["metadata"]["name"],
+            defaults.webhook_configuration.as_str()
+        );
+        let paths: Vec<&str> = configuration["webhooks"]
+            .as_array()
+            .expect("webhooks")
+            .iter()
+            .map(|w| {
+                assert_eq!(w["clientConfig"]["service"]["name"], defaults.webhook_service.as_str());
+                assert_eq!(
+                    w["failurePolicy"], "Ignore",
+                    "a down controller must not block a delete"
+                );
+                w["clientConfig"]["service"]["path"].as_str().expect("a path")
+            })
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                nodemedic_maintenance::controller::admission::PATH,
+                nodemedic_healthcheck::controller::admission::PATH
+            ]
+        );
+        let role = rendered
+            .iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "nodemedic-controller")
+            .expect("the controller's ClusterRole");
+        let may_patch = role["rules"].as_array().expect("rules").iter().any(|r| {
+            r["resources"] == serde_json::json!(["validatingwebhookconfigurations"])
+                && r["resourceNames"] == serde_json::json!([defaults.webhook_configuration])
+                && r["verbs"].as_array().is_some_and(|v| v.contains(&"patch".into()))
+        });
+        assert!(may_patch, "the controller may patch its ValidatingWebhookConfiguration");
+    }
 }

@@ -15,6 +15,7 @@ mod membership;
 mod outages;
 mod selfremediation;
 mod status;
+mod webhooks;
 pub mod support;
 
 use std::{

@@ -2,6 +2,7 @@
 //! concerns; kube's applier runs their reconciles (one at a time per check, requeued at the
 //! instant the next timer expires, never polled).
 
+pub mod admission;
 mod apply;
 mod contact;
 mod index;

@@ -2,6 +2,7 @@
 //! remediation objects, the node leases, the templates and the time, which remediation objects
 //! to create, escalate and delete, and what the status says. No I/O.
 
+pub mod admission;
 mod budget;
 mod escalation;
 mod health;

@@ -1,5 +1,6 @@
 //! The Kubernetes side of Node Maintenance: one reconciler over NodeMaintenances, metrics.
 
+pub mod admission;
 mod drain;
 mod metrics;
 mod node;

@@ -1,7 +1,8 @@
 //! Node Maintenance's decisions, as pure functions over plain data: which pods a drain evicts,
 //! deletes or leaves, how far it got, whether the etcd quorum survives taking a control-plane
-//! node away, and the next step of a maintenance.
+//! node away, the next step of a maintenance, and whether the API server admits one.
 
+pub mod admission;
 pub mod drain;
 pub mod quorum;
 pub mod steps;
