@@ -98,6 +98,11 @@ pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, ex
         format!("--identity={name}"),
         format!("--namespace={NS}"),
     ];
+    // The admission webhook only where a test asks for it: on the chart's port every controller
+    // of a lab would compete for one address, and no webhook configuration points at it.
+    if !extra.iter().any(|flag| flag.starts_with("--webhook-bind")) {
+        args.push("--webhook-bind=".into());
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-controller")?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())

@@ -74,10 +74,6 @@ impl NodeFacts {
             labels: node.labels().clone(),
         }
     }
-
-    pub fn has_label(&self, key: &str) -> bool {
-        self.labels.contains_key(key)
-    }
 }
 
 /// What the self-remediation manager reads from the SelfNodeRemediationConfig when it decides
