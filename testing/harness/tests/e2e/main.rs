@@ -15,8 +15,8 @@ mod membership;
 mod outages;
 mod selfremediation;
 mod status;
-mod webhooks;
 pub mod support;
+mod webhooks;
 
 use std::{
     path::PathBuf,
