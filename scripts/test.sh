@@ -33,7 +33,8 @@ if [ "$found" != "$expected" ]; then
 fi
 
 step "what ships links no test tooling"
-shipped_tooling=$(cargo tree --locked -p nodemedic -e normal --prefix none | grep -E '^nodemedic-(lab|harness) ' | sort -u || true)
+shipped_tree=$(cargo tree --locked -p nodemedic -e normal --prefix none)
+shipped_tooling=$(printf '%s\n' "$shipped_tree" | grep -E '^nodemedic-(lab|harness) ' | sort -u || true)
 if [ -n "$shipped_tooling" ]; then
   printf 'the shipped package nodemedic depends on test tooling:\n%s\nMove what it needs under crates/.\n' "$shipped_tooling" >&2
   exit 1

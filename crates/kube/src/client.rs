@@ -32,6 +32,8 @@ pub enum Error {
     Webhook(String),
     #[error("the API server's answer has no usable Date header: {0}")]
     ServerClock(String),
+    #[error("{what} took longer than {after:?}")]
+    Timeout { what: String, after: std::time::Duration },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -269,6 +269,11 @@ fn up(args: &UpArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Not left behind to come up later holding the machine's lab lock with nobody to stop it.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     bail!(
         "the lab did not become ready within {} minutes; see {}",
         UP_TIMEOUT_TENTHS / 600,

@@ -33,5 +33,7 @@ pub async fn api_ready(client: &Client) -> Result<bool> {
     let request = http::Request::get("/readyz")
         .body(Vec::new())
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    Ok(client.request_text(request).await.is_ok_and(|body| body.trim() == "ok"))
+    // A stopped API server's port may still accept and never answer: each poll is bounded.
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(2), client.request_text(request)).await;
+    Ok(matches!(answer, Ok(Ok(body)) if body.trim() == "ok"))
 }

@@ -201,7 +201,6 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
     out
 }
 
-/// `42s`, `3m05s`, `2h10m`, `3d4h`.
 /// What a person must know beyond the rows: health checks that watch no node (their
 /// NodesSelected condition is False), with the condition's reason why.
 pub fn warnings(s: &Snapshot) -> Vec<String> {
@@ -224,6 +223,7 @@ pub fn warnings(s: &Snapshot) -> Vec<String> {
         .collect()
 }
 
+/// `42s`, `3m05s`, `2h10m`, `3d4h`.
 pub fn human_age(seconds: i64) -> String {
     let s = seconds.max(0);
     match s {

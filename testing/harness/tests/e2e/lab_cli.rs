@@ -12,6 +12,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn lab_up_status_crash_and_down() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let up = nodemedic_lab(&["up", "--nodes", "2"]);
+    let _down = Down;
     assert!(up.status.success(), "{}", text(&up));
     assert!(text(&up).contains("export KUBECONFIG="), "{}", text(&up));
     let status = nodemedic_lab(&["status"]);

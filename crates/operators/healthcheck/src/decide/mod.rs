@@ -38,6 +38,9 @@ pub fn decide(input: &Input<'_>) -> Decision {
         .collect();
     // Said even when a template is missing too: a seed manifest applied unchanged has both.
     selection::report(input, selected.len(), &mut decision);
+    // Also while disabled: the observed-nodes gauge an alert reads must not say 0 for a check
+    // that does select nodes.
+    decision.status.observed = selected.len();
     if let Some((reason, message)) = template_problem(input) {
         if input.memory.disabled != Some(true) {
             decision.notice(None, Severity::Warning, "Disabled", message.clone());

@@ -42,15 +42,22 @@ pub async fn validate(client: Client, request: Request) -> Verdict {
     }
 }
 
+/// Both reads at once and within [`READS_WITHIN`]: the API server gives the webhook 5 s, and an
+/// answer after that is never seen (failurePolicy Ignore admits without a word).
 async fn others_and_node(client: &Client, node: &str) -> nodemedic_kube::Result<(Vec<Maintenance>, bool)> {
-    let others = Api::<NodeMaintenance>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeMaintenances")?;
-    let exists = Api::<Node>::all(client.clone())
-        .get_metadata_opt(node)
-        .await
-        .with_context(|| format!("reading node {node}"))?
-        .is_some();
+    let nodes = Api::<Node>::all(client.clone());
+    let maintenances = Api::<NodeMaintenance>::all(client.clone());
+    let every = ListParams::default();
+    let reads = async { tokio::join!(maintenances.list(&every), nodes.get_metadata_opt(node)) };
+    let Ok((others, exists)) = tokio::time::timeout(READS_WITHIN, reads).await else {
+        return Err(nodemedic_kube::Error::Timeout {
+            what: format!("reading the NodeMaintenances and node {node}"),
+            after: READS_WITHIN,
+        });
+    };
+    let others = others.context("listing NodeMaintenances")?;
+    let exists = exists.with_context(|| format!("reading node {node}"))?.is_some();
     Ok((others.items.iter().map(facts).collect(), exists))
 }
+
+const READS_WITHIN: std::time::Duration = std::time::Duration::from_secs(4);

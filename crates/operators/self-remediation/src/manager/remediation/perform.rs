@@ -282,13 +282,16 @@ pub async fn perform(
         Step::DeleteAttachments => {
             let vas = workloads::attachments(&ctx.client, node).await?;
             let deleted = workloads::release_attachments(&ctx.client, node, &vas).await?;
-            events
-                .normal(
-                    &on,
-                    "DeleteResources",
-                    format!("deleted {deleted} volume attachments of fenced node {node}"),
-                )
-                .await;
+            // Attachments already going away finish on their own (the attach-detach controller).
+            if deleted > 0 {
+                events
+                    .normal(
+                        &on,
+                        "DeleteResources",
+                        format!("deleted {deleted} volume attachments of fenced node {node}"),
+                    )
+                    .await;
+            }
         }
         Step::MarkCompleted => {
             set_status(api, snr, |s, now| {
