@@ -23,7 +23,7 @@ demo: build
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
 # in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic-lab bench --help).
-bench: build
+bench: build image
 	$(NODEMEDIC_LAB) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes

@@ -3,6 +3,7 @@
 //! all. Nothing here asserts a time.
 
 mod footprint;
+mod images;
 mod recovery;
 mod scale;
 
@@ -21,6 +22,8 @@ pub enum Suite {
     Scale,
     /// The agent's memory and CPU at rest and during a peer storm.
     Footprint,
+    /// The OCI images' sizes, as `make image` measured them.
+    Images,
 }
 
 #[derive(Args, Debug)]
@@ -62,7 +65,7 @@ pub struct Section {
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let suites = if args.suites.is_empty() {
-        vec![Suite::Recovery, Suite::Scale, Suite::Footprint]
+        vec![Suite::Recovery, Suite::Scale, Suite::Footprint, Suite::Images]
     } else {
         args.suites.clone()
     };
@@ -73,6 +76,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             Suite::Recovery => recovery::run(&args).await?,
             Suite::Scale => scale::run(&args.fleets).await?,
             Suite::Footprint => footprint::run().await?,
+            Suite::Images => images::run()?,
         };
         println!("{}", section.markdown);
         sections.push(section);
