@@ -5,7 +5,8 @@
 #                         CA certificates, and nodemedic, nodemedic-controller on top
 #   nodemedic-agent       the agent executable and the shared libraries it loads, nothing else
 # Output: target/images/<image>-<version>.oci.tar (OCI image layout archives, gzip layers), and
-# target/images/sizes.json, which `make bench` reports against the size goals. The Debian base is cached outside the repo.
+# target/images/sizes.json, which `make bench` reports against the size goals. The Debian base
+# is cached outside the repo.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
