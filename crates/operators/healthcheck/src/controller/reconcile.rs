@@ -221,7 +221,10 @@ async fn cache_agrees(ctx: &Context, decision: &Decision) -> Result<bool> {
     let mut agrees = true;
     for new in &decision.create {
         // No resourceVersion: read from etcd, not from the API server's watch cache.
-        let fresh = api.get_opt(&new.node).await?;
+        let fresh = api
+            .get_opt(&new.node)
+            .await
+            .with_context(|| format!("reading Node {} before remediating it", new.node))?;
         let cached = ctx
             .index
             .nodes
