@@ -12,8 +12,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/images
 target=${CARGO_TARGET_DIR:-$root/target}
-out=$target/images
-bins=$target/release
+# The tests build them from the debug executables they test, into a folder of their own.
+out=${NODEMEDIC_IMAGE_OUT:-$target/images}
+bins=${NODEMEDIC_IMAGE_BINARIES:-$target/release}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
 registry=${NODEMEDIC_IMAGE_REGISTRY:-ghcr.io/nodemedic}
 log() { printf '[build-images] %s\n' "$*" >&2; }

@@ -16,7 +16,7 @@ fi
 # Debian packages: the real fence agents and BMC emulators, netns/nftables tooling, protoc for
 # the peer protocol, and what builds and runs the images without a container engine.
 packages=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl openssl ca-certificates
-  mmdebstrap umoci skopeo crun)
+  mmdebstrap umoci skopeo runc)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

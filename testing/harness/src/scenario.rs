@@ -33,8 +33,8 @@ pub const FAST_CONFIG: &str = r#"{"spec": {
 /// The chart rendered with its defaults: its ServiceAccounts, ClusterRoles and bindings are what
 /// the lab's controller and agents run with.
 const RENDERED_CHART: &str = include_str!("../../../deploy/nodemedic.yaml");
-const CONTROLLER_ACCOUNT: &str = "nodemedic-controller";
-const AGENT_ACCOUNT: &str = "nodemedic-agent";
+pub const CONTROLLER_ACCOUNT: &str = "nodemedic-controller";
+pub const AGENT_ACCOUNT: &str = "nodemedic-agent";
 
 /// The lab's agents authenticate as their nodes (`system:node:<node>`, as a node-bound service
 /// account token would name them to the signer), in this group; it gets the chart's agent role.
@@ -219,44 +219,55 @@ pub fn start_agents_with(
 /// token names the node, which the peer-certificate signer checks), and only the chart's RBAC.
 pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
     lab.apply_yaml(&chart_rbac())?;
-    let pods = Api::<Pod>::namespaced(lab.client(), NS);
-    let accounts = Api::<ServiceAccount>::namespaced(lab.client(), NS);
     for node in lab.nodes() {
-        let pod = wait::until(
-            &format!("the agent DaemonSet's pod on {node}"),
-            Duration::from_secs(120),
-            || {
-                let pods = pods.clone();
-                let on_node = ListParams::default()
-                    .labels("app.kubernetes.io/component=nodemedic-agent")
-                    .fields(&format!("spec.nodeName={node}"));
-                async move { Ok(pods.list(&on_node).await?.items.into_iter().next()) }
-            },
-        )
-        .await?;
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                audiences: None,
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: pod.metadata.name.clone(),
-                    uid: pod.metadata.uid.clone(),
-                }),
-                expiration_seconds: Some(24 * 3600),
-            }),
-            ..Default::default()
-        };
-        let token = accounts
-            .create_token_request(AGENT_ACCOUNT, &PostParams::default(), &request)
-            .await?
-            .status
-            .and_then(|s| s.token)
-            .unwrap_or_default();
+        let token = daemonset_pod_token(lab, &node).await?;
         let kubeconfig = lab.kubeconfig_with_token(&format!("agent-{node}"), &token)?;
         start_agent_with(lab, exe, config, &node, &kubeconfig, LabWatchdog::Socket)?;
     }
     Ok(())
+}
+
+/// A token of the `nodemedic-agent` ServiceAccount bound to the agent DaemonSet's pod on `node`,
+/// as the kubelet projects into that pod.
+pub async fn daemonset_pod_token(lab: &Lab, node: &str) -> Result<String> {
+    let pods = Api::<Pod>::namespaced(lab.client(), NS);
+    let pod = wait::until(
+        &format!("the agent DaemonSet's pod on {node}"),
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            let on_node = ListParams::default()
+                .labels("app.kubernetes.io/component=nodemedic-agent")
+                .fields(&format!("spec.nodeName={node}"));
+            async move { Ok(pods.list(&on_node).await?.items.into_iter().next()) }
+        },
+    )
+    .await?;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(24 * 3600),
+        }),
+        ..Default::default()
+    };
+    service_account_token(lab, AGENT_ACCOUNT, request).await
+}
+
+/// A token of ServiceAccount `account` in [`NS`], as `request` asks.
+pub async fn service_account_token(lab: &Lab, account: &str, request: TokenRequest) -> Result<String> {
+    Api::<ServiceAccount>::namespaced(lab.client(), NS)
+        .create_token_request(account, &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| nodemedic_lab::Error::Invalid(format!("the TokenRequest for {account} returned no token")))
 }
 
 /// One of the single-role executables (`nodemedic-controller`, `nodemedic-agent`), which are
@@ -306,6 +317,21 @@ fn start_agent_with(
     kubeconfig: &Path,
     watchdog: LabWatchdog,
 ) -> Result<()> {
+    let args = agent_args(lab, config, node, watchdog)?;
+    let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-agent")?, args)
+        .env("KUBECONFIG", kubeconfig.display().to_string())
+        .env("RUST_LOG", "info,kube=warn");
+    lab.add_node_process(node, "agent", spec)
+}
+
+/// The agent's flags on `node`: the lab's paths for what a node has (watchdog, boot time, sysrq
+/// trigger, state) and the flags the manager's DaemonSet derives from `config`.
+pub fn agent_args(
+    lab: &Lab,
+    config: &SelfNodeRemediationConfig,
+    node: &str,
+    watchdog: LabWatchdog,
+) -> Result<Vec<String>> {
     let device = match watchdog {
         LabWatchdog::Socket => format!("lab:{}", lab.watchdog_path(node).display()),
         LabWatchdog::Device => lab.watchdog_device_path(node).display().to_string(),
@@ -331,10 +357,7 @@ fn start_agent_with(
     args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
         &config.spec,
     ));
-    let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-agent")?, args)
-        .env("KUBECONFIG", kubeconfig.display().to_string())
-        .env("RUST_LOG", "info,kube=warn");
-    lab.add_node_process(node, "agent", spec)
+    Ok(args)
 }
 
 /// The seed FenceAgentsRemediationTemplate adapted to the lab, as the seed README allows: each

@@ -25,6 +25,7 @@ use tokio::{sync::mpsc, task::JoinHandle};
 use crate::{
     Error, LabConfig, Result,
     binaries::{self, Binaries},
+    container::{ContainerSpec, Containers},
     control_plane::{self, API_PORT, Ports},
     error::io,
     lock::{self, LabLock},
@@ -76,6 +77,7 @@ pub(crate) struct Resources {
     /// Every node namespace made, from the moment its index is reserved until it is removed.
     pub nodes: Mutex<Namespaces>,
     pub processes: Mutex<Processes>,
+    pub containers: Containers,
     torn_down: AtomicBool,
     /// Keep the logs at teardown: true until start-up succeeds, so a failed start can be read.
     keep_logs: AtomicBool,
@@ -121,6 +123,7 @@ impl Resources {
             }
         }
         self.net.destroy(&made);
+        self.containers.remove_all();
         crate::watchdog_device::unmount_under(&self.dir);
         // NODEMEDIC_KEEP_LAB_LOGS: keep a finished lab's logs too, to read what a run did.
         let asked = std::env::var("NODEMEDIC_KEEP_LAB_LOGS").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -222,6 +225,7 @@ impl Lab {
             net: net.clone(),
             nodes: Mutex::new(Namespaces::planned(&node_names)),
             processes: Mutex::new(Processes::default()),
+            containers: Containers::new(&shm, &id),
             torn_down: AtomicBool::new(false),
             keep_logs: AtomicBool::new(true),
         };
@@ -553,6 +557,35 @@ impl Lab {
     /// Adds a process on the host (outside every node), e.g. a controller replica.
     pub fn add_host_process(&self, name: &str, spec: ProcessSpec) -> Result<()> {
         start_process(&self.inner.resources, name, spec)
+    }
+
+    /// Runs an image as container `name` on the host, in the host's network as a pod with
+    /// `hostNetwork` (it reaches the API server and the BMCs); its output is the process's log.
+    pub fn add_host_container(&self, name: &str, spec: &ContainerSpec) -> Result<()> {
+        let process = self.inner.resources.containers.process(name, spec)?;
+        self.add_host_process(name, process)
+    }
+
+    /// Runs an image as container `<node>/<name>` in the node's network namespace, started on
+    /// every power-on and killed by every power-off like the node's other processes.
+    pub fn add_node_container(&self, node: &str, name: &str, spec: &ContainerSpec) -> Result<()> {
+        let process = self
+            .inner
+            .resources
+            .containers
+            .process(&format!("{node}/{name}"), spec)?;
+        self.add_node_process(node, name, process)
+    }
+
+    /// Runs an image to completion as container `name` on the host (e.g. a command that lists
+    /// what the image holds); returns its output.
+    pub fn run_container(&self, name: &str, spec: &ContainerSpec) -> Result<String> {
+        self.inner.resources.containers.run(name, spec)
+    }
+
+    /// The lab's certificate authority (what a pod finds as its service account's `ca.crt`).
+    pub fn ca_certificate(&self) -> PathBuf {
+        self.inner.pki.path("ca.crt")
     }
 
     /// A kubeconfig for a client certificate of `user` in `groups` (e.g. an agent's node

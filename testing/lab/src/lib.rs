@@ -13,6 +13,7 @@
 mod binaries;
 mod bmc;
 mod cmd;
+mod container;
 mod control_plane;
 mod error;
 mod faults;
@@ -40,6 +41,7 @@ use std::time::Duration;
 
 pub use binaries::{build_dir, tools_dir, version};
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
+pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};
 pub use fleet::FLEET_LABEL;
 pub use lab::{Lab, preflight};

@@ -60,7 +60,9 @@ pub fn sweep() {
             tracing::warn!(lab = %id, "cleaning up after a lab whose owner died");
             process::kill_recorded(&dir);
             remove_network(&id);
-            let _ = std::fs::remove_dir_all(format!("/dev/shm/nodemedic-{id}"));
+            let shm = std::path::PathBuf::from(format!("/dev/shm/nodemedic-{id}"));
+            crate::container::Containers::new(&shm, &id).remove_all();
+            let _ = std::fs::remove_dir_all(&shm);
             let _ = std::fs::remove_dir_all(&dir);
         } else {
             kept.push(dir);

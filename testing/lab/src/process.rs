@@ -26,6 +26,8 @@ pub struct ProcessSpec {
     pub netns: Option<String>,
     /// Bytes written to the process's standard input at start (then closed).
     pub stdin: Option<String>,
+    /// Run after the process is killed: what its kill does not reach (a container's own session).
+    pub after_kill: Option<(String, Vec<String>)>,
 }
 
 impl ProcessSpec {
@@ -36,6 +38,7 @@ impl ProcessSpec {
             env: Vec::new(),
             netns: None,
             stdin: None,
+            after_kill: None,
         }
     }
 
@@ -154,6 +157,10 @@ impl Supervised {
             let _ = killpg(pid, Signal::SIGKILL);
             let _ = kill(pid, Signal::SIGKILL);
             let _ = child.wait();
+        }
+        if let Some((program, args)) = &self.spec.after_kill {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            crate::cmd::run_quietly(program, &args);
         }
         let _ = std::fs::remove_file(&self.pid_file);
     }

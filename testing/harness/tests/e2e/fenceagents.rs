@@ -39,13 +39,13 @@ const LONG: Duration = Duration::from_secs(180);
 
 /// Every version of every FenceAgentsRemediation the API server showed, so a test sees a state
 /// even when the health check deletes the object a moment later.
-struct History {
+pub(crate) struct History {
     seen: Arc<Mutex<Vec<FenceAgentsRemediation>>>,
     watch: tokio::task::AbortHandle,
 }
 
 impl History {
-    fn record(client: &Client) -> Self {
+    pub(crate) fn record(client: &Client) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let into = seen.clone();
         let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
@@ -164,7 +164,7 @@ fn bmc_power(lab: &Lab, node: &str) -> Vec<bool> {
 
 /// Crash the pod's node; the FAR fences it through its BMC, db-0 runs elsewhere, the node is
 /// powered on, and the health check then deletes the FAR and every taint goes.
-async fn crash_and_recover(lab: &Lab, a: &str, history: &History) {
+pub(crate) async fn crash_and_recover(lab: &Lab, a: &str, history: &History) {
     let client = lab.client();
     let crashed = jiff::Timestamp::now();
     lab.crash(a).await.expect("crash");

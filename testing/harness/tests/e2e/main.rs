@@ -9,6 +9,7 @@ mod doctor;
 mod fenceagents;
 mod fencing_means;
 mod healthcheck;
+mod images;
 mod lab_cli;
 mod maintenance;
 mod membership;

@@ -1,0 +1,69 @@
+//! The images `make image` builds, run as containers (runc) in a lab: the controller as the
+//! chart's Deployment runs it, fencing a crashed node through its BMC with the fence agents the
+//! image carries; an agent in every node's network namespace, as the DaemonSet runs it.
+
+use nodemedic_harness::images::{self, Images};
+use nodemedic_lab::{BmcOptions, LabConfig};
+
+use crate::{
+    fenceagents::{History, adapt_template, crash_and_recover},
+    nodemedic_exe,
+    support::{apply_seed, free_port, lab, metrics, sample, scenario},
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_images_run_as_containers_and_the_controller_container_fences_a_crashed_node_through_its_bmc() {
+    let images = Images::of(&nodemedic_exe()).expect("the images are built");
+    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions::default())).await;
+
+    // What ships: the operators and the kubectl plugin, none of the test tooling.
+    let (binaries, help) = images::image_commands(&lab, &images.controller).expect("the image lists its commands");
+    assert_eq!(
+        binaries,
+        ["kubectl-nodemedic", "nodemedic", "nodemedic-controller"],
+        "{binaries:?}"
+    );
+    for tooling in ["demo", "bench", "chaos", "lab"] {
+        assert!(
+            !help.lines().any(|l| l.split_whitespace().next() == Some(tooling)),
+            "the image's nodemedic offers `{tooling}`:\n{help}"
+        );
+    }
+
+    apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
+    let history = History::record(&lab.client());
+    let port = free_port();
+    images::start_controller_container(&lab, &images.controller, "controller", port, &[])
+        .await
+        .expect("the controller container starts");
+    let config = scenario::configure(&lab).await.expect("SelfNodeRemediationConfig");
+    images::start_agent_containers(&lab, &images.agent, &config)
+        .await
+        .expect("the agent containers start");
+    // Registered through the controller, with certificates it signed, and members of one ring.
+    scenario::agents_settled(&lab)
+        .await
+        .expect("every agent container registered");
+
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let pod = scenario::running_pod(&lab.client(), &[], std::time::Duration::from_secs(180))
+        .await
+        .expect("db-0 Running");
+    let crashed = scenario::node_of(&pod);
+    apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
+    apply_seed(&lab, "002-nhc-far-3node.yaml", |_| {});
+    crash_and_recover(&lab, &crashed, &history).await;
+    let text = metrics(port).expect("the controller container's metrics");
+    assert!(
+        sample(
+            &text,
+            "nodemedic_fence_agent_attempts_total{agent=\"fence_redfish\",action=\"off\",result=\"success\"}"
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{text}"
+    );
+    // The crashed node's agent container came back with the node.
+    scenario::agents_settled(&lab)
+        .await
+        .expect("every agent container registered after the fence");
+}
