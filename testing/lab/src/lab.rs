@@ -214,8 +214,8 @@ impl Lab {
         std::fs::create_dir_all(shm.join("logs")).map_err(io("creating the tmpfs directory"))?;
         // Every process's log and the audit log are written in memory: the API server writes an
         // audit event before it answers, and a write to a disk busy with someone else's writeback
-        // can wait for seconds, long enough for agents' API checks to fail (seen in a fault
-        // campaign while a large file was written beside it). Copied to disk when kept.
+        // could wait for seconds, long enough for agents' API checks to fail. Copied to disk
+        // when kept.
         std::os::unix::fs::symlink(shm.join("logs"), dir.join("logs")).map_err(io("linking the lab's logs"))?;
         let net = Network::plan(&id)?;
         let node_names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
