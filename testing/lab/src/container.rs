@@ -25,6 +25,10 @@ pub struct ContainerSpec {
     pub user: Option<(u32, u32)>,
     /// `capabilities: {drop: [ALL]}`.
     pub drop_all_capabilities: bool,
+    /// The network namespace to join (a node's, under /run/netns); the host's when unset. runc
+    /// joins it itself: run inside `ip netns exec`, it would find no cgroup mount under the
+    /// fresh /sys that command mounts.
+    pub network: Option<PathBuf>,
 }
 
 /// A host path mounted into the container (a hostPath or a projected volume).
@@ -45,6 +49,7 @@ impl ContainerSpec {
             binds: Vec::new(),
             user: None,
             drop_all_capabilities: false,
+            network: None,
         }
     }
 
@@ -81,8 +86,8 @@ impl Containers {
         self.root.join("runc")
     }
 
-    /// The process that runs `spec` as container `name` (`controller`, `node-1/agent`). A node's
-    /// container joins the network namespace it is started in; a host container the host's.
+    /// The process that runs `spec` as container `name` (`controller`, `node-1/agent`), in the
+    /// network namespace `spec.network` names, or the host's.
     pub fn process(&self, name: &str, spec: &ContainerSpec) -> Result<ProcessSpec> {
         let (state, id, bundle) = self.prepare(name, spec)?;
         // The container's init starts a session of its own, out of reach of a kill of runc's
@@ -166,6 +171,9 @@ impl Containers {
         crate::binaries::tool("skopeo")?;
         crate::binaries::tool("umoci")?;
         let layout = self.root.join("layouts").join(stem);
+        for dir in [self.root.join("layouts"), self.root.join("images")] {
+            std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
         let source = format!("oci-archive:{}", archive.display());
         let target = format!("oci:{}:image", layout.display());
         cmd::run("skopeo", &["copy", "--quiet", &source, &target])?;
@@ -228,6 +236,9 @@ fn adapt(config: &mut Value, rootfs: &Path, spec: &ContainerSpec) {
     let linux = &mut config["linux"];
     if let Some(namespaces) = linux["namespaces"].as_array_mut() {
         namespaces.retain(|ns| ns["type"] != "network");
+        if let Some(path) = &spec.network {
+            namespaces.push(json!({"type": "network", "path": path.display().to_string()}));
+        }
     }
     // The host's sysrq trigger stays out of reach whatever the container runs: masked by an
     // empty file, as the runtimes' defaults do, and listed here in case an image's config did not.

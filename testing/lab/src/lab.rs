@@ -527,6 +527,12 @@ impl Lab {
     /// boot time is in [`Lab::boot_file`].
     pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
         spec.netns = Some(self.netns(node)?);
+        self.add_to_node(node, name, spec)
+    }
+
+    /// Adds a process to a node's power cycle as it is (a container joins the node's namespace
+    /// by itself).
+    fn add_to_node(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
         let full = format!("{node}/{name}");
         let powered = self.condition(node)?.powered;
         let mut procs = self
@@ -569,12 +575,14 @@ impl Lab {
     /// Runs an image as container `<node>/<name>` in the node's network namespace, started on
     /// every power-on and killed by every power-off like the node's other processes.
     pub fn add_node_container(&self, node: &str, name: &str, spec: &ContainerSpec) -> Result<()> {
+        let mut spec = spec.clone();
+        spec.network = Some(PathBuf::from("/run/netns").join(self.netns(node)?));
         let process = self
             .inner
             .resources
             .containers
-            .process(&format!("{node}/{name}"), spec)?;
-        self.add_node_process(node, name, process)
+            .process(&format!("{node}/{name}"), &spec)?;
+        self.add_to_node(node, name, process)
     }
 
     /// Runs an image to completion as container `name` on the host (e.g. a command that lists
