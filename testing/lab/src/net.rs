@@ -45,7 +45,7 @@ impl Network {
     }
 
     /// A fixed, locally administered MAC for bridge `which` (1: nodes, 2: management).
-    pub fn bridge_mac(&self, which: u8) -> String {
+    fn bridge_mac(&self, which: u8) -> String {
         format!("02:6e:6d:{:02x}:{which:02x}:01", self.slot)
     }
 
