@@ -26,7 +26,7 @@ use nodemedic_api::{
     names::conditions as types,
 };
 use nodemedic_kube::conditions;
-use nodemedic_lab::{BmcOptions, Event, Lab, LabConfig, PowerDelays};
+use nodemedic_lab::{BmcOptions, Event, Lab, LabConfig};
 use serde_json::{Value, json};
 
 use crate::support::{
@@ -94,12 +94,8 @@ pub(crate) fn adapt_template(lab: &Lab) -> impl FnOnce(&mut Value) + '_ {
 
 /// A seed lab with BMCs, nodemedic's controller (health check and fence agents), the seed FAR
 /// secret and the workload; returns the pod's node.
-async fn cluster(delays: PowerDelays) -> (Lab, String, u16, History) {
-    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions {
-        delays,
-        ..BmcOptions::default()
-    }))
-    .await;
+async fn cluster() -> (Lab, String, u16, History) {
+    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions::default())).await;
     apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
     let history = History::record(&lab.client());
     let port = start_controller(&lab, "controller", &["--disable=self-remediation"]);
@@ -208,23 +204,6 @@ pub(crate) async fn crash_and_recover(lab: &Lab, a: &str, history: &History) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_scenario_fence_redfish_with_a_slow_bmc_fences_the_crashed_node_and_brings_it_back() {
-    let (lab, a, port, history) = cluster(PowerDelays::Realistic).await;
-    apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
-    apply_seed(&lab, "002-nhc-far-3node.yaml", |_| {});
-    crash_and_recover(&lab, &a, &history).await;
-    let text = metrics(port).expect("metrics");
-    assert!(
-        sample(
-            &text,
-            "nodemedic_fence_agent_attempts_total{agent=\"fence_redfish\",action=\"off\",result=\"success\"}"
-        )
-        .is_some_and(|v| v >= 1.0),
-        "{text}"
-    );
-}
-
 /// The fence_ipmilan template users write for ipmi BMCs (ResourceDeletion strategy).
 fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
     scenario::ipmi_far_template(lab, name, secret, "ResourceDeletion")
@@ -232,7 +211,7 @@ fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_back() {
-    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    let (lab, a, _, history) = cluster().await;
     lab.apply_yaml(&ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc").to_string())
         .expect("template");
     apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
@@ -243,7 +222,7 @@ async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_ba
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_check_escalates() {
-    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    let (lab, a, _, history) = cluster().await;
     let client = lab.client();
     lab.apply_yaml(
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wrong", "namespace": NS},
@@ -340,7 +319,7 @@ fn remediation(name: &str, node: &str, spec: Value) -> FenceAgentsRemediation {
 /// An unanswering BMC and every configuration mistake, on one lab.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_are_reported_without_a_run() {
-    let (lab, a, port, history) = cluster(PowerDelays::None).await;
+    let (lab, a, port, history) = cluster().await;
     let client = lab.client();
     let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
     let bmc = lab.bmc(&a).expect("bmc");
@@ -517,7 +496,7 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
 /// and the remediation goes ahead: held back, not refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_unknown_with_a_renewing_kubelet_fences_nothing_until_the_renewals_stop() {
-    let (lab, a, _, history) = cluster(PowerDelays::None).await;
+    let (lab, a, _, history) = cluster().await;
     apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
     apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
         for c in m["spec"]["unhealthyConditions"].as_array_mut().expect("conditions") {

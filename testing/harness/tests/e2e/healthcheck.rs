@@ -240,8 +240,11 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         }
     };
 
-    // A remediator reporting Succeeded=False: the next template at once.
+    // node-1's remediator reports Succeeded=False: the next template at once. node-2's never
+    // finishes: timed out after its minute, then the next template. Both crash together so the
+    // minute runs while node-1 is checked.
     lab.crash("node-1").await.expect("crash");
+    lab.crash("node-2").await.expect("crash");
     eventually("node-1's SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-1").await.into_iter().next()
     })
@@ -268,8 +271,6 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         "the failed remediation is told to stop"
     );
 
-    // A remediation that never finishes: timed out after its minute, then the next template.
-    lab.crash("node-2").await.expect("crash");
     let first = eventually("node-2's SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
     })

@@ -1,9 +1,10 @@
 //! The images `make image` builds, run as containers (runc) in a lab: the controller as the
 //! chart's Deployment runs it, fencing a crashed node through its BMC with the fence agents the
-//! image carries; an agent in every node's network namespace, as the DaemonSet runs it.
+//! image carries; an agent in every node's network namespace, as the DaemonSet runs it. The
+//! fence-agents seed scenario runs here, from the images, rather than in a lab of its own.
 
 use nodemedic_harness::images::{self, Images};
-use nodemedic_lab::{BmcOptions, LabConfig};
+use nodemedic_lab::{BmcOptions, LabConfig, PowerDelays};
 
 use crate::{
     fenceagents::{History, adapt_template, crash_and_recover},
@@ -12,9 +13,13 @@ use crate::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_images_run_as_containers_and_the_controller_container_fences_a_crashed_node_through_its_bmc() {
+async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_crashed_node_and_brings_it_back() {
     let images = Images::of(&nodemedic_exe()).expect("the images are built");
-    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions::default())).await;
+    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions {
+        delays: PowerDelays::Realistic,
+        ..BmcOptions::default()
+    }))
+    .await;
 
     // What ships: the operators and the kubectl plugin, none of the test tooling.
     let (binaries, help) = images::image_commands(&lab, &images.controller).expect("the image lists its commands");

@@ -1,5 +1,6 @@
-//! `nodemedic-lab ...` for people: up, status, a fault, down; and the errors a person sees when
-//! the lab cannot start.
+//! `nodemedic-lab ...` for people: the README's "Try it" from up to down, with `nodemedic doctor`
+//! and `nodemedic status` against the playground; and the errors a person sees when the lab cannot
+//! start.
 
 use std::process::Command;
 
@@ -7,41 +8,6 @@ use crate::{nodemedic_lab, text};
 
 /// `nodemedic-lab` keeps one lab per machine in /run/nodemedic/lab-serve: one test at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-#[test]
-fn lab_up_status_crash_and_down() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let up = nodemedic_lab(&["up", "--nodes", "2"]);
-    let _down = Down;
-    assert!(up.status.success(), "{}", text(&up));
-    assert!(text(&up).contains("export KUBECONFIG="), "{}", text(&up));
-    let status = nodemedic_lab(&["status"]);
-    assert!(text(&status).contains("node-2"), "{}", text(&status));
-    let crash = nodemedic_lab(&["crash", "node-2"]);
-    assert!(crash.status.success(), "{}", text(&crash));
-    let status = nodemedic_lab(&["status"]);
-    assert!(
-        text(&status)
-            .lines()
-            .any(|l| l.starts_with("node-2") && l.contains(" off ")),
-        "{}",
-        text(&status)
-    );
-    let unknown = nodemedic_lab(&["freeze", "node-9"]);
-    assert!(
-        !unknown.status.success() && text(&unknown).contains("no node named node-9"),
-        "{}",
-        text(&unknown)
-    );
-    let down = nodemedic_lab(&["down"]);
-    assert!(down.status.success(), "{}", text(&down));
-    let after = nodemedic_lab(&["status"]);
-    assert!(
-        !after.status.success() && text(&after).contains("nodemedic-lab up"),
-        "{}",
-        text(&after)
-    );
-}
 
 #[test]
 fn a_lab_without_root_says_so() {
@@ -121,17 +87,18 @@ fn within<T>(seconds: u64, what: &str, mut probe: impl FnMut() -> Option<T>) -> 
 }
 
 /// The README's "Try it", step by step: a lab with nodemedic and BMCs, a person's own health
-/// check applied with kubectl, `nodemedic status`, a crash, the workload elsewhere, the logs and
-/// the timeline, down.
+/// check applied with kubectl, `nodemedic doctor` finding nothing to fix, `nodemedic status`, a
+/// crash, the workload elsewhere, the logs and the timeline, down. One playground for all of it:
+/// each `up` costs a lab start.
 #[test]
 fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_and_timeline() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let up = nodemedic_lab(&["up", "--bmcs"]);
+    let up = nodemedic_lab(&["up", "--bmcs", "--nodes", "3"]);
     let _down = Down;
     let said = text(&up);
     assert!(up.status.success(), "{said}");
     assert!(
-        said.contains("nodemedic is installed") && said.contains("BMC"),
+        said.contains("lab up: 3 nodes") && said.contains("nodemedic is installed") && said.contains("BMC"),
         "{said}"
     );
     let kubeconfig = said
@@ -139,8 +106,12 @@ fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_an
         .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
         .expect("up prints the KUBECONFIG")
         .to_owned();
-    let status = nodemedic_lab(&["status"]);
-    assert!(text(&status).contains(" bmc "), "{}", text(&status));
+    let status = text(&nodemedic_lab(&["status"]));
+    assert!(status.contains(" bmc "), "{status}");
+    assert!(
+        status.contains("node-3") && !status.contains("node-4"),
+        "three nodes: {status}"
+    );
 
     let applied = kubectl(&kubeconfig, &["apply", "-f", "examples/try-it/nodehealthcheck.yaml"]);
     assert!(applied.status.success(), "{}", text(&applied));
@@ -161,11 +132,8 @@ fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_an
         line.strip_prefix("Running ").map(str::to_owned)
     };
     let node = within(120, "db-0 Running", || where_it_runs(&kubeconfig));
-    let rows = Command::new(crate::nodemedic_exe())
-        .args(["status", "-o", "json"])
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .expect("nodemedic status runs");
+    doctor_finds_nothing_to_fix(&kubeconfig);
+    let rows = nodemedic(&kubeconfig, &["status", "-o", "json"]);
     assert!(rows.status.success(), "{}", text(&rows));
     assert!(
         text(&rows).contains("try-it"),
@@ -175,6 +143,19 @@ fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_an
 
     let crash = nodemedic_lab(&["crash", &node]);
     assert!(crash.status.success(), "{}", text(&crash));
+    let status = text(&nodemedic_lab(&["status"]));
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with(node.as_str()) && l.contains(" off ")),
+        "{status}"
+    );
+    let unknown = nodemedic_lab(&["freeze", "node-9"]);
+    assert!(
+        !unknown.status.success() && text(&unknown).contains("no node named node-9"),
+        "{}",
+        text(&unknown)
+    );
     let elsewhere = within(240, "db-0 Running on another node", || {
         where_it_runs(&kubeconfig).filter(|n| *n != node)
     });
@@ -195,4 +176,58 @@ fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_an
     assert!(timeline.contains(&format!("fault: crash {node}")), "{timeline}");
     assert!(timeline.contains("SelfNodeRemediation"), "{timeline}");
     assert!(timeline.contains(&format!("Running on {elsewhere}")), "{timeline}");
+
+    let down = nodemedic_lab(&["down"]);
+    assert!(down.status.success(), "{}", text(&down));
+    let after = nodemedic_lab(&["status"]);
+    assert!(
+        !after.status.success() && text(&after).contains("nodemedic-lab up"),
+        "{}",
+        text(&after)
+    );
+}
+
+fn nodemedic(kubeconfig: &str, args: &[&str]) -> std::process::Output {
+    Command::new(crate::nodemedic_exe())
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("nodemedic runs")
+}
+
+/// What the playground installs is what doctor wants to see: every agent registered, both
+/// accounts allowed what they need, the controller running, the person's check selecting nodes
+/// and its template found. Nothing blocking, exit status 0, in JSON and in the table.
+fn doctor_finds_nothing_to_fix(kubeconfig: &str) {
+    use crate::doctor::{findings, report};
+    let out = nodemedic(kubeconfig, &["doctor", "-o", "json"]);
+    let report = report(&out);
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{}", text(&out));
+    assert_eq!(report["blocking"], 0, "{report:#}");
+    for node in ["node-1", "node-2", "node-3"] {
+        let agent = findings(&report, "agents", &format!("node {node}"));
+        assert_eq!(agent.len(), 1, "{report:#}");
+        assert_eq!(agent[0]["severity"], "ok", "{report:#}");
+    }
+    let check = findings(&report, "health-check", "NodeHealthCheck try-it");
+    assert_eq!(check[0]["message"], "selects node-1, node-2, node-3", "{report:#}");
+    assert_eq!(
+        findings(&report, "template", "NodeHealthCheck try-it")[0]["severity"],
+        "ok",
+        "{report:#}"
+    );
+    for account in ["nodemedic-controller", "nodemedic-agent"] {
+        assert_eq!(findings(&report, "rbac", account)[0]["severity"], "ok", "{report:#}");
+    }
+    assert_eq!(
+        findings(&report, "controller", crate::support::NS)[0]["severity"],
+        "ok",
+        "{report:#}"
+    );
+    assert_eq!(findings(&report, "kubernetes", "Kubernetes")[0]["severity"], "ok");
+
+    let table = nodemedic(kubeconfig, &["doctor"]);
+    assert!(table.status.success(), "{}", text(&table));
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.lines().any(|l| l.starts_with("0 blocking, ")), "{table}");
 }
