@@ -62,8 +62,23 @@ nice -n 19 cargo test --workspace --locked --doc
 for target in $LAB_FREE_TEST_TARGETS; do
   nice -n 19 cargo test --locked -p "${target%%:*}" --test "${target#*:}"
 done
-# Built now, so the lab tests below start the moment the lab is free.
-nice -n 19 cargo test --workspace --locked --tests --no-run
+# Built now, so the lab tests below start the moment the lab is free. They run from these
+# executables: `cargo test -p <one package>` would resolve features for that package alone and
+# rebuild half the workspace first.
+lab_tests=$(mktemp)
+nice -n 19 cargo test --workspace --locked --tests --no-run --message-format=json-render-diagnostics |
+  LAB_TEST_TARGETS="$LAB_TEST_TARGETS" python3 -c '
+import json, os, sys, tomllib
+wanted = os.environ["LAB_TEST_TARGETS"].split()
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+        continue
+    with open(message["manifest_path"], "rb") as manifest:
+        package = tomllib.load(manifest)["package"]["name"]
+    name = package + ":" + message["target"]["name"]
+    if message["target"]["kind"] == ["test"] and name in wanted:
+        print(name, message["executable"], os.path.dirname(message["manifest_path"]))' >"$lab_tests"
 # The images, as `make image` builds them but from the executables under test, for the test that
 # runs them as containers.
 target_dir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
@@ -83,5 +98,8 @@ fi
 
 step "the other lab tests"
 for target in $LAB_TEST_TARGETS; do
-  cargo test --locked -p "${target%%:*}" --test "${target#*:}" -- --skip "$OUTAGE_TEST"
+  read -r _ executable dir < <(grep "^$target " "$lab_tests") ||
+    { echo "no executable was built for the test target $target" >&2; exit 1; }
+  # From the package's folder, as cargo runs its tests.
+  (cd "$dir" && exec "$executable" --skip "$OUTAGE_TEST")
 done
