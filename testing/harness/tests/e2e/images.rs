@@ -37,11 +37,13 @@ async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_
 
     apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
     let history = History::record(&lab.client());
+    // The configuration first, as users apply it: a controller that starts without one creates
+    // the default, and a client-side apply racing that creation fails with AlreadyExists.
+    let config = scenario::configure(&lab).await.expect("SelfNodeRemediationConfig");
     let port = free_port();
     images::start_controller_container(&lab, &images.controller, "controller", port, &[])
         .await
         .expect("the controller container starts");
-    let config = scenario::configure(&lab).await.expect("SelfNodeRemediationConfig");
     images::start_agent_containers(&lab, &images.agent, &config)
         .await
         .expect("the agent containers start");
