@@ -41,9 +41,11 @@ if [ -n "$shipped_tooling" ]; then
 fi
 
 step "build the product's executables and the end-to-end tests, then start the outage test"
-# The end-to-end tests run the product's executables from the same target directory.
-cargo build --locked -p nodemedic --bins
-e2e=$(cargo test --locked -p nodemedic-harness --test e2e --no-run --message-format=json-render-diagnostics | python3 -c '
+# The end-to-end tests run the product's executables from the same target directory. One cargo
+# run builds both: two would resolve features apart (the lab's FUSE crate turns on more of nix
+# and zerocopy) and compile kube and every crate above it twice, a minute before the outage
+# test could start.
+e2e=$(cargo build --locked -p nodemedic --bins -p nodemedic-harness --test e2e --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
     message = json.loads(line)

@@ -109,6 +109,10 @@ pub fn controller_manager(bins: &Binaries, pki: &LabPki, kubeconfig: &Path, timi
                 "--node-monitor-grace-period={}ms",
                 timings.node_monitor_grace.as_millis()
             ),
+            format!(
+                "--attach-detach-reconcile-sync-period={}ms",
+                timings.attach_detach_sync.as_millis()
+            ),
             format!("--root-ca-file={}", p("ca.crt")),
             format!("--service-account-private-key-file={}", p("sa.key")),
             "--use-service-account-credentials=false".into(),

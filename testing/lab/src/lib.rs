@@ -65,6 +65,10 @@ pub struct Timings {
     pub boot_delay: Duration,
     /// Timeout of each node's lab watchdog (the socket's, and the device's until programmed).
     pub watchdog_timeout: Duration,
+    /// kube-controller-manager `--attach-detach-reconcile-sync-period`: how long the
+    /// attach-detach controller can take to notice a VolumeAttachment deleted by someone else.
+    /// Kubernetes' one minute everywhere, so the lab never hides that wait from a remediator.
+    pub attach_detach_sync: Duration,
 }
 
 impl Timings {
@@ -77,6 +81,7 @@ impl Timings {
             toleration_seconds: 300,
             boot_delay: Duration::from_secs(3),
             watchdog_timeout: Duration::from_secs(5),
+            attach_detach_sync: Duration::from_secs(60),
         }
     }
 
@@ -101,6 +106,7 @@ impl Timings {
             toleration_seconds: 300,
             boot_delay: Duration::from_secs(10),
             watchdog_timeout: Duration::from_secs(60),
+            attach_detach_sync: Duration::from_secs(60),
         }
     }
 }

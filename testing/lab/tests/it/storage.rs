@@ -11,7 +11,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, ObjectMeta, PostParams},
 };
-use nodemedic_lab::{Event, Lab, LabConfig, wait};
+use nodemedic_lab::{Event, Lab, LabConfig, Timings, wait};
 
 use crate::support::{has_taint, logs, unknown_within};
 
@@ -66,7 +66,15 @@ async fn force_delete(client: &Client, pod: &Pod) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statefulset_pod_moves_only_once_its_old_attachment_is_gone_and_the_witness_catches_an_unsafe_move() {
     logs();
-    let lab = Lab::start(LabConfig::seed()).await.expect("lab starts");
+    // Both moves below delete an attachment by hand, which the attach-detach controller only
+    // notices at its next sync: every 2 s here instead of Kubernetes' minute.
+    let timings = Timings {
+        attach_detach_sync: Duration::from_secs(2),
+        ..Timings::fast()
+    };
+    let lab = Lab::start(LabConfig::seed().with_timings(timings))
+        .await
+        .expect("lab starts");
     let client = lab.client();
     let ns = Namespace {
         metadata: ObjectMeta {
