@@ -7,6 +7,7 @@ use kube::CustomResourceExt;
 use crate::{
     fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate},
     healthcheck::NodeHealthCheck,
+    machine_deletion::{MachineDeletionRemediation, MachineDeletionRemediationTemplate},
     maintenance::NodeMaintenance,
     self_remediation::{SelfNodeRemediation, SelfNodeRemediationConfig, SelfNodeRemediationTemplate},
 };
@@ -28,6 +29,8 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         FenceAgentsRemediation::crd(),
         FenceAgentsRemediationTemplate::crd(),
         NodeMaintenance::crd(),
+        MachineDeletionRemediation::crd(),
+        MachineDeletionRemediationTemplate::crd(),
     ]
 }
 

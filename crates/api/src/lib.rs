@@ -9,6 +9,8 @@ pub mod crds;
 pub mod duration;
 pub mod fence_agents;
 pub mod healthcheck;
+pub mod machine_deletion;
+pub mod machines;
 pub mod maintenance;
 pub mod names;
 pub(crate) mod schema;

@@ -10,6 +10,7 @@ pub mod events;
 pub mod finalizers;
 pub mod leader;
 pub mod logging;
+pub mod machines;
 pub mod metrics_server;
 pub mod node_lease;
 pub mod pki;

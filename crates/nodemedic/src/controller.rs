@@ -18,6 +18,7 @@ pub enum Operator {
     SelfRemediation,
     FenceAgents,
     Maintenance,
+    MachineDeletion,
 }
 
 #[derive(Args, Debug)]
@@ -94,6 +95,7 @@ pub struct OperatorMetrics {
     pub self_remediation: nodemedic_self_remediation::manager::Metrics,
     pub fence_agents: nodemedic_fence_agents::controller::Metrics,
     pub maintenance: nodemedic_maintenance::controller::Metrics,
+    pub machine_deletion: nodemedic_machine_deletion::controller::Metrics,
 }
 
 impl OperatorMetrics {
@@ -103,6 +105,7 @@ impl OperatorMetrics {
             self_remediation: nodemedic_self_remediation::manager::Metrics::register(registry),
             fence_agents: nodemedic_fence_agents::controller::Metrics::register(registry),
             maintenance: nodemedic_maintenance::controller::Metrics::register(registry),
+            machine_deletion: nodemedic_machine_deletion::controller::Metrics::register(registry),
         }
     }
 }
@@ -131,6 +134,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         self_remediation: snr_metrics,
         fence_agents: far_metrics,
         maintenance: nm_metrics,
+        machine_deletion: mdr_metrics,
     } = OperatorMetrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
@@ -201,6 +205,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     if !args.disabled.contains(&Operator::Maintenance) {
         let run = nodemedic_maintenance::controller::run(client.clone(), evictions, nm_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("node maintenance: {e}")) });
+    }
+    if !args.disabled.contains(&Operator::MachineDeletion) {
+        let run = nodemedic_machine_deletion::controller::run(client.clone(), mdr_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("machine deletion: {e}")) });
     }
     match leadership {
         Some(mut leadership) => {

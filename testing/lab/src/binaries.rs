@@ -43,6 +43,15 @@ pub fn tools_dir() -> PathBuf {
     ))
 }
 
+/// The Cluster API and OpenShift Machine API CRDs, as `scripts/fetch-machine-crds.sh` fills them.
+pub fn machine_crds_dir() -> PathBuf {
+    cache_dir().join("bin").join(format!(
+        "machine-crds-capi-v{}-openshift-api-{}",
+        version("CLUSTER_API_VERSION"),
+        version("OPENSHIFT_API_VERSION")
+    ))
+}
+
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub etcd: PathBuf,

@@ -475,6 +475,53 @@ impl Lab {
         )
     }
 
+    /// Installs the Cluster API and OpenShift Machine API CRDs (fetched by
+    /// `scripts/fetch-machine-crds.sh`) and waits until they are served.
+    pub fn install_machine_crds(&self) -> Result<()> {
+        let dir = crate::binaries::machine_crds_dir();
+        let kubectl = self.inner.bins.kubectl.display().to_string();
+        let kubeconfig = self.inner.kubeconfig.display().to_string();
+        let mut names = Vec::new();
+        for kind in [
+            "machines",
+            "machinesets",
+            "machinedeployments",
+            "clusters",
+            "machinehealthchecks",
+        ] {
+            names.push(format!("crd/{kind}.cluster.x-k8s.io"));
+        }
+        for kind in ["machines", "machinesets", "machinehealthchecks"] {
+            names.push(format!("crd/{kind}.machine.openshift.io"));
+        }
+        if !dir.is_dir() {
+            return Err(crate::Error::MissingTool {
+                what: format!("the machine CRDs in {} (run scripts/setup.sh)", dir.display()),
+            });
+        }
+        crate::cmd::run(
+            &kubectl,
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "apply",
+                "--server-side",
+                "-f",
+                &dir.display().to_string(),
+            ],
+        )?;
+        let mut wait = vec![
+            "--kubeconfig",
+            &kubeconfig,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+        ];
+        wait.extend(names.iter().map(String::as_str));
+        crate::cmd::run(&kubectl, &wait)?;
+        Ok(())
+    }
+
     /// Gives every control-plane node a kubeadm-style etcd mirror pod (see
     /// [`crate::workloads::etcd_mirror_pod`]), for checks of etcd quorum.
     pub fn add_etcd_members(&self) -> Result<()> {

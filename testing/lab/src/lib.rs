@@ -39,7 +39,7 @@ pub mod workloads;
 
 use std::time::Duration;
 
-pub use binaries::{build_dir, tools_dir, version};
+pub use binaries::{build_dir, machine_crds_dir, tools_dir, version};
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};

@@ -44,6 +44,8 @@ fn every_crd_has_the_medik8s_identity() {
             "fenceagentsremediations.fence-agents-remediation.medik8s.io",
             "fenceagentsremediationtemplates.fence-agents-remediation.medik8s.io",
             "nodemaintenances.nodemaintenance.medik8s.io",
+            "machinedeletionremediations.machine-deletion-remediation.medik8s.io",
+            "machinedeletionremediationtemplates.machine-deletion-remediation.medik8s.io",
         ]
     );
 }

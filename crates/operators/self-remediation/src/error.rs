@@ -16,6 +16,8 @@ pub enum Error {
     InvalidConfig { name: String, why: String },
     #[error("{0} has no name")]
     Unnamed(&'static str),
+    #[error("SelfNodeRemediation {0} names no node yet: its Machine's node is not recorded")]
+    Unresolved(String),
 }
 
 impl Error {
@@ -31,6 +33,7 @@ impl Error {
             Self::Poisoned => "poisoned",
             Self::InvalidConfig { .. } => "invalid_config",
             Self::Unnamed(_) => "unnamed",
+            Self::Unresolved(_) => "unresolved",
         }
     }
 }

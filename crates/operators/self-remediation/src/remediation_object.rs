@@ -2,14 +2,21 @@
 //! manager.
 
 use kube::ResourceExt;
-use nodemedic_api::{names::annotations, self_remediation::SelfNodeRemediation};
+use nodemedic_api::{
+    machines::{self, NodeOf},
+    names::annotations,
+    self_remediation::SelfNodeRemediation,
+};
 
-/// The node it remediates: the health check's annotation, else its name (medik8s's rule).
-pub fn node_of(snr: &SelfNodeRemediation) -> String {
-    snr.annotations()
-        .get(annotations::NODE_NAME)
-        .cloned()
-        .unwrap_or_else(|| snr.name_any())
+/// The node it remediates: the node-name annotation (the health check's, or the one the manager
+/// recorded from the owning Machine), else its name (medik8s's rule). None while a Machine-owned
+/// remediation is unresolved: its name is the Machine's and may be another node's, so it is
+/// nobody's intent until the manager has read the Machine's node.
+pub fn node_of(snr: &SelfNodeRemediation) -> Option<String> {
+    match machines::node_of(&snr.metadata) {
+        NodeOf::Named(node) => Some(node),
+        NodeOf::Machine(_) => None,
+    }
 }
 
 /// Whether it is an intent agents honour: not being deleted, not timed out by the health check.

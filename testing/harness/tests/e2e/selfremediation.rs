@@ -506,3 +506,44 @@ async fn agents_with_only_the_charts_service_account_and_role_register_and_remed
     println!("db-0 moved from {node} to {}", node_of(&moved));
     assert_witness(&lab);
 }
+
+/// A MachineHealthCheck names its remediation after the Machine; here the Machine has another
+/// node's name. The manager records the Machine's node, that node is fenced, and the namesake's
+/// agent never takes the remediation for its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_health_checks_remediation_fences_the_machines_node_not_its_namesake() {
+    use crate::machines::{self, CAPI};
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    let config = scenario::configure_with(&lab, scenario::FAST_CONFIG)
+        .await
+        .expect("config");
+    start_controller(&lab, "controller", &["--disable=health-check"]);
+    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Socket).expect("agents");
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let a = node_of(&running_pod(&client, &[]).await);
+    scenario::agents_settled(&lab).await.expect("agents settled");
+    lab.install_machine_crds().expect("machine CRDs");
+    let namesake = lab.nodes().into_iter().find(|n| *n != a).expect("another node");
+    let set = machines::machine_set(&client, CAPI, "md-0", 3).await;
+    let machine = machines::machine(&client, CAPI, &namesake, Some(&set), &a, &format!("lab://{a}")).await;
+    lab.crash(&a).await.expect("crash");
+    machines::as_machine_health_check(
+        &client,
+        "self-node-remediation.medik8s.io/v1alpha1",
+        "SelfNodeRemediation",
+        &machine,
+        json!({"remediationStrategy": "Automatic"}),
+    )
+    .await;
+    let moved = running_pod(&client, &[&a]).await;
+    println!("{a} (Machine {namesake}) fenced: db-0 Running on {}", node_of(&moved));
+    let done = phase_reached(&client, &a, phases::FENCING_COMPLETED).await;
+    assert_eq!(done.name_any(), namesake);
+    assert!(
+        !fenced(&lab).contains(&namesake),
+        "the namesake {namesake} was fenced: {:?}",
+        fenced(&lab)
+    );
+    assert_witness(&lab);
+}

@@ -14,9 +14,10 @@ use kube::{
 };
 use nodemedic_api::{
     healthcheck::NodeHealthCheck,
+    machines,
     names::{annotations, labels},
 };
-use nodemedic_kube::{events::Events, time::rfc3339};
+use nodemedic_kube::{CallContext, events::Events, time::rfc3339};
 use serde_json::json;
 
 use super::reconcile::Context;
@@ -195,7 +196,9 @@ impl Apply<'_> {
             (annotations::TEMPLATE_NAME.to_owned(), new.template.name.clone()),
         ]));
         obj.metadata.labels = Some(object_labels);
-        obj.metadata.owner_references = Some(vec![owner]);
+        let mut owners = vec![owner];
+        owners.extend(self.machine_owner(new).await?);
+        obj.metadata.owner_references = Some(owners);
         obj.data = json!({ "spec": new.spec });
         match dynamic_api(&self.ctx.client, resource, &new.namespace)
             .create(&PostParams::default(), &obj)
@@ -216,6 +219,33 @@ impl Apply<'_> {
                 Err(nodemedic_kube::Error::call(call, e).into())
             }
         }
+    }
+
+    /// The node's Machine (either machine layer) as an owner, so deleting the Machine takes the
+    /// remediation with it. Owner references cannot cross namespaces: a Machine elsewhere than
+    /// the remediation is left out, as medik8s does.
+    async fn machine_owner(&self, new: &NewRemediation) -> Result<Option<OwnerReference>> {
+        let node = Api::<Node>::all(self.ctx.client.clone())
+            .get_opt(&new.node)
+            .await
+            .with_context(|| format!("reading node {}", new.node))?;
+        let Some(machine) = node.as_ref().and_then(|n| machines::machine_of_node(&n.metadata)) else {
+            return Ok(None);
+        };
+        if machine.namespace != new.namespace {
+            tracing::info!(nhc = %self.name, node = %new.node, %machine, namespace = %new.namespace, "the node's Machine is in another namespace than the remediation: not its owner");
+            return Ok(None);
+        }
+        let Some(found) = nodemedic_kube::machines::get_machine(&self.ctx.client, &machine).await? else {
+            return Ok(None);
+        };
+        Ok(Some(OwnerReference {
+            api_version: format!("{}/{}", machine.api.group(), machine.version),
+            kind: machines::MACHINE_KIND.into(),
+            name: machine.name.clone(),
+            uid: found.metadata.uid.clone().unwrap_or_default(),
+            ..Default::default()
+        }))
     }
 
     async fn annotate(&self, decision: &Decision) -> Result<()> {

@@ -31,8 +31,9 @@ use crate::{
 fn intents(list: &[SelfNodeRemediation], booted: Option<jiff::Timestamp>) -> Vec<Intent> {
     list.iter()
         .filter(|r| remediation_object::is_intent(r))
-        .map(|r| Intent {
-            node: remediation_object::node_of(r),
+        .filter_map(|r| Some((r, remediation_object::node_of(r)?)))
+        .map(|(r, node)| Intent {
+            node,
             uid: r.metadata.uid.clone().unwrap_or_default(),
             completed: r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::FENCING_COMPLETED)
                 && booted

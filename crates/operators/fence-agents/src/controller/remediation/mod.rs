@@ -1,13 +1,17 @@
 //! The FenceAgentsRemediation reconciler: [`observe`] reads what the decision needs,
 //! [`fencing::next`] decides, [`perform`] carries the answer out; again until it is to wait.
 
+mod machine;
 mod observe;
 mod perform;
 
 use std::{sync::Arc, time::Duration};
 
 use kube::{Api, ResourceExt, runtime::controller::Action};
-use nodemedic_api::fence_agents::FenceAgentsRemediation;
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    machines::{self, NodeOf},
+};
 
 use super::Context;
 use crate::{
@@ -22,6 +26,11 @@ pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> R
     let namespace = far.namespace().ok_or_else(|| Error::Unnamespaced(far.name_any()))?;
     let api = Api::<FenceAgentsRemediation>::namespaced(ctx.client.clone(), &namespace);
     let name = far.name_any();
+    if matches!(machines::node_of(&far.metadata), NodeOf::Machine(_))
+        && let Some(action) = machine::resolve(&api, &far, &ctx).await?
+    {
+        return Ok(action);
+    }
     for _ in 0..STEPS_PER_RECONCILE {
         let Some(seen) = observe::observe(&api, &name, &namespace, &ctx).await? else {
             return Ok(Action::await_change());

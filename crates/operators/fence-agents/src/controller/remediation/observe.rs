@@ -5,13 +5,14 @@ use k8s_openapi::api::{core::v1::Node, core::v1::Pod, storage::v1::VolumeAttachm
 use kube::{Api, ResourceExt};
 use nodemedic_api::{
     fence_agents::FenceAgentsRemediation,
+    machines::{self, NodeOf},
     names::{annotations, finalizers, taints as keys},
 };
 use nodemedic_kube::{CallContext, taints, workloads};
 
 use super::super::{Context, options};
 use crate::{
-    Result,
+    Error, Result,
     decide::fencing::{Facts, Step},
 };
 
@@ -40,7 +41,11 @@ pub async fn observe(
     else {
         return Ok(None);
     };
-    let node = node_name(&current);
+    let Some(node) = node_name(&current) else {
+        // Resolved before the first observation (`machine::resolve`); seen here only if the
+        // recorded node annotation was removed since.
+        return Err(Error::Unresolved(name.to_owned()));
+    };
     let uid = current.uid().unwrap_or_default();
     let step = current_step(&current);
     let deleting = current.metadata.deletion_timestamp.is_some();
@@ -92,15 +97,17 @@ pub async fn observe(
     }))
 }
 
-/// medik8s: the node-name annotation, else the CR's name.
-pub fn node_name(far: &FenceAgentsRemediation) -> String {
-    far.annotations()
-        .get(annotations::NODE_NAME)
-        .cloned()
-        .unwrap_or_else(|| far.name_any())
+/// The node-name annotation, else the CR's name (medik8s), except for a Machine-owned remediation
+/// not yet resolved: its name is the Machine's, and fencing a node of that name could fence the
+/// wrong one (medik8s does).
+pub fn node_name(far: &FenceAgentsRemediation) -> Option<String> {
+    match machines::node_of(&far.metadata) {
+        NodeOf::Named(node) => Some(node),
+        NodeOf::Machine(_) => None,
+    }
 }
 
-fn current_step(far: &FenceAgentsRemediation) -> Step {
+pub fn current_step(far: &FenceAgentsRemediation) -> Step {
     let status = far.status.as_ref();
     if let Some(step) = status.and_then(|s| s.step.as_deref()) {
         return Step::parse(Some(step));

@@ -14,7 +14,11 @@ use std::{
 
 use kube::{Api, Client, ResourceExt, runtime::controller::Action};
 use nodemedic_api::self_remediation::SelfNodeRemediation;
-use nodemedic_kube::{CallContext, events::Events};
+use nodemedic_kube::{
+    CallContext,
+    events::Events,
+    machines::{self, Resolved},
+};
 
 use super::Metrics;
 use crate::{
@@ -71,6 +75,16 @@ pub async fn reconcile(snr: Arc<SelfNodeRemediation>, ctx: Arc<Context>) -> Resu
         else {
             return Ok(Action::await_change());
         };
+        if crate::remediation_object::node_of(&current).is_none() {
+            match machines::resolve_node(&ctx.client, &current.metadata).await? {
+                Resolved::Node(node) => {
+                    machines::record_node(&ctx.client, &current, &node).await?;
+                    tracing::info!(remediation = %name, %node, "node of the owning Machine recorded");
+                    continue;
+                }
+                unresolved => return perform::unresolved(&current, &unresolved, &api, &ctx).await,
+            }
+        }
         let seen = observe::observe(&current, &ctx).await?;
         let step = decide::next(&seen.facts);
         if !matches!(step, Step::Idle | Step::Wait(_) | Step::AwaitAcceptance) {

@@ -49,7 +49,7 @@ fn recorded_wait(snr: &SelfNodeRemediation) -> Option<RecordedWait> {
 }
 
 pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observed> {
-    let node_name = node_of(snr);
+    let node_name = node_of(snr).ok_or_else(|| Error::Unresolved(snr.name_any()))?;
     let uid = snr.uid().ok_or(Error::Unnamed("SelfNodeRemediation"))?;
     let config = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)
         .get_opt(CONFIG_NAME)

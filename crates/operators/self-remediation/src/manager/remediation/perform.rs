@@ -9,7 +9,7 @@ use nodemedic_api::{
     names::{conditions as types, finalizers, labels, taints as keys},
     self_remediation::{RemediationStrategy, SelfNodeRemediation},
 };
-use nodemedic_kube::{taints, workloads};
+use nodemedic_kube::{machines::Resolved, taints, workloads};
 
 use super::{
     Context,
@@ -23,6 +23,30 @@ use crate::{
 
 /// No safe time comes near this; an older wait belongs to a remediation that is gone.
 const FORGET_WAITS_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// A Machine-owned remediation whose Machine names no node: nothing to fence, said the way a
+/// missing node is (the health check escalates on it), and looked at again, since a provisioning
+/// Machine may get its node.
+pub async fn unresolved(
+    snr: &SelfNodeRemediation,
+    unresolved: &Resolved,
+    api: &Api<SelfNodeRemediation>,
+    ctx: &Context,
+) -> Result<Action> {
+    if snr.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let why = unresolved.why_no_node().unwrap_or_default();
+    if set_status(api, snr, |s, now| {
+        finished(s, now, false, "RemediationSkippedNodeNotFound", &why)
+    })
+    .await?
+    {
+        let on = nodemedic_kube::events::reference(snr);
+        ctx.events.warning(&on, "RemediationCannotStart", why).await;
+    }
+    Ok(Action::requeue(Duration::from_secs(10)))
+}
 
 pub async fn perform(
     step: &Step,
