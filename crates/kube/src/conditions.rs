@@ -2,6 +2,7 @@
 //! when the status does.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use nodemedic_api::names::conditions::{PROCESSING, SUCCEEDED};
 
 /// The desired state of one condition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +67,22 @@ pub fn set_status(
             true
         }
     }
+}
+
+/// A remediator's medik8s signal while it works: `Processing=True`, `Succeeded=Unknown`, both with
+/// `reason` and `why`. Returns whether anything changed.
+pub fn set_processing(conditions: &mut Vec<Condition>, reason: &str, why: &str, now: &Time) -> bool {
+    let a = set_status(conditions, PROCESSING, "True", reason, why.to_owned(), None, now);
+    let b = set_status(conditions, SUCCEEDED, "Unknown", reason, why.to_owned(), None, now);
+    a | b
+}
+
+/// A remediator's medik8s signal once it ends: `Processing=False`, `Succeeded` as `ok` says
+/// (False lets a health check escalate), both with `reason` and `why`.
+pub fn set_finished(conditions: &mut Vec<Condition>, ok: bool, reason: &str, why: &str, now: &Time) -> bool {
+    let a = set_status(conditions, PROCESSING, "False", reason, why.to_owned(), None, now);
+    let b = set_status(conditions, SUCCEEDED, status_str(ok), reason, why.to_owned(), None, now);
+    a | b
 }
 
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {

@@ -89,6 +89,9 @@ pub struct Facts {
     pub progress: Option<Progress>,
     /// Only read before the deletion (no progress recorded).
     pub target: Option<Target>,
+    /// Another remediation that deleted a Machine of the same owner and is not done with it:
+    /// one Machine of an owner is deleted at a time (seed 003).
+    pub turn_taken_by: Option<String>,
 }
 
 /// medik8s's reasons for a remediation that cannot start.
@@ -159,6 +162,10 @@ pub enum Step {
         why: CannotStart,
         message: String,
     },
+    /// Another remediation is replacing a Machine of the same owner: wait for it.
+    AwaitTurn {
+        behind: String,
+    },
     /// Record the Machine, its owner and node, then delete the Machine.
     DeleteMachine {
         machine: Box<Machine>,
@@ -194,7 +201,11 @@ pub fn next(f: &Facts) -> Step {
         return Step::Stop;
     }
     let Some(progress) = &f.progress else {
-        return before_deletion(f.target.as_ref());
+        let step = before_deletion(f.target.as_ref());
+        return match (&step, &f.turn_taken_by) {
+            (Step::DeleteMachine { .. }, Some(other)) => Step::AwaitTurn { behind: other.clone() },
+            _ => step,
+        };
     };
     match progress.machine {
         Presence::Present => return Step::DeleteAgain,
@@ -321,6 +332,7 @@ mod tests {
             created: Some(Timestamp::from_second(1000).expect("time")),
             progress: None,
             target: Some(target),
+            turn_taken_by: None,
         }
     }
 
@@ -379,6 +391,22 @@ mod tests {
             next(&before(Target::Found(machine(Some(owner()))))),
             Step::DeleteMachine { .. }
         ));
+    }
+
+    #[test]
+    fn one_machine_of_an_owner_is_deleted_at_a_time() {
+        let mut f = before(Target::Found(machine(Some(owner()))));
+        f.turn_taken_by = Some("md-0-b".into());
+        assert_eq!(
+            next(&f),
+            Step::AwaitTurn {
+                behind: "md-0-b".into()
+            }
+        );
+        // A refusal is said at once, turn or not.
+        let mut refused = before(Target::Found(machine(None)));
+        refused.turn_taken_by = Some("md-0-b".into());
+        assert!(matches!(next(&refused), Step::CannotStart { .. }));
     }
 
     #[test]
@@ -483,12 +511,14 @@ mod tests {
             }
         }
 
-        // Only a Machine with a controller owner is ever deleted.
+        // Only a Machine with a controller owner is ever deleted, and only when no other
+        // remediation is replacing one of the same owner.
         #[test]
-        fn only_owned_machines_are_deleted(has_owner in any::<bool>()) {
-            let step = next(&before(Target::Found(machine(has_owner.then(owner)))));
-            let deletes = matches!(step, Step::DeleteMachine { .. });
-            prop_assert_eq!(deletes, has_owner);
+        fn only_owned_machines_are_deleted_one_at_a_time(has_owner in any::<bool>(), busy in any::<bool>()) {
+            let mut f = before(Target::Found(machine(has_owner.then(owner))));
+            f.turn_taken_by = busy.then(|| "other".to_owned());
+            let deletes = matches!(next(&f), Step::DeleteMachine { .. });
+            prop_assert_eq!(deletes, has_owner && !busy);
         }
     }
 }

@@ -2,13 +2,7 @@
 //! lab's BMC emulators (sushy-tools Redfish over TLS, ipmi_sim), whose power off really kills the
 //! node; a one-replica StatefulSet with a ReadWriteOnce volume; the at-most-one witness.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
-
-use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use std::time::Duration;
 
 use k8s_openapi::{
     api::{
@@ -31,61 +25,31 @@ use serde_json::{Value, json};
 
 use crate::machines;
 use crate::support::{
-    NS, apply_seed, assert_witness, event_with, eventually, lab, list, metrics, sample, scenario, start_controller,
-    taints,
+    self, NS, apply_seed, assert_witness, event_with, eventually, lab, list, metrics, sample, scenario,
+    start_controller, taints,
 };
 use scenario::node_of;
 
 const LONG: Duration = Duration::from_secs(180);
 
-/// Every version of every FenceAgentsRemediation the API server showed, so a test sees a state
-/// even when the health check deletes the object a moment later.
-pub(crate) struct History {
-    seen: Arc<Mutex<Vec<FenceAgentsRemediation>>>,
-    watch: tokio::task::AbortHandle,
+/// Every version of every FenceAgentsRemediation the API server showed.
+pub(crate) type History = support::History<FenceAgentsRemediation>;
+
+fn summary(history: &History) -> Vec<String> {
+    history
+        .all()
+        .iter()
+        .map(|f| {
+            format!(
+                "{} {:?} {:?}",
+                f.name_any(),
+                f.annotations(),
+                condition(f, types::SUCCEEDED)
+            )
+        })
+        .collect()
 }
 
-impl History {
-    pub(crate) fn record(client: &Client) -> Self {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let into = seen.clone();
-        let api = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(
-                watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .touched_objects()
-            );
-            while let Some(item) = stream.next().await {
-                if let (Ok(far), Ok(mut all)) = (item, into.lock()) {
-                    all.push(far);
-                }
-            }
-        });
-        Self {
-            seen,
-            watch: task.abort_handle(),
-        }
-    }
-
-    fn summary(&self) -> Vec<String> {
-        let Ok(all) = self.seen.lock() else { return Vec::new() };
-        all.iter()
-            .map(|f| {
-                format!(
-                    "{} {:?} {:?}",
-                    f.name_any(),
-                    f.annotations(),
-                    condition(f, types::SUCCEEDED)
-                )
-            })
-            .collect()
-    }
-
-    fn find(&self, matches: impl Fn(&FenceAgentsRemediation) -> bool) -> Option<FenceAgentsRemediation> {
-        self.seen.lock().ok()?.iter().find(|f| matches(f)).cloned()
-    }
-}
 const PASSWORD: &str = "n0tPassword";
 
 /// The seed template adapted to the lab (see [`scenario::adapt_far_template`]).
@@ -107,14 +71,6 @@ async fn cluster() -> (Lab, String, u16, History) {
 
 async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
     scenario::running_pod(client, not_on, LONG).await.expect("db-0 Running")
-}
-
-/// The watch ends with the test, before its lab goes away (a watch on a vanished API server
-/// would retry forever).
-impl Drop for History {
-    fn drop(&mut self) {
-        self.watch.abort();
-    }
 }
 
 fn node_is(r: &FenceAgentsRemediation, node: &str) -> bool {
@@ -228,7 +184,7 @@ async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_ba
     crash_and_recover(&lab, &a, &history).await;
     let made = history
         .find(|r| node_is(r, &a))
-        .unwrap_or_else(|| panic!("no FAR for {a} in {:?}", history.summary()));
+        .unwrap_or_else(|| panic!("no FAR for {a} in {:?}", summary(&history)));
     let owners: Vec<_> = made
         .owner_references()
         .iter()
@@ -351,7 +307,7 @@ async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_
                 .map(String::as_str)
                 == Some("ipmi")
         })
-        .unwrap_or_else(|| panic!("no FAR from template ipmi in {:?}", history.summary()));
+        .unwrap_or_else(|| panic!("no FAR from template ipmi in {:?}", summary(&history)));
     assert_eq!(
         finished(&history, &a, "True")
             .await
@@ -607,7 +563,7 @@ async fn a_stale_unknown_with_a_renewing_kubelet_fences_nothing_until_the_renewa
     assert!(
         history.find(|_| true).is_none(),
         "a remediation was created while the kubelet renewed: {:?}",
-        history.summary()
+        summary(&history)
     );
     renewing.abort();
     eventually("the remediation once the renewals stopped", LONG, || async {

@@ -4,18 +4,12 @@
 //! machine layer's controllers (it creates the Machines and a MachineSet's replacement), which
 //! nodemedic only reads and deletes.
 
-use std::{
-    fmt::Debug,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
 use nodemedic_api::{
     machine_deletion::MachineDeletionRemediation,
@@ -23,61 +17,13 @@ use nodemedic_api::{
 };
 use nodemedic_kube::conditions;
 use nodemedic_lab::LabConfig;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::support::{NS, event_with, eventually, lab, list, start_controller};
+use crate::support::{History, NS, event_with, eventually, lab, list, start_controller};
 
 const LONG: Duration = Duration::from_secs(60);
 pub(crate) const CAPI: (&str, &str) = ("cluster.x-k8s.io", "v1beta2");
 pub(crate) const OPENSHIFT: (&str, &str) = ("machine.openshift.io", "v1beta1");
-
-/// Every version of every object of a kind the API server showed, so a test sees a state even
-/// when the object is deleted a moment later (a remediation its deleted Machine owned).
-pub(crate) struct Seen<K> {
-    all: Arc<Mutex<Vec<K>>>,
-    watch: tokio::task::AbortHandle,
-}
-
-impl<K> Seen<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    pub(crate) fn record(client: &Client) -> Self {
-        let all = Arc::new(Mutex::new(Vec::new()));
-        let into = all.clone();
-        let api = Api::<K>::all(client.clone());
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(
-                watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .touched_objects()
-            );
-            while let Some(item) = stream.next().await {
-                if let (Ok(object), Ok(mut all)) = (item, into.lock()) {
-                    all.push(object);
-                }
-            }
-        });
-        Self {
-            all,
-            watch: task.abort_handle(),
-        }
-    }
-
-    pub(crate) async fn find(&self, what: &str, matches: impl Fn(&K) -> bool) -> K {
-        eventually(what, LONG, || async {
-            self.all.lock().ok()?.iter().find(|k| matches(k)).cloned()
-        })
-        .await
-    }
-}
-
-impl<K> Drop for Seen<K> {
-    fn drop(&mut self) {
-        self.watch.abort();
-    }
-}
 
 pub(crate) fn api(client: &Client, (group, version): (&str, &str), kind: &str) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
@@ -223,6 +169,18 @@ async fn gone(client: &Client, layer: (&str, &str), name: &str) {
     .await;
 }
 
+/// Sets a Cluster API Machine's finalizers: one of the test's holds its deletion, as a drain would.
+async fn hold(client: &Client, name: &str, finalizers: Value) {
+    api(client, CAPI, "Machine")
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Machine {name} finalizers: {e}"));
+}
+
 /// A pod bound to `node` by name (no scheduler), standing for a workload stranded there.
 async fn stranded_pod(client: &Client, name: &str, node: &str) {
     let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
@@ -240,7 +198,7 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
     let lab = lab(LabConfig::seed()).await;
     lab.install_machine_crds().expect("machine CRDs");
     let client = lab.client();
-    let seen = Seen::<MachineDeletionRemediation>::record(&client);
+    let seen = History::<MachineDeletionRemediation>::record(&client);
     start_controller(
         &lab,
         "controller",
@@ -281,7 +239,7 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
         ),
     ] {
         let refused = seen
-            .find(&format!("{name} refused with {reason}"), |m| {
+            .wait_for(&format!("{name} refused with {reason}"), LONG, |m| {
                 m.name_any() == name && succeeded_is(m, "False", reason)
             })
             .await;
@@ -300,20 +258,17 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
 
     // Cluster API, as a MachineHealthCheck asks: the Machine goes, and with it (garbage
     // collection) the remediation, but only after the node's stranded workload is released.
-    let set = machine_set(&client, CAPI, "md-0", 1).await;
-    let doomed = machine(&client, CAPI, "md-0-a", Some(&set), "node-2", "lab://node-2").await;
+    // One Machine of an owner at a time: the second waits while the first is being deleted (a
+    // finalizer holds it, as a drain would).
+    let set = machine_set(&client, CAPI, "md-0", 2).await;
+    let first = machine(&client, CAPI, "md-0-a", Some(&set), "node-2", "lab://node-2").await;
+    let second = machine(&client, CAPI, "md-0-b", Some(&set), "node-1", "lab://node-1").await;
+    hold(&client, "md-0-a", json!(["lab.nodemedic.io/hold"])).await;
     stranded_pod(&client, "stranded", "node-2").await;
-    as_machine_health_check(
-        &client,
-        "machine-deletion-remediation.medik8s.io/v1alpha1",
-        "MachineDeletionRemediation",
-        &doomed,
-        json!({}),
-    )
-    .await;
-    gone(&client, CAPI, "md-0-a").await;
+    let mdr_api = "machine-deletion-remediation.medik8s.io/v1alpha1";
+    as_machine_health_check(&client, mdr_api, "MachineDeletionRemediation", &first, json!({})).await;
     let started = seen
-        .find("md-0-a's remediation started", |m| {
+        .wait_for("md-0-a's remediation started", LONG, |m| {
             m.name_any() == "md-0-a" && condition(m, types::PERMANENT_NODE_DELETION_EXPECTED).is_some()
         })
         .await;
@@ -328,6 +283,33 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
             .map(String::as_str),
         Some("MachineSet/md-0")
     );
+    as_machine_health_check(&client, mdr_api, "MachineDeletionRemediation", &second, json!({})).await;
+    seen.wait_for("md-0-b's remediation waiting for its turn", LONG, |m| {
+        m.name_any() == "md-0-b"
+            && condition(m, types::PROCESSING).is_some_and(|c| {
+                c.2.contains("waiting for its turn: md-0-a is replacing a Machine of MachineSet/md-0")
+            })
+    })
+    .await;
+    eventually("a WaitingForTurn event", LONG, || {
+        event_with(&client, "WaitingForTurn", "md-0-a")
+    })
+    .await;
+    let waiting = api(&client, CAPI, "Machine").get("md-0-b").await.expect("md-0-b");
+    assert!(
+        waiting.metadata.deletion_timestamp.is_none(),
+        "md-0-b deleted while md-0-a was"
+    );
+    assert!(
+        Api::<Pod>::namespaced(client.clone(), NS)
+            .get_opt("stranded")
+            .await
+            .expect("read")
+            .is_some(),
+        "a workload was released while its Machine still existed"
+    );
+    hold(&client, "md-0-a", json!([])).await;
+    gone(&client, CAPI, "md-0-a").await;
     eventually("the stranded pod released", LONG, || async {
         Api::<Pod>::namespaced(client.clone(), NS)
             .get_opt("stranded")
@@ -342,14 +324,15 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
         event_with(&client, "WorkloadsReleased", "node-2")
     })
     .await;
+    gone(&client, CAPI, "md-0-b").await;
     eventually(
-        "md-0-a's remediation garbage-collected with its Machine",
+        "both remediations garbage-collected with their Machines",
         LONG,
         || async {
             list::<MachineDeletionRemediation>(&client, NS)
                 .await
                 .iter()
-                .all(|m| m.name_any() != "md-0-a")
+                .all(|m| !m.name_any().starts_with("md-0-"))
                 .then_some(())
         },
     )
@@ -371,7 +354,7 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
     mdr(&client, "node-3", Some("node-3")).await;
     gone(&client, OPENSHIFT, "workers-a").await;
     let waiting = seen
-        .find("node-3's remediation waiting for the replacement", |m| {
+        .wait_for("node-3's remediation waiting for the replacement", LONG, |m| {
             m.name_any() == "node-3"
                 && condition(m, types::PROCESSING).is_some_and(|c| {
                     c.2.contains("waiting for MachineSet/workers to have its 1 nodes again (0 now)")
@@ -391,7 +374,7 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
         "baremetalhost:///openshift-machine-api/host-3/uid2",
     )
     .await;
-    seen.find("node-3's remediation succeeded", |m| {
+    seen.wait_for("node-3's remediation succeeded", LONG, |m| {
         m.name_any() == "node-3" && succeeded_is(m, "True", "MachineDeleted")
     })
     .await;

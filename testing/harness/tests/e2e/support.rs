@@ -1,9 +1,18 @@
 //! What the end-to-end tests share: starting labs and nodemedic processes in them, applying seed
 //! manifests, reading metrics, waiting for objects.
 
-use std::{sync::Once, time::Duration};
+use std::{
+    fmt::Debug,
+    sync::{Arc, Mutex, Once},
+    time::Duration,
+};
 
-use kube::{Api, Client, api::ListParams};
+use futures::StreamExt;
+use kube::{
+    Api, Client, Resource,
+    api::ListParams,
+    runtime::{WatchStreamExt, watcher},
+};
 use nodemedic_lab::{Lab, LabConfig, wait};
 use serde::de::DeserializeOwned;
 
@@ -129,4 +138,59 @@ pub async fn taints(client: &Client, node: &str) -> Vec<String> {
         .into_iter()
         .map(|t| format!("{}:{}", t.key, t.effect))
         .collect()
+}
+
+/// Every version of every object of a kind the API server showed, so a test sees a state even
+/// when the object is deleted a moment later (by the health check, or with its owner).
+pub struct History<K> {
+    seen: Arc<Mutex<Vec<K>>>,
+    watch: tokio::task::AbortHandle,
+}
+
+impl<K> History<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    pub fn record(client: &Client) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let api = Api::<K>::all(client.clone());
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .touched_objects()
+            );
+            while let Some(item) = stream.next().await {
+                if let (Ok(object), Ok(mut all)) = (item, into.lock()) {
+                    all.push(object);
+                }
+            }
+        });
+        Self {
+            seen,
+            watch: task.abort_handle(),
+        }
+    }
+
+    pub fn all(&self) -> Vec<K> {
+        self.seen.lock().map(|all| all.clone()).unwrap_or_default()
+    }
+
+    pub fn find(&self, matches: impl Fn(&K) -> bool) -> Option<K> {
+        self.seen.lock().ok()?.iter().find(|k| matches(k)).cloned()
+    }
+
+    /// The first version `matches` accepts, waiting up to `timeout` for it.
+    pub async fn wait_for(&self, what: &str, timeout: Duration, matches: impl Fn(&K) -> bool) -> K {
+        eventually(what, timeout, || async { self.find(&matches) }).await
+    }
+}
+
+/// The watch ends with the test, before its lab goes away (a watch on a vanished API server
+/// would retry forever).
+impl<K> Drop for History<K> {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
 }

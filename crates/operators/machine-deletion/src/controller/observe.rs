@@ -64,6 +64,7 @@ pub async fn observe(api: &Api<MachineDeletionRemediation>, name: &str, ctx: &Co
         created,
         progress: None,
         target: None,
+        turn_taken_by: None,
     };
     let mut seen = Observed {
         current: current.clone(),
@@ -78,11 +79,55 @@ pub async fn observe(api: &Api<MachineDeletionRemediation>, name: &str, ctx: &Co
         seen.leftovers = leftovers;
     } else if !facts.deleting && !facts.finished && !facts.timed_out_by_health_check {
         let (found, reference) = target(ctx, &current).await?;
+        if let (Target::Found(Machine { owner: Some(owner), .. }), Some(reference)) = (&found, &reference) {
+            facts.turn_taken_by = turn_taken_by(api, &current, reference, owner).await?;
+        }
         facts.target = Some(found);
         seen.machine = reference;
     }
     seen.facts = facts;
     Ok(Some(seen))
+}
+
+/// Another remediation in the namespace that deleted a Machine of the same owner and is not done
+/// with it (not finished, or still holding its finalizer to release the old node's workloads).
+async fn turn_taken_by(
+    api: &Api<MachineDeletionRemediation>,
+    mdr: &MachineDeletionRemediation,
+    machine: &MachineRef,
+    owner: &Owner,
+) -> Result<Option<String>> {
+    let all = api
+        .list(&ListParams::default())
+        .await
+        .context("listing MachineDeletionRemediations")?;
+    Ok(all
+        .items
+        .into_iter()
+        .filter(|other| other.uid() != mdr.uid())
+        .filter(|other| {
+            recorded_machine(other).is_some_and(|(record, reference)| {
+                record.owner == owner.recorded()
+                    && reference.api == machine.api
+                    && reference.namespace == machine.namespace
+            })
+        })
+        .find(|other| {
+            let conditions = other
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default();
+            let finished =
+                nodemedic_kube::conditions::find(conditions, types::SUCCEEDED).is_some_and(|c| c.status != "Unknown");
+            let releasing = other.finalizers().iter().any(|f| f == FINALIZER);
+            if other.metadata.deletion_timestamp.is_some() {
+                releasing
+            } else {
+                !finished
+            }
+        })
+        .map(|other| other.name_any()))
 }
 
 /// The deleted Machine, from the annotations recorded before deleting it.

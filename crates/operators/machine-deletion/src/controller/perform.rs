@@ -24,8 +24,9 @@ use crate::{
     decide::{Permanence, Step},
 };
 
-/// How often a wait on the machine layer looks again (medik8s polls every 30 s).
-const POLL: Duration = Duration::from_secs(5);
+/// How often a wait on the machine layer looks again (medik8s polls every 30 s): a few reads of
+/// one namespace's Machines per waiting remediation, so a replacement is seen within seconds.
+const POLL: Duration = Duration::from_secs(2);
 
 pub async fn perform(
     step: Step,
@@ -61,6 +62,21 @@ pub async fn perform(
             }
             // The node or Machine may yet appear (a cache behind, a Machine being created).
             return Ok(Some(Action::requeue(Duration::from_secs(30))));
+        }
+        Step::AwaitTurn { behind } => {
+            let owner = match &seen.facts.target {
+                Some(crate::decide::Target::Found(m)) => m.owner.as_ref().map(|o| o.recorded()).unwrap_or_default(),
+                _ => String::new(),
+            };
+            let why = format!(
+                "waiting for its turn: {behind} is replacing a Machine of {owner}, and an owner's Machines are deleted one at a time"
+            );
+            if write(api, mdr, |s, now| processing(s, now, &why)).await? {
+                events
+                    .normal(&on, "WaitingForTurn", format!("{EVENT_PREFIX}{why}"))
+                    .await;
+            }
+            return Ok(Some(Action::requeue(POLL)));
         }
         Step::DeleteMachine { machine, owner } => {
             let Some(reference) = &seen.machine else {
@@ -210,41 +226,16 @@ async fn delete_machine(ctx: &Context, reference: &nodemedic_api::machines::Mach
 }
 
 fn processing(s: &mut MachineDeletionRemediationStatus, now: &Time, why: &str) -> bool {
-    let list = s.conditions.get_or_insert_with(Vec::new);
-    let a = conditions::set_status(
-        list,
-        types::PROCESSING,
-        "True",
+    conditions::set_processing(
+        s.conditions.get_or_insert_with(Vec::new),
         "RemediationStarted",
-        why.into(),
-        None,
+        why,
         now,
-    );
-    let b = conditions::set_status(
-        list,
-        types::SUCCEEDED,
-        "Unknown",
-        "RemediationStarted",
-        why.into(),
-        None,
-        now,
-    );
-    a | b
+    )
 }
 
 fn finished(s: &mut MachineDeletionRemediationStatus, now: &Time, ok: bool, reason: &str, why: &str) -> bool {
-    let list = s.conditions.get_or_insert_with(Vec::new);
-    let a = conditions::set_status(list, types::PROCESSING, "False", reason, why.into(), None, now);
-    let b = conditions::set_status(
-        list,
-        types::SUCCEEDED,
-        conditions::status_str(ok),
-        reason,
-        why.into(),
-        None,
-        now,
-    );
-    a | b
+    conditions::set_finished(s.conditions.get_or_insert_with(Vec::new), ok, reason, why, now)
 }
 
 /// Edits the status; writes it (optimistically locked) only when `edit` reports a change.

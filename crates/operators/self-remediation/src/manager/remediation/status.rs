@@ -4,10 +4,7 @@ use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
-use nodemedic_api::{
-    names::conditions as types,
-    self_remediation::{SelfNodeRemediation, SelfNodeRemediationStatus},
-};
+use nodemedic_api::self_remediation::{SelfNodeRemediation, SelfNodeRemediationStatus};
 use nodemedic_kube::{CallContext, conditions};
 use serde_json::json;
 
@@ -40,26 +37,12 @@ pub fn processing(
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     why: &str,
 ) -> bool {
-    let list = s.conditions.get_or_insert_with(Vec::new);
-    let a = conditions::set_status(
-        list,
-        types::PROCESSING,
-        "True",
+    conditions::set_processing(
+        s.conditions.get_or_insert_with(Vec::new),
         "RemediationStarted",
-        why.to_owned(),
-        None,
+        why,
         now,
-    );
-    let b = conditions::set_status(
-        list,
-        types::SUCCEEDED,
-        "Unknown",
-        "RemediationStarted",
-        why.to_owned(),
-        None,
-        now,
-    );
-    a | b
+    )
 }
 
 pub fn finished(
@@ -69,21 +52,11 @@ pub fn finished(
     reason: &str,
     why: &str,
 ) -> bool {
-    let list = s.conditions.get_or_insert_with(Vec::new);
-    let a = conditions::set_status(list, types::PROCESSING, "False", reason, why.to_owned(), None, now);
-    let b = conditions::set_status(
-        list,
-        types::SUCCEEDED,
-        conditions::status_str(ok),
-        reason,
-        why.to_owned(),
-        None,
-        now,
-    );
+    let changed = conditions::set_finished(s.conditions.get_or_insert_with(Vec::new), ok, reason, why, now);
     let error = (!ok).then(|| why.to_owned());
-    let c = s.last_error != error;
+    let error_changed = s.last_error != error;
     s.last_error = error;
-    a | b | c
+    changed | error_changed
 }
 
 /// Edits the status; writes it only when `edit` reports a change. Returns whether it wrote.
