@@ -10,9 +10,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use nodemedic_api::{
-    fence_agents::FenceAgentsRemediation,
-    healthcheck::NodeHealthCheck,
-    names::{annotations, taints},
+    fence_agents::FenceAgentsRemediation, healthcheck::NodeHealthCheck, names::taints,
     self_remediation::SelfNodeRemediation,
 };
 
@@ -258,11 +256,10 @@ where
         };
         let meta = obj.meta();
         let Some(name) = meta.name.clone() else { continue };
-        let node = meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::NODE_NAME).cloned())
-            .unwrap_or_else(|| name.clone());
+        let node = match nodemedic_api::machines::node_of(meta) {
+            nodemedic_api::machines::NodeOf::Named(node) => node,
+            nodemedic_api::machines::NodeOf::Machine(machine) => format!("(the node of Machine {})", machine.name),
+        };
         let key = format!("{}/{name}", meta.namespace.clone().unwrap_or_default());
         let deleting = meta.deletion_timestamp.is_some();
         let step = progress(&obj);

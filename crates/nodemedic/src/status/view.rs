@@ -10,7 +10,6 @@ use nodemedic_api::{
     fence_agents::FenceAgentsRemediation,
     healthcheck::NodeHealthCheck,
     maintenance::{MaintenancePhase, NodeMaintenance},
-    names::annotations,
     self_remediation::SelfNodeRemediation,
 };
 use nodemedic_self_remediation::registration::Published;
@@ -67,11 +66,11 @@ pub struct MaintenanceView {
     pub drain_progress: Option<i32>,
 }
 
-fn remediated_node<K: ResourceExt>(r: &K) -> String {
-    r.annotations()
-        .get(annotations::NODE_NAME)
-        .cloned()
-        .unwrap_or_else(|| r.name_any())
+fn remediated_node<K: kube::Resource>(r: &K) -> String {
+    match nodemedic_api::machines::node_of(r.meta()) {
+        nodemedic_api::machines::NodeOf::Named(node) => node,
+        nodemedic_api::machines::NodeOf::Machine(machine) => format!("(the node of Machine {})", machine.name),
+    }
 }
 
 fn age(created: Option<Timestamp>, now: Timestamp) -> i64 {

@@ -13,7 +13,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::api::DynamicObject;
-use nodemedic_api::names::{annotations, conditions, labels};
+use nodemedic_api::{
+    machines::{self, NodeOf},
+    names::{annotations, conditions, labels},
+};
 
 use crate::decide::{
     ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
@@ -144,6 +147,12 @@ pub fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> 
         .filter(|o| o.kind == "NodeHealthCheck")
         .map(|o| o.uid.clone())
         .collect();
+    // A MachineHealthCheck's remediation is named after its Machine; until a remediator records
+    // the Machine's node, it stands for no node (least of all the one that shares the name).
+    let node = match machines::node_of(meta) {
+        NodeOf::Named(node) => node,
+        NodeOf::Machine(_) => return None,
+    };
     let facts = RemediationFacts {
         id: RemediationId {
             api_version: api_version.to_owned(),
@@ -152,7 +161,7 @@ pub fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> 
             name: name.clone(),
         },
         uid: meta.uid.clone().unwrap_or_default(),
-        node: annotation(annotations::NODE_NAME).unwrap_or(name),
+        node,
         template_name: annotation(annotations::TEMPLATE_NAME),
         owned: false,
         created: meta
