@@ -46,6 +46,6 @@ bash "$here/build-controlplane.sh" >/dev/null
 # Helm (for the chart) and the Prometheus operator CRDs (for the chart test).
 bash "$here/build-tools.sh" >/dev/null
 
-# The Cluster API and OpenShift Machine API CRDs (for the machine remediation tests).
-bash "$here/fetch-machine-crds.sh" >/dev/null
+# The machine layer: Cluster API's core manager and CRDs, and the OpenShift Machine API CRDs.
+bash "$here/build-machine-layer.sh" >/dev/null
 log "ready"

@@ -43,10 +43,11 @@ pub fn tools_dir() -> PathBuf {
     ))
 }
 
-/// The Cluster API and OpenShift Machine API CRDs, as `scripts/fetch-machine-crds.sh` fills them.
-pub fn machine_crds_dir() -> PathBuf {
+/// Cluster API's manager and CRDs and the OpenShift Machine API CRDs, as
+/// `scripts/build-machine-layer.sh` fills them.
+pub fn machine_layer_dir() -> PathBuf {
     cache_dir().join("bin").join(format!(
-        "machine-crds-capi-v{}-openshift-api-{}",
+        "machine-layer-capi-v{}-openshift-api-{}",
         version("CLUSTER_API_VERSION"),
         version("OPENSHIFT_API_VERSION")
     ))

@@ -16,6 +16,9 @@ pub enum Error {
     Io { what: String, source: std::io::Error },
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A named request of nodemedic's shared Kubernetes helpers (finalizers, machines).
+    #[error("{0}")]
+    Request(#[from] nodemedic_kube::Error),
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
     #[error("certificates: {0}")]

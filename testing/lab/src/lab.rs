@@ -171,7 +171,7 @@ impl Drop for Lab {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     Ok(listener.local_addr().map_err(io("finding a free port"))?.port())
 }
@@ -475,53 +475,6 @@ impl Lab {
         )
     }
 
-    /// Installs the Cluster API and OpenShift Machine API CRDs (fetched by
-    /// `scripts/fetch-machine-crds.sh`) and waits until they are served.
-    pub fn install_machine_crds(&self) -> Result<()> {
-        let dir = crate::binaries::machine_crds_dir();
-        let kubectl = self.inner.bins.kubectl.display().to_string();
-        let kubeconfig = self.inner.kubeconfig.display().to_string();
-        let mut names = Vec::new();
-        for kind in [
-            "machines",
-            "machinesets",
-            "machinedeployments",
-            "clusters",
-            "machinehealthchecks",
-        ] {
-            names.push(format!("crd/{kind}.cluster.x-k8s.io"));
-        }
-        for kind in ["machines", "machinesets", "machinehealthchecks"] {
-            names.push(format!("crd/{kind}.machine.openshift.io"));
-        }
-        if !dir.is_dir() {
-            return Err(crate::Error::MissingTool {
-                what: format!("the machine CRDs in {} (run scripts/setup.sh)", dir.display()),
-            });
-        }
-        crate::cmd::run(
-            &kubectl,
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "apply",
-                "--server-side",
-                "-f",
-                &dir.display().to_string(),
-            ],
-        )?;
-        let mut wait = vec![
-            "--kubeconfig",
-            &kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-        ];
-        wait.extend(names.iter().map(String::as_str));
-        crate::cmd::run(&kubectl, &wait)?;
-        Ok(())
-    }
-
     /// Gives every control-plane node a kubeadm-style etcd mirror pod (see
     /// [`crate::workloads::etcd_mirror_pod`]), for checks of etcd quorum.
     pub fn add_etcd_members(&self) -> Result<()> {
@@ -553,19 +506,7 @@ impl Lab {
 
     /// Waits until the API shows the node's Ready condition with `status`.
     pub async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
-        let api = Api::<Node>::all(self.client());
-        wait::until(&format!("node {node} Ready={status}"), timeout, || {
-            let api = api.clone();
-            async move {
-                let node = api.get(node).await?;
-                let ready = node
-                    .status
-                    .and_then(|s| s.conditions)
-                    .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
-                Ok(ready.filter(|c| c.status == status).map(|_| ()))
-            }
-        })
-        .await
+        self.inner.wait_ready_status(node, status, timeout).await
     }
 
     /// Adds a process to a node (started now if the node is powered, and again on every
@@ -689,6 +630,23 @@ impl Lab {
 }
 
 impl Inner {
+    /// Waits until the API shows the node's Ready condition with `status`.
+    pub async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
+        let api = Api::<Node>::all(self.client.clone());
+        wait::until(&format!("node {node} Ready={status}"), timeout, || {
+            let api = api.clone();
+            async move {
+                let node = api.get(node).await?;
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
+                Ok(ready.filter(|c| c.status == status).map(|_| ()))
+            }
+        })
+        .await
+    }
+
     pub fn index(&self, node: &str) -> Result<usize> {
         self.nodes
             .index(node)

@@ -20,6 +20,7 @@ mod faults;
 mod fleet;
 mod lab;
 mod lock;
+pub mod machines;
 mod membership;
 mod net;
 mod nodes;
@@ -39,7 +40,7 @@ pub mod workloads;
 
 use std::time::Duration;
 
-pub use binaries::{build_dir, machine_crds_dir, tools_dir, version};
+pub use binaries::{build_dir, machine_layer_dir, tools_dir, version};
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};

@@ -215,7 +215,23 @@ impl Lab {
     /// Not in a lab with BMCs (a node's BMCs are made at start). When the node cannot be made
     /// or does not turn Ready, whatever was made of it is taken away again.
     pub async fn add_node(&self, spec: NodeSpec) -> Result<()> {
-        let inner = &self.inner;
+        self.inner.add_node(spec).await
+    }
+
+    /// Removes a node for good, as when its machine is decommissioned: powers it off (every
+    /// process in it is killed, as by [`Lab::crash`]), deletes its Node object (as
+    /// `kubectl delete node` does) and removes its namespace, veth and per-node servers (and its
+    /// BMCs' processes and address, in a lab with BMCs). Afterwards [`Lab::nodes`] no longer
+    /// lists it and per-node calls for it fail with [`Error::UnknownNode`].
+    pub async fn remove_node(&self, node: &str) -> Result<()> {
+        self.inner.remove_node(node).await
+    }
+}
+
+impl Inner {
+    /// See [`Lab::add_node`].
+    pub(crate) async fn add_node(&self, spec: NodeSpec) -> Result<()> {
+        let inner = self;
         let name = spec.name.clone();
         if inner.config.bmcs.is_some() {
             return Err(Error::Invalid(format!(
@@ -246,13 +262,9 @@ impl Lab {
         Ok(())
     }
 
-    /// Removes a node for good, as when its machine is decommissioned: powers it off (every
-    /// process in it is killed, as by [`Lab::crash`]), deletes its Node object (as
-    /// `kubectl delete node` does) and removes its namespace, veth and per-node servers (and its
-    /// BMCs' processes and address, in a lab with BMCs). Afterwards [`Lab::nodes`] no longer
-    /// lists it and per-node calls for it fail with [`Error::UnknownNode`].
-    pub async fn remove_node(&self, node: &str) -> Result<()> {
-        let inner = &self.inner;
+    /// See [`Lab::remove_node`].
+    pub(crate) async fn remove_node(&self, node: &str) -> Result<()> {
+        let inner = self;
         inner.index(node)?;
         tracing::info!(lab = %inner.id, %node, "removing a node");
         inner.power_off(node, "node-removed")?;
@@ -268,7 +280,7 @@ impl Lab {
 
     /// Everything of an added node after its Node object, up to its kwok running.
     fn join(&self, spec: &NodeSpec, index: usize) -> Result<()> {
-        let inner = &self.inner;
+        let inner = self;
         let (name, dir, net) = (spec.name.as_str(), &inner.resources.dir, &inner.resources.net);
         net.create_node(name, index)?;
         record_boot(dir, name)?;
@@ -297,7 +309,7 @@ impl Lab {
         self.wait_ready_status(node, "True", JOIN_TIMEOUT)
             .await
             .map_err(|error| match error {
-                Error::Timeout { .. } => process_died(&self.inner.resources, &format!("{node}/kwok")).unwrap_or(error),
+                Error::Timeout { .. } => process_died(&self.resources, &format!("{node}/kwok")).unwrap_or(error),
                 other => other,
             })
     }
@@ -312,7 +324,7 @@ impl Lab {
     /// servers and files, its Node object, then its namespace. Best effort throughout; the Node
     /// object's deletion is what can fail.
     async fn dismantle(&self, node: &str, index: usize) -> Result<()> {
-        let inner = &self.inner;
+        let inner = self;
         inner.nodes.remove(node);
         lock_conditions(inner).remove(node);
         self.stop_processes(node);
@@ -350,7 +362,7 @@ impl Lab {
     /// Kills and forgets every process of the node (and its BMCs'), then anything else still in
     /// its namespace.
     fn stop_processes(&self, node: &str) {
-        let inner = &self.inner;
+        let inner = self;
         let bmcs = match inner.config.bmcs {
             Some(_) => crate::bmc::process_names(node).to_vec(),
             None => Vec::new(),

@@ -57,6 +57,14 @@ impl NodeSpec {
     }
 }
 
+/// The node's machine, as a cloud provider names it in `spec.providerID`: what the lab's machine
+/// layer matches Machines to nodes by.
+pub fn provider_id(node: &str) -> String {
+    format!("{PROVIDER_ID_SCHEME}{node}")
+}
+
+pub const PROVIDER_ID_SCHEME: &str = "lab://";
+
 pub fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
     let mut node_labels = spec.labels.clone();
     for (k, v) in [
@@ -87,7 +95,10 @@ pub fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
             annotations: Some(annotations),
             ..Default::default()
         },
-        spec: None,
+        spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some(provider_id(&spec.name)),
+            ..Default::default()
+        }),
         status: Some(NodeStatus {
             allocatable: Some(resources.clone()),
             capacity: Some(resources),

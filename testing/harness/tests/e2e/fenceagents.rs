@@ -172,7 +172,7 @@ fn ipmi_template(lab: &Lab, name: &str, secret: &str) -> Value {
 async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_back() {
     let (lab, a, _, history) = cluster().await;
     let client = lab.client();
-    lab.install_machine_crds().expect("machine CRDs");
+    lab.install_machine_crds().await.expect("machine CRDs");
     let set = machines::machine_set(&client, machines::CAPI, "md-0", 3).await;
     let machine = machines::machine(&client, machines::CAPI, "md-0-x", Some(&set), &a, &format!("lab://{a}")).await;
     machines::annotate_node(&client, &a, machines::CAPI, "md-0-x").await;
@@ -194,49 +194,6 @@ async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_ba
         owners.contains(&("Machine", "md-0-x", machine.uid().expect("uid").as_str())),
         "the FAR's owners: {owners:?}"
     );
-}
-
-/// A MachineHealthCheck names its remediation after the Machine; here the Machine has another
-/// node's name. The Machine's node is fenced, never its namesake (medik8s fences by name).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_machine_health_checks_remediation_fences_the_machines_node_not_its_namesake() {
-    let (lab, a, _, history) = cluster().await;
-    let client = lab.client();
-    lab.install_machine_crds().expect("machine CRDs");
-    let namesake = lab.nodes().into_iter().find(|n| *n != a).expect("another node");
-    let set = machines::machine_set(&client, machines::CAPI, "md-0", 3).await;
-    let machine = machines::machine(
-        &client,
-        machines::CAPI,
-        &namesake,
-        Some(&set),
-        &a,
-        &format!("lab://{a}"),
-    )
-    .await;
-    let template = ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc");
-    lab.crash(&a).await.expect("crash");
-    machines::as_machine_health_check(
-        &client,
-        "fence-agents-remediation.medik8s.io/v1alpha1",
-        "FenceAgentsRemediation",
-        &machine,
-        template["spec"]["template"]["spec"].clone(),
-    )
-    .await;
-    let moved = running_pod(&client, &[&a]).await;
-    println!("{a} (Machine {namesake}) fenced: db-0 Running on {}", node_of(&moved));
-    let done = finished(&history, &a, "True").await;
-    assert_eq!(done.name_any(), namesake);
-    eventually(&format!("the BMC powered {a} off, then on"), LONG, || async {
-        (bmc_power(&lab, &a) == [false, true]).then_some(())
-    })
-    .await;
-    assert!(
-        bmc_power(&lab, &namesake).is_empty(),
-        "the namesake {namesake} was power-cycled"
-    );
-    assert_witness(&lab);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,7 +196,7 @@ async fn stranded_pod(client: &Client, name: &str, node: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machines_of_both_apis() {
     let lab = lab(LabConfig::seed()).await;
-    lab.install_machine_crds().expect("machine CRDs");
+    lab.install_machine_crds().await.expect("machine CRDs");
     let client = lab.client();
     let seen = History::<MachineDeletionRemediation>::record(&client);
     start_controller(

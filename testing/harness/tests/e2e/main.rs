@@ -11,6 +11,7 @@ mod fencing_means;
 mod healthcheck;
 mod images;
 mod lab_cli;
+mod machine_layer;
 mod machines;
 mod maintenance;
 mod membership;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds, once, the machine layer the lab runs for the machine remediation tests, into the cache
+# outside the repo:
+#   cluster-api-manager  Cluster API's core controllers (sigs.k8s.io/cluster-api, package core):
+#                        Cluster, Machine, MachineSet, MachineDeployment, MachineHealthCheck
+#   crds/                every CRD that manager serves (core/config/crd/bases), and OpenShift's
+#                        Machine API CRDs (github.com/openshift/api, machine/v1beta1), whose
+#                        controller the lab plays itself (none can be had here)
+# Idempotent: a manager that runs (--help) and present CRDs are kept. Prints the directory.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
+out="$cache/bin/machine-layer-capi-v$CLUSTER_API_VERSION-openshift-api-$OPENSHIFT_API_VERSION"
+mkdir -p "$out/crds"
+export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+log() { printf '[build-machine-layer] %s\n' "$*" >&2; }
+
+module_dir() {
+  (cd "$cache" && go mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+if ! { [ -x "$out/cluster-api-manager" ] && "$out/cluster-api-manager" --help >/dev/null 2>&1; }; then
+  log "building the Cluster API v$CLUSTER_API_VERSION core manager (first time only, a few minutes)"
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  (
+    cd "$work"
+    go mod init local/clusterapi >/dev/null 2>&1
+    # The module replaces its own api module with ./api, which `go install` refuses and a
+    # consumer does not inherit: pin the published api module of the same release instead.
+    go mod edit -replace "sigs.k8s.io/cluster-api/api=sigs.k8s.io/cluster-api/api@v$CLUSTER_API_VERSION"
+    go get "sigs.k8s.io/cluster-api@v$CLUSTER_API_VERSION" >/dev/null
+    v=sigs.k8s.io/cluster-api/version
+    go build -trimpath -ldflags "-s -w -X $v.gitVersion=v$CLUSTER_API_VERSION -X $v.gitMajor=1 \
+      -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
+      -o "$out/cluster-api-manager" sigs.k8s.io/cluster-api/core
+  )
+fi
+
+capi=$(module_dir "sigs.k8s.io/cluster-api@v$CLUSTER_API_VERSION")
+for crd in "$capi"/core/config/crd/bases/*.yaml; do
+  [ -s "$out/crds/$(basename "$crd")" ] || install -m 0644 "$crd" "$out/crds/"
+done
+openshift=(machines machinesets machinehealthchecks)
+missing=0
+for kind in "${openshift[@]}"; do [ -s "$out/crds/machine.openshift.io_$kind.yaml" ] || missing=1; done
+if [ "$missing" = 1 ]; then
+  log "fetching the OpenShift Machine API CRDs through the Go module proxy"
+  dir=$(module_dir "github.com/openshift/api@$OPENSHIFT_API_VERSION")
+  for kind in "${openshift[@]}"; do
+    # The Default feature set where the CRD has feature-gated variants: what a cluster without
+    # tech-preview gates serves.
+    manifests="$dir/machine/v1beta1/zz_generated.crd-manifests/0000_10_machine-api_01_$kind"
+    if [ -f "$manifests-Default.crd.yaml" ]; then manifests="$manifests-Default"; fi
+    install -m 0644 "$manifests.crd.yaml" "$out/crds/machine.openshift.io_$kind.yaml"
+  done
+fi
+"$out/cluster-api-manager" --help >/dev/null 2>&1 || { log "ERROR: $out/cluster-api-manager does not run"; exit 1; }
+echo "$out"
