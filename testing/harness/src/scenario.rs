@@ -22,7 +22,7 @@ use nodemedic_lab::{Lab, ProcessSpec, Result, seeds, wait, workloads::STATEFULSE
 pub const NS: &str = nodemedic_api::names::DEFAULT_NAMESPACE;
 
 /// The fast self-remediation timings the lab states: `L` = 2 × (1 s + 0.5 s) + 0.5 s + 0.5 s =
-/// 4 s; with the lab's 5 s watchdog, `T_safe` = (4 + 10) × 1.0202 + 1 ≈ 15.3 s (the seed's 180 s
+/// 4 s; with the lab's 3 s watchdog, `T_safe` = (4 + 3 × 3) × 1.0202 + 1 ≈ 14.3 s (the seed's 180 s
 /// and the 5 s set here are both overridden by the provable minimum or kept above it). Peers
 /// are read again every 30 s (and at once on a membership change).
 pub const FAST_CONFIG: &str = r#"{"spec": {

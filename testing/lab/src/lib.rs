@@ -81,7 +81,10 @@ impl Timings {
             node_monitor_period: Duration::from_secs(1),
             toleration_seconds: 300,
             boot_delay: Duration::from_secs(3),
-            watchdog_timeout: Duration::from_secs(5),
+            // Fed every second (a third of it): a feeder stalled 2 s power-cycles its node. Self
+            // remediation's proven wait is (L + 3W)·(1+ρ)/(1−ρ) + δ, so each second here is three
+            // in every remediation; fault campaigns (`make chaos`) show no false fence with it.
+            watchdog_timeout: Duration::from_secs(3),
             attach_detach_sync: Duration::from_secs(60),
         }
     }

@@ -12,8 +12,10 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
 use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
     machine_deletion::MachineDeletionRemediation,
     names::{annotations, conditions as types},
+    self_remediation::SelfNodeRemediation,
 };
 use nodemedic_kube::conditions;
 use nodemedic_lab::LabConfig;
@@ -69,6 +71,22 @@ pub(crate) async fn machine(
     node: &str,
     provider_id: &str,
 ) -> DynamicObject {
+    let created = unborn_machine(client, layer, name, set, provider_id).await;
+    let status = json!({"status": {"nodeRef": {"name": node, "kind": "Node", "apiVersion": "v1"}}});
+    api(client, layer, "Machine")
+        .patch_status(&created.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap_or_else(|e| panic!("Machine {name} status: {e}"))
+}
+
+/// A Machine still provisioning: no node yet.
+async fn unborn_machine(
+    client: &Client,
+    layer: (&str, &str),
+    name: &str,
+    set: Option<&DynamicObject>,
+    provider_id: &str,
+) -> DynamicObject {
     let mut spec = if layer == CAPI { machine_spec(name) } else { json!({}) };
     spec["providerID"] = json!(provider_id);
     let mut metadata = json!({"name": name});
@@ -76,12 +94,7 @@ pub(crate) async fn machine(
         metadata["ownerReferences"] = json!([owner_ref(set, true)]);
         metadata["labels"] = json!({"set": set.name_any()});
     }
-    create(client, layer, "Machine", json!({"metadata": metadata, "spec": spec})).await;
-    let status = json!({"status": {"nodeRef": {"name": node, "kind": "Node", "apiVersion": "v1"}}});
-    api(client, layer, "Machine")
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap_or_else(|e| panic!("Machine {name} status: {e}"))
+    create(client, layer, "Machine", json!({"metadata": metadata, "spec": spec})).await
 }
 
 async fn create(client: &Client, layer: (&str, &str), kind: &str, mut body: Value) -> DynamicObject {
@@ -199,15 +212,7 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
     lab.install_machine_crds().await.expect("machine CRDs");
     let client = lab.client();
     let seen = History::<MachineDeletionRemediation>::record(&client);
-    start_controller(
-        &lab,
-        "controller",
-        &[
-            "--disable=self-remediation",
-            "--disable=fence-agents",
-            "--disable=health-check",
-        ],
-    );
+    start_controller(&lab, "controller", &["--disable=health-check"]);
 
     // Refusals, each with medik8s's reason and an event.
     mdr(&client, "ghost", Some("ghost")).await;
@@ -247,6 +252,50 @@ async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machin
         assert!(message.contains(says), "{name}: {message}");
         eventually(&format!("a {reason} event"), LONG, || event_with(&client, reason, says)).await;
     }
+    // Self remediation and fence agents for a Machine still provisioning: nothing to fence, and
+    // they say so (a health check escalates on it).
+    let unborn = unborn_machine(&client, CAPI, "unborn", None, "lab://node-9").await;
+    as_machine_health_check(
+        &client,
+        "self-node-remediation.medik8s.io/v1alpha1",
+        "SelfNodeRemediation",
+        &unborn,
+        json!({"remediationStrategy": "Automatic"}),
+    )
+    .await;
+    as_machine_health_check(
+        &client,
+        "fence-agents-remediation.medik8s.io/v1alpha1",
+        "FenceAgentsRemediation",
+        &unborn,
+        json!({"agent": "fence_ipmilan", "remediationStrategy": "ResourceDeletion"}),
+    )
+    .await;
+    let snrs = History::<SelfNodeRemediation>::record(&client);
+    let fars = History::<FenceAgentsRemediation>::record(&client);
+    let says = "cluster.x-k8s.io Machine workload-availability/unborn has no node yet";
+    snrs.wait_for("the SelfNodeRemediation ended for want of a node", LONG, |r| {
+        let found = r.status.as_ref().and_then(|s| s.conditions.as_ref());
+        found
+            .and_then(|c| conditions::find(c, types::SUCCEEDED))
+            .is_some_and(|c| {
+                c.status == "False" && c.reason == "RemediationSkippedNodeNotFound" && c.message.contains(says)
+            })
+    })
+    .await;
+    fars.wait_for("the FenceAgentsRemediation ended for want of a node", LONG, |r| {
+        let found = r.status.as_ref().and_then(|s| s.conditions.as_ref());
+        found
+            .and_then(|c| conditions::find(c, types::SUCCEEDED))
+            .is_some_and(|c| {
+                c.status == "False" && c.reason == "RemediationFinishedNodeNotFound" && c.message.contains(says)
+            })
+    })
+    .await;
+    for reason in ["RemediationCannotStart", "RemediationFinishedNodeNotFound"] {
+        eventually(&format!("a {reason} event"), LONG, || event_with(&client, reason, says)).await;
+    }
+
     assert!(
         api(&client, CAPI, "Machine")
             .get_opt("lonely")

@@ -78,7 +78,9 @@ impl Lab {
     /// provider and OpenShift machine controller. Returns once Cluster API sees the cluster
     /// ready. The lab's nodes are the hosts new Machines adopt first.
     pub async fn start_machine_layer(&mut self, namespace: &str) -> Result<()> {
+        let started = std::time::Instant::now();
         self.install_machine_crds().await?;
+        tracing::info!(elapsed = ?started.elapsed(), "machine layer: CRDs served");
         let client = self.client();
         cluster_api::create_cluster(&client, namespace, &self.inner.kubeconfig).await?;
         let certificates = self.dir().join("cluster-api-webhook");
