@@ -104,7 +104,8 @@ async fn finished(history: &History, node: &str, status: &str) -> FenceAgentsRem
     .await
 }
 
-fn bmc_power(lab: &Lab, node: &str) -> Vec<bool> {
+/// The node's power changes its BMC made, in order (`true`: on).
+pub(crate) fn bmc_power(lab: &Lab, node: &str) -> Vec<bool> {
     lab.timeline()
         .entries()
         .into_iter()

@@ -17,11 +17,12 @@ use nodemedic_api::{
 };
 use nodemedic_kube::conditions;
 use nodemedic_lab::{
-    BmcOptions, Event, Lab, LabConfig,
+    BmcOptions, Lab, LabConfig,
     machines::{cluster_api, openshift},
 };
 use serde_json::{Value, json};
 
+use crate::fenceagents::bmc_power;
 use crate::selfremediation::{exe, fenced, running_pod};
 use crate::support::{
     History, NS, apply_seed, assert_witness, event_with, eventually, lab, scenario, start_controller,
@@ -116,8 +117,22 @@ fn owned_by_machine(object: &impl ResourceExt, machine: &str) -> bool {
         .any(|o| o.kind == "Machine" && o.name == machine)
 }
 
-fn other_node(lab: &Lab, than: &str) -> String {
-    lab.nodes().into_iter().find(|n| n != than).expect("another node")
+/// Three Cluster API Machines on the lab's nodes: one named like another node, on `a` (where
+/// db-0 runs), and a MachineSet of two on the others. Returns the namesake Machine's name.
+async fn machines_with_a_namesake_on(lab: &Lab, a: &str) -> String {
+    let namesake = lab.nodes().into_iter().find(|n| n != a).expect("another node");
+    machine_on(lab, &namesake, a);
+    machine_set(lab, "md-0", 2);
+    let running = machines_running(&lab.client(), CAPI, 3).await;
+    assert_eq!(running[&namesake], a, "{running:?}");
+    namesake
+}
+
+/// Crashes `a` and waits for db-0 Running elsewhere.
+async fn crash_and_move(lab: &Lab, a: &str, machine: &str) {
+    lab.crash(a).await.expect("crash");
+    let moved = running_pod(&lab.client(), &[a]).await;
+    println!("{a} (Machine {machine}) crashed: db-0 Running on {}", node_of(&moved));
 }
 
 /// A Cluster API MachineHealthCheck with the SelfNodeRemediationTemplate: its remediation is
@@ -136,11 +151,7 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_self_remediation(
     scenario::deploy_workload(&lab).await.expect("workload");
     let a = node_of(&running_pod(&client, &[]).await);
     lab.start_machine_layer(NS).await.expect("machine layer");
-    let namesake = other_node(&lab, &a);
-    machine_on(&lab, &namesake, &a);
-    machine_set(&lab, "md-0", 2);
-    let running = machines_running(&client, CAPI, 3).await;
-    assert_eq!(running[&namesake], a, "{running:?}");
+    let namesake = machines_with_a_namesake_on(&lab, &a).await;
     scenario::agents_settled(&lab).await.expect("agents settled");
     let made = History::<SelfNodeRemediation>::record(&client);
     machine_health_check(
@@ -150,9 +161,7 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_self_remediation(
         "self-node-remediation-automatic-strategy-template",
     );
 
-    lab.crash(&a).await.expect("crash");
-    let moved = running_pod(&client, &[&a]).await;
-    println!("{a} (Machine {namesake}) crashed: db-0 Running on {}", node_of(&moved));
+    crash_and_move(&lab, &a, &namesake).await;
     let remediation = made
         .wait_for("the health check's SelfNodeRemediation", LONG, |r| {
             r.name_any() == namesake && owned_by_machine(r, &namesake)
@@ -215,10 +224,7 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_fence_agents() {
     scenario::deploy_workload(&lab).await.expect("workload");
     let a = node_of(&running_pod(&client, &[]).await);
     lab.start_machine_layer(NS).await.expect("machine layer");
-    let namesake = other_node(&lab, &a);
-    machine_on(&lab, &namesake, &a);
-    machine_set(&lab, "md-0", 2);
-    assert_eq!(machines_running(&client, CAPI, 3).await[&namesake], a);
+    let namesake = machines_with_a_namesake_on(&lab, &a).await;
     let made = History::<FenceAgentsRemediation>::record(&client);
     machine_health_check(
         &lab,
@@ -227,9 +233,7 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_fence_agents() {
         "ipmi",
     );
 
-    lab.crash(&a).await.expect("crash");
-    let moved = running_pod(&client, &[&a]).await;
-    println!("{a} (Machine {namesake}) crashed: db-0 Running on {}", node_of(&moved));
+    crash_and_move(&lab, &a, &namesake).await;
     made.wait_for("the health check's FenceAgentsRemediation succeeded", LONG, |r| {
         r.name_any() == namesake
             && owned_by_machine(r, &namesake)
@@ -259,17 +263,6 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_fence_agents() {
         },
     )
     .await;
-}
-
-fn bmc_power(lab: &Lab, node: &str) -> Vec<bool> {
-    lab.timeline()
-        .entries()
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::Power { node: n, on, cause } if n == node && cause == "bmc" => Some(on),
-            _ => None,
-        })
-        .collect()
 }
 
 const CAPI: (&str, &str) = (cluster_api::API_GROUP, cluster_api::API_VERSION);

@@ -80,10 +80,13 @@ async fn outage(lab: &Lab, kind: Outage) {
 /// etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
+    let started = Instant::now();
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
     let (lab, _) = cluster_with(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_CONFIG).await;
+    println!("cluster ready in {:?}", started.elapsed());
     outage(&lab, Outage::ApiServer).await;
     outage(&lab, Outage::Etcd).await;
+    println!("both outages and their aftermaths done at {:?}", started.elapsed());
     assert!(
         lab.nodes().iter().all(|n| lab.watchdog_armed(n)),
         "every agent still feeds"

@@ -37,16 +37,9 @@ async fn provision(inner: &Inner, hosts: &Hosts, api: &Api<LabMachine>, machine:
         Some(id) => id,
         None => {
             let node = hosts
-                .provision(inner, &format!("LabMachine {name}"), machine.spec.host.as_deref())
+                .provision_into(inner, api, &name, machine.spec.host.as_deref())
                 .await?;
-            let id = crate::nodes::provider_id(&node);
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"providerID": id}})),
-            )
-            .await?;
-            id
+            crate::nodes::provider_id(&node)
         }
     };
     let provisioned = machine

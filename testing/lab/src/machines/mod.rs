@@ -136,6 +136,18 @@ impl Hosts {
         }
     }
 
+    /// Provisions a host for the Machine-like object `name` of `api` and records it there as
+    /// `spec.providerID` (what the host's Node says too); returns the node.
+    async fn provision_into<K>(&self, inner: &Inner, api: &Api<K>, name: &str, wanted: Option<&str>) -> Result<String>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let node = self.provision(inner, name, wanted).await?;
+        let patch = serde_json::json!({"spec": {"providerID": crate::nodes::provider_id(&node)}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(node)
+    }
+
     /// Powers a deleted Machine's host off for good and takes it out of the lab (its Node
     /// object too, as a cloud's node lifecycle does); nothing if it is gone already.
     async fn decommission(inner: &Inner, node: &str, machine: &str) -> Result<()> {

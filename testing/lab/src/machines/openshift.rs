@@ -105,19 +105,7 @@ async fn provision(inner: &Inner, hosts: &Hosts, machine: &DynamicObject) -> Res
     let provider_id = machine.data.pointer("/spec/providerID").and_then(Value::as_str);
     let node = match provider_id.and_then(pool::node_of) {
         Some(node) => node.to_owned(),
-        None => {
-            let node = hosts
-                .provision(inner, &format!("Machine {namespace}/{name}"), None)
-                .await?;
-            let id = crate::nodes::provider_id(&node);
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"providerID": id}})),
-            )
-            .await?;
-            node
-        }
+        None => hosts.provision_into(inner, &api, &name, None).await?,
     };
     if machine.data.pointer("/status/nodeRef/name").is_some() {
         return Ok(());
