@@ -73,23 +73,29 @@ async fn the_linux_driver_arms_feeds_and_closes_the_device_and_an_unclosed_handl
         "{stats:?}"
     );
 
-    // The driver as an agent uses it: programs 3 s, reads back what was applied and who it is.
-    let mut wd = open(&path, Duration::from_secs(3));
-    assert_eq!(wd.timeout(), Duration::from_secs(3));
+    // The driver as an agent uses it: programs a timeout other than the default (the driver
+    // leaves an equal one alone), reads back what was applied and who it is.
+    let programmed = default + Duration::from_secs(1);
+    let mut wd = open(&path, programmed);
+    assert_eq!(wd.timeout(), programmed);
     assert_eq!(wd.identity(), WATCHDOG_DEVICE_IDENTITY);
     assert!(!wd.is_softdog());
     let stats = lab.watchdog_device_stats(node).expect("stats");
-    assert_eq!(stats.programmed_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(stats.programmed_timeout, Some(programmed));
     assert!(lab.watchdog_armed(node));
 
     // Fed every half second for three of its timeouts, it stays armed and never fires.
     let before = stats.keepalives;
-    for _ in 0..18 {
+    let feeds = 6 * programmed.as_secs();
+    for _ in 0..feeds {
         wd.feed().expect("feed");
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(lab.watchdog_armed(node), "armed while fed");
     }
-    assert_eq!(lab.watchdog_device_stats(node).expect("stats").keepalives, before + 18);
+    assert_eq!(
+        lab.watchdog_device_stats(node).expect("stats").keepalives,
+        before + feeds
+    );
     wd.disarm().expect("magic close");
     wait_armed(&lab, node, false).await;
     assert_eq!(lab.watchdog_device_stats(node).expect("stats").magic_closes, 2);
@@ -102,7 +108,7 @@ async fn the_linux_driver_arms_feeds_and_closes_the_device_and_an_unclosed_handl
 
     // Closed without the magic close, it stays armed and resets the node at its timeout.
     let dropped_at = Timestamp::now();
-    drop(open(&path, Duration::from_secs(3)));
+    drop(open(&path, programmed));
     assert!(lab.watchdog_armed(node), "still armed after a plain close");
     let expired = wait::until("the device's watchdog to expire", Duration::from_secs(10), || async {
         Ok(lab.timeline().find_after(
@@ -113,7 +119,11 @@ async fn the_linux_driver_arms_feeds_and_closes_the_device_and_an_unclosed_handl
     .await
     .expect("the watchdog fires");
     let elapsed = (expired.at - dropped_at).total(jiff::Unit::Second).expect("seconds");
-    assert!(elapsed >= 2.5, "fired after {elapsed}s, before its 3 s timeout");
+    let timeout = programmed.as_secs_f64();
+    assert!(
+        elapsed >= timeout - 0.5,
+        "fired after {elapsed}s, before its {timeout} s timeout"
+    );
     wait::until("the node to power back on", Duration::from_secs(30), || async {
         Ok(lab.timeline().find_after(
             dropped_at,
