@@ -105,14 +105,7 @@ impl Agents {
             Ok(path) => path,
             Err(e) => return finish(None, false, e.to_string()),
         };
-        let mut child = match Command::new(&path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-        {
+        let mut child = match spawn(&path).await {
             Ok(child) => child,
             Err(e) => return finish(None, false, format!("could not start {agent}: {e}")),
         };
@@ -135,6 +128,29 @@ impl Agents {
             }
             Ok(Err(e)) => finish(None, false, format!("waiting for {agent}: {e}")),
             Err(_) => finish(None, true, format!("{agent} did not finish within {timeout:?}; killed")),
+        }
+    }
+}
+
+/// Starts an agent in its own process group. "Text file busy" is retried: it means an agent file
+/// was just written (a package upgrade) and another thread's fork still holds it open for writing
+/// for the instant before that child execs.
+async fn spawn(path: &std::path::Path) -> std::io::Result<tokio::process::Child> {
+    let mut tries = 0;
+    loop {
+        let spawned = Command::new(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn();
+        match spawned {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => return other,
         }
     }
 }
@@ -268,7 +284,7 @@ mod tests {
         let attempt = agents
             .attempt("fence_echo", "password=s3cret\n", &secrets, Duration::from_secs(5))
             .await;
-        assert_eq!(attempt.exit_code, Some(2));
+        assert_eq!(attempt.exit_code, Some(2), "{attempt:?}");
         assert_eq!(attempt.message, "argv:0");
         assert!(agents.path("fence_missing").is_err());
         assert!(agents.path("../fence_echo").is_err());
