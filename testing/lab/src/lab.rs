@@ -11,13 +11,10 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::{
-    api::core::v1::{Node, ServiceAccount},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::{
     Api, Client, Config,
-    api::{Patch, PatchParams, PostParams},
+    api::PostParams,
     config::{KubeConfigOptions, Kubeconfig},
 };
 use tokio::{sync::mpsc, task::JoinHandle};
@@ -278,7 +275,7 @@ impl Lab {
         )
         .map_err(io("recording ports"))?;
 
-        install_crds(&client).await?;
+        crate::crds::install(&client, nodemedic_api::crds::all()).await?;
         if config.storage {
             storage::install(&client, config.persistent_volumes).await?;
         }
@@ -718,34 +715,6 @@ async fn wait_ready(resources: &Resources, client: &Client) -> Result<()> {
             .unwrap_or(e),
         other => other,
     })
-}
-
-async fn install_crds(client: &Client) -> Result<()> {
-    let api = Api::<CustomResourceDefinition>::all(client.clone());
-    let params = PatchParams::apply("nodemedic-lab").force();
-    for crd in nodemedic_api::crds::all() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &params, &Patch::Apply(&crd)).await?;
-    }
-    for crd in nodemedic_api::crds::all() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        wait::until(&format!("CRD {name} Established"), Duration::from_secs(30), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let crd = api.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            }
-        })
-        .await?;
-    }
-    Ok(())
 }
 
 /// kwok 0.8 sometimes dies as it starts, of a data race in a library it uses (see

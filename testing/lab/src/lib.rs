@@ -15,6 +15,7 @@ mod bmc;
 mod cmd;
 mod container;
 mod control_plane;
+mod crds;
 mod error;
 mod faults;
 mod fleet;

@@ -14,7 +14,6 @@ mod pool;
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
     api::{ListParams, Patch, PatchParams},
@@ -51,12 +50,7 @@ impl Lab {
             &kubectl,
             &["--kubeconfig", &kubeconfig, "apply", "--server-side", "-f", &dir],
         )?;
-        let crds = Api::<CustomResourceDefinition>::all(self.client());
-        let params = PatchParams::apply("nodemedic-lab").force();
-        for crd in kinds::crds() {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            crds.patch(&name, &params, &Patch::Apply(&crd)).await?;
-        }
+        crate::crds::install(&self.client(), kinds::crds()).await?;
         crate::cmd::run(
             &kubectl,
             &[
@@ -69,7 +63,7 @@ impl Lab {
                 "--all",
             ],
         )?;
-        Ok(())
+        crate::crds::backdate_established(&self.client()).await
     }
 
     /// Starts the machine layer in `namespace` (where the tests' Machines, MachineSets and
