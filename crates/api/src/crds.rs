@@ -5,6 +5,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::{
+    descheduler::KubeDescheduler,
     fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate},
     healthcheck::NodeHealthCheck,
     machine_deletion::{MachineDeletionRemediation, MachineDeletionRemediationTemplate},
@@ -31,6 +32,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         NodeMaintenance::crd(),
         MachineDeletionRemediation::crd(),
         MachineDeletionRemediationTemplate::crd(),
+        KubeDescheduler::crd(),
     ]
 }
 

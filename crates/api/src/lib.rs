@@ -6,6 +6,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod crds;
+pub mod descheduler;
 pub mod duration;
 pub mod fence_agents;
 pub mod healthcheck;

@@ -151,3 +151,28 @@ pub fn node_parameters(schema: &mut Schema) {
         ]),
     );
 }
+
+/// An object of any shape (OpenShift's `unsupportedConfigOverrides` and `observedConfig`).
+pub fn free_form_object(_: &mut schemars::SchemaGenerator) -> Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A KubeDescheduler's `profiles`: each at most once, and no two that conflict.
+pub fn descheduler_profiles(schema: &mut Schema) {
+    let mut rules = vec![json!({
+        "rule": "self.all(p, self.filter(x, x == p).size() == 1)",
+        "message": "duplicate profiles are not allowed"
+    })];
+    for (a, b) in crate::descheduler::CONFLICTING_PROFILES {
+        let (a, b) = (a.name(), b.name());
+        rules.push(json!({
+            "rule": format!("!('{a}' in self && '{b}' in self)"),
+            "message": format!("cannot declare {a} and {b} profiles simultaneously")
+        }));
+    }
+    validations(schema, Value::Array(rules));
+}

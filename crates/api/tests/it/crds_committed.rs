@@ -29,7 +29,7 @@ fn committed_crds_match_the_types() {
 }
 
 #[test]
-fn every_crd_has_the_medik8s_identity() {
+fn every_crd_has_the_medik8s_or_openshift_identity() {
     let names: Vec<_> = nodemedic_api::crds::all()
         .into_iter()
         .map(|c| c.metadata.name.unwrap_or_default())
@@ -46,6 +46,7 @@ fn every_crd_has_the_medik8s_identity() {
             "nodemaintenances.nodemaintenance.medik8s.io",
             "machinedeletionremediations.machine-deletion-remediation.medik8s.io",
             "machinedeletionremediationtemplates.machine-deletion-remediation.medik8s.io",
+            "kubedeschedulers.operator.openshift.io",
         ]
     );
 }

@@ -1,5 +1,6 @@
 use k8s_openapi::api::core::v1::Secret;
 use nodemedic_api::{
+    descheduler::KubeDescheduler,
     fence_agents::FenceAgentsRemediationTemplate,
     healthcheck::NodeHealthCheck,
     maintenance::NodeMaintenance,
@@ -52,6 +53,7 @@ fn every_seed_manifest_round_trips_without_losing_a_field() {
             "SelfNodeRemediationTemplate" => roundtrip::<SelfNodeRemediationTemplate>(&original),
             "FenceAgentsRemediationTemplate" => roundtrip::<FenceAgentsRemediationTemplate>(&original),
             "NodeMaintenance" => roundtrip::<NodeMaintenance>(&original),
+            "KubeDescheduler" => roundtrip::<KubeDescheduler>(&original),
             "Secret" => roundtrip::<Secret>(&original),
             other => panic!("{}: no typed API for kind {other}", path.display()),
         };
@@ -62,7 +64,7 @@ fn every_seed_manifest_round_trips_without_losing_a_field() {
         );
         seen += 1;
     }
-    assert_eq!(seen, 9, "all nine seed manifests were checked");
+    assert_eq!(seen, 10, "all ten seed manifests were checked");
 }
 
 #[test]

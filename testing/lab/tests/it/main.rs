@@ -10,5 +10,6 @@ mod storage;
 mod sysrq;
 mod teardown;
 mod validation;
+mod validation_descheduler;
 mod watchdog;
 mod watchdog_device;

@@ -3,6 +3,8 @@
 
 use nodemedic_lab::{Lab, LabConfig, seeds};
 
+use crate::validation_descheduler as descheduler;
+
 const NS: &str = "nodemedic-test";
 
 fn nhc(name: &str, spec: &str) -> String {
@@ -290,15 +292,26 @@ async fn seed_manifests_are_accepted_and_each_schema_rule_rejects_its_invalid_va
         .filter(|f| f.ends_with(".yaml"))
         .collect();
     files.sort();
-    assert_eq!(files.len(), 9);
+    assert_eq!(files.len(), 10);
+    lab.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n",
+        descheduler::SEED_NAMESPACE
+    ))
+    .expect("namespace");
     for file in &files {
-        let manifest = seeds::in_namespace(seeds::load(file).expect("loads"), NS);
+        let manifest = seeds::load(file).expect("loads");
+        // The others name OpenShift's namespaces; the descheduler's is created above, so it applies unchanged.
+        let manifest = if file == descheduler::SEED {
+            manifest
+        } else {
+            seeds::in_namespace(manifest, NS)
+        };
         lab.apply_yaml(&seeds::yaml(&manifest))
             .unwrap_or_else(|e| panic!("{file} rejected: {e}"));
     }
 
     let mut failures = Vec::new();
-    for (what, manifest, fragments) in invalid_variants() {
+    for (what, manifest, fragments) in invalid_variants().into_iter().chain(descheduler::invalid_variants()) {
         match lab.apply_yaml(&manifest) {
             Ok(out) => failures.push(format!("{what}: accepted ({out})")),
             Err(error) => {

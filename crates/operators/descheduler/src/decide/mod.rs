@@ -1,0 +1,9 @@
+//! The operator's decisions, over plain data: the policy a KubeDescheduler stands for, how the
+//! descheduler is started, and which soft taints each node should carry.
+
+pub mod deployment;
+pub mod policy;
+pub mod render;
+pub mod soft_taints;
+
+pub use render::{Environment, Invalid, Rendered, render};
