@@ -19,6 +19,7 @@ pub enum Operator {
     FenceAgents,
     Maintenance,
     MachineDeletion,
+    Descheduler,
 }
 
 #[derive(Args, Debug)]
@@ -53,6 +54,23 @@ pub struct ControllerArgs {
     /// Where the fence agents (fence_redfish, fence_ipmilan, ...) are installed.
     #[arg(long, env = "NODEMEDIC_FENCE_AGENTS_DIR", default_value = nodemedic_fence_agents::agent::DEFAULT_DIR)]
     pub fence_agents_dir: std::path::PathBuf,
+    /// The upstream descheduler image a KubeDescheduler runs.
+    #[arg(
+        long,
+        env = "NODEMEDIC_DESCHEDULER_IMAGE",
+        default_value = "registry.k8s.io/descheduler/descheduler:v0.36.0"
+    )]
+    pub descheduler_image: String,
+    /// The Prometheus that KubeVirtRelieveAndMigrate and actual-utilization profiles query
+    /// (with nodemedic's recording rules loaded), e.g. http://prometheus-operated.monitoring.svc:9090.
+    #[arg(long)]
+    pub descheduler_prometheus_url: Option<String>,
+    /// PEM certificate authority of an https Prometheus, for the soft tainter.
+    #[arg(long)]
+    pub descheduler_prometheus_ca_file: Option<std::path::PathBuf>,
+    /// The descheduler image is OpenShift's build, with its KubevirtMigrationAware plugin.
+    #[arg(long)]
+    pub descheduler_kubevirt_migration_aware: bool,
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -96,6 +114,7 @@ pub struct OperatorMetrics {
     pub fence_agents: nodemedic_fence_agents::controller::Metrics,
     pub maintenance: nodemedic_maintenance::controller::Metrics,
     pub machine_deletion: nodemedic_machine_deletion::controller::Metrics,
+    pub descheduler: nodemedic_descheduler::controller::Metrics,
 }
 
 impl OperatorMetrics {
@@ -106,6 +125,7 @@ impl OperatorMetrics {
             fence_agents: nodemedic_fence_agents::controller::Metrics::register(registry),
             maintenance: nodemedic_maintenance::controller::Metrics::register(registry),
             machine_deletion: nodemedic_machine_deletion::controller::Metrics::register(registry),
+            descheduler: nodemedic_descheduler::controller::Metrics::register(registry),
         }
     }
 }
@@ -135,6 +155,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         fence_agents: far_metrics,
         maintenance: nm_metrics,
         machine_deletion: mdr_metrics,
+        descheduler: descheduler_metrics,
     } = OperatorMetrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
@@ -209,6 +230,24 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     if !args.disabled.contains(&Operator::MachineDeletion) {
         let run = nodemedic_machine_deletion::controller::run(client.clone(), mdr_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("machine deletion: {e}")) });
+    }
+    if !args.disabled.contains(&Operator::Descheduler) {
+        let prometheus_ca = match &args.descheduler_prometheus_ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading --descheduler-prometheus-ca-file {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let settings = nodemedic_descheduler::controller::Settings {
+            image: args.descheduler_image.clone(),
+            own_namespace: args.namespace.clone(),
+            prometheus_url: args.descheduler_prometheus_url.clone().filter(|u| !u.is_empty()),
+            prometheus_ca,
+            kubevirt_migration_aware: args.descheduler_kubevirt_migration_aware,
+        };
+        let run = nodemedic_descheduler::controller::run(client.clone(), settings, descheduler_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("descheduler: {e}")) });
     }
     match leadership {
         Some(mut leadership) => {

@@ -192,3 +192,30 @@ fn specs_that_cannot_run_name_the_field_and_the_fix() {
     let missing_interval = deployment::descheduler_args(&spec("profiles: [AffinityAndTaints]")).expect_err("refused");
     assert_eq!(missing_interval.field, "spec.deschedulingIntervalSeconds");
 }
+
+#[test]
+fn the_soft_tainter_follows_the_kubevirt_profile_of_the_policy() {
+    use nodemedic_descheduler::decide::{soft_taints::Thresholds, tainting};
+    let seed = spec(
+        "profiles: [KubeVirtRelieveAndMigrate, TopologyAndDuplicates]\nprofileCustomizations: {devDeviationThresholds: AsymmetricLow, devActualUtilizationProfile: PrometheusCPUCombined}",
+    );
+    let rendered = render(&seed, &environment()).expect("renders");
+    let settings = tainting::settings(&rendered.policy).expect("a KubeVirt profile");
+    assert_eq!(settings.query, "descheduler:combined_utilization_and_pressure:avg1m");
+    assert_eq!(settings.thresholds, Thresholds::Deviation { below: 0.0, above: 10.0 });
+    assert_eq!(
+        settings.node_selector,
+        Some(("kubevirt.io/schedulable".to_owned(), "true".to_owned()))
+    );
+    let fixed = render(
+        &spec("profiles: [KubeVirtRelieveAndMigrate]\nprofileCustomizations: {devLowNodeUtilizationThresholds: Low}"),
+        &environment(),
+    )
+    .expect("renders");
+    assert_eq!(
+        tainting::settings(&fixed.policy).map(|s| s.thresholds),
+        Some(Thresholds::Fixed { low: 10.0, high: 30.0 })
+    );
+    let without = render(&spec("profiles: [LongLifecycle]"), &environment()).expect("renders");
+    assert_eq!(tainting::settings(&without.policy), None, "no KubeVirt profile, no soft taints");
+}

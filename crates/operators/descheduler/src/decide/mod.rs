@@ -5,5 +5,7 @@ pub mod deployment;
 pub mod policy;
 pub mod render;
 pub mod soft_taints;
+pub mod status;
+pub mod tainting;
 
 pub use render::{Environment, Invalid, Rendered, render};

@@ -1,0 +1,252 @@
+//! The soft tainter: every descheduling interval, the KubeVirt profile's utilization per node
+//! from Prometheus, classified as the descheduler will classify it, and `PreferNoSchedule`
+//! taints that steer the scheduler to cooler nodes. Taints go when the node cools, the profile
+//! or Automatic mode goes, or the KubeDescheduler does.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use nodemedic_api::descheduler::{KubeDescheduler, Mode, SoftTaintedNode};
+use nodemedic_kube::{CallContext, taints};
+use serde_json::json;
+
+use super::{Context, observe, prometheus::Prometheus};
+use crate::{
+    Result,
+    decide::{
+        self,
+        soft_taints::{self, Class, NodeFacts, Plan},
+        tainting::{self, TainterSettings},
+    },
+};
+
+const TICK: Duration = Duration::from_secs(2);
+const EFFECT: &str = "PreferNoSchedule";
+
+pub async fn run(ctx: Arc<Context>) {
+    let mut last_round: Option<Instant> = None;
+    let mut prometheus: Option<Prometheus> = None;
+    // Whether the last inactive round found no soft taint left to remove.
+    let mut clean = false;
+    loop {
+        tokio::time::sleep(TICK).await;
+        let due = |interval: Duration| last_round.is_none_or(|at| at.elapsed() >= interval);
+        match round(&ctx, &mut prometheus, &mut clean, due).await {
+            Ok(Some(outcome)) => {
+                last_round = Some(Instant::now());
+                ctx.metrics.round(outcome);
+            }
+            Ok(None) => {}
+            Err(error) => {
+                last_round = Some(Instant::now());
+                ctx.metrics.round("failed");
+                tracing::warn!(%error, "soft tainter round failed; trying again next interval");
+            }
+        }
+    }
+}
+
+/// One round when due; `None` when not yet.
+async fn round(
+    ctx: &Context,
+    prometheus: &mut Option<Prometheus>,
+    clean: &mut bool,
+    due: impl Fn(Duration) -> bool,
+) -> Result<Option<&'static str>> {
+    let all = Api::<KubeDescheduler>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing KubeDeschedulers")?;
+    let in_charge = observe::first(&all.items).and_then(|(namespace, name)| {
+        all.items
+            .iter()
+            .find(|k| k.namespace().as_deref() == Some(&namespace) && k.name_any() == name)
+    });
+    let interval = in_charge
+        .and_then(|k| k.spec.descheduling_interval_seconds)
+        .map_or(Duration::from_secs(60), |s| Duration::from_secs(s.max(1) as u64));
+    if !due(interval) {
+        return Ok(None);
+    }
+    let managed = in_charge.is_some_and(|k| {
+        !matches!(k.spec.management_state.as_deref(), Some("Unmanaged" | "Removed"))
+            && k.metadata.deletion_timestamp.is_none()
+    });
+    if in_charge.is_some_and(|k| k.spec.management_state.as_deref() == Some("Unmanaged")) {
+        return Ok(Some("unmanaged"));
+    }
+    let settings = match in_charge.filter(|_| managed) {
+        Some(kd) => {
+            let environment = observe::environment(&ctx.client, &ctx.settings).await?;
+            decide::render(&kd.spec, &environment)
+                .ok()
+                .and_then(|r| tainting::settings(&r.policy))
+        }
+        None => None,
+    };
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    let Some(settings) = settings else {
+        // No KubeVirt profile runs: only clean up, once.
+        if !*clean {
+            let listed = nodes.list(&ListParams::default()).await.context("listing nodes")?.items;
+            let idle = soft_taints::Thresholds::Fixed { low: 0.0, high: 100.0 };
+            apply(
+                ctx,
+                &nodes,
+                &soft_taints::plan(&facts(&listed, None, &BTreeMap::new()), idle, false),
+            )
+            .await?;
+            *clean = true;
+        }
+        return Ok(Some("inactive"));
+    };
+    *clean = false;
+    let listed = nodes.list(&ListParams::default()).await.context("listing nodes")?.items;
+    let Some(kd) = in_charge else {
+        return Ok(Some("inactive"));
+    };
+    let client = match prometheus.as_ref() {
+        Some(client) if Some(client.url()) == ctx.settings.prometheus_url.as_deref() => client.clone(),
+        _ => {
+            let url = ctx.settings.prometheus_url.clone().unwrap_or_default();
+            let client = Prometheus::new(&url, ctx.settings.prometheus_ca.as_deref())?;
+            *prometheus = Some(client.clone());
+            client
+        }
+    };
+    let samples = client.per_instance(&settings.query).await?;
+    let node_facts = facts(&listed, Some(&settings), &samples);
+    let active = kd.spec.mode == Mode::Automatic;
+    let plan = soft_taints::plan(&node_facts, settings.thresholds, active);
+    for node in &listed {
+        match samples.get(&node.name_any()) {
+            Some(value) => ctx.metrics.utilization(&node.name_any(), *value),
+            None => ctx.metrics.forget_node(&node.name_any()),
+        }
+    }
+    if let Some(held) = &plan.held {
+        tracing::info!(%held, "soft tainter holds its taints this round");
+    } else {
+        tracing::debug!(low = ?plan.low, high = ?plan.high, classes = ?plan.classes, "soft tainter classified the nodes");
+    }
+    apply(ctx, &nodes, &plan).await?;
+    report(ctx, kd, &plan, &samples, active).await?;
+    Ok(Some(if plan.held.is_some() { "held" } else { "applied" }))
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn facts(nodes: &[Node], settings: Option<&TainterSettings>, samples: &BTreeMap<String, f64>) -> Vec<NodeFacts> {
+    nodes
+        .iter()
+        .map(|node| {
+            let name = node.name_any();
+            let selected = settings.is_some_and(|s| {
+                s.node_selector
+                    .as_ref()
+                    .is_none_or(|(key, value)| node.labels().get(key) == Some(value))
+            });
+            NodeFacts {
+                in_scope: selected && ready(node),
+                taints: current(node),
+                utilization: samples.get(&name).copied(),
+                name,
+            }
+        })
+        .collect()
+}
+
+fn current(node: &Node) -> BTreeSet<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|t| soft_taints::KEYS.contains(&t.key.as_str()))
+        .map(|t| t.key.clone())
+        .collect()
+}
+
+async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan) -> Result<()> {
+    for change in &plan.changes {
+        let wanted: Vec<Taint> = change
+            .add
+            .iter()
+            .map(|key| taints::taint(key, Some("true"), EFFECT))
+            .collect();
+        taints::update(nodes, &change.node, |current| {
+            let kept = current.iter().filter(|t| !change.remove.contains(&t.key.as_str()));
+            let missing = wanted.iter().filter(|w| !current.iter().any(|t| t.key == w.key));
+            let next: Vec<Taint> = kept.cloned().chain(missing.cloned()).collect();
+            (next.len() != current.len() || !change.remove.is_empty()).then_some(next)
+        })
+        .await?;
+        for key in &change.add {
+            ctx.metrics.taint_applied(key);
+        }
+        for key in &change.remove {
+            ctx.metrics.taint_removed(key);
+        }
+        tracing::info!(node = %change.node, add = ?change.add, remove = ?change.remove, "soft taints changed");
+    }
+    Ok(())
+}
+
+/// The tainted nodes (or, in Predictive mode, those it would taint) in the status.
+async fn report(
+    ctx: &Context,
+    kd: &KubeDescheduler,
+    plan: &Plan,
+    samples: &BTreeMap<String, f64>,
+    active: bool,
+) -> Result<()> {
+    let mut tainted: Vec<SoftTaintedNode> = plan
+        .classes
+        .iter()
+        .filter(|(_, class)| **class != Class::Under)
+        .map(|(node, class)| SoftTaintedNode {
+            node: node.clone(),
+            taints: match class {
+                Class::Over => vec![
+                    soft_taints::APPROPRIATE.to_owned(),
+                    soft_taints::OVERUTILIZED.to_owned(),
+                ],
+                _ => vec![soft_taints::APPROPRIATE.to_owned()],
+            },
+            utilization_percent: samples.get(node).map(|v| (v * 100.0).round() as i32),
+        })
+        .collect();
+    if plan.held.is_some() {
+        return Ok(());
+    }
+    if !active {
+        tainted
+            .iter_mut()
+            .for_each(|n| n.taints.iter_mut().for_each(|t| t.insert_str(0, "would be: ")));
+    }
+    if kd.status.as_ref().and_then(|s| s.soft_tainted_nodes.as_ref()) == Some(&tainted) {
+        return Ok(());
+    }
+    let api = Api::<KubeDescheduler>::namespaced(ctx.client.clone(), &kd.namespace().unwrap_or_default());
+    api.patch_status(
+        &kd.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"softTaintedNodes": tainted}})),
+    )
+    .await
+    .context("reporting the soft-tainted nodes")?;
+    Ok(())
+}
