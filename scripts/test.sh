@@ -13,7 +13,7 @@ step() { printf '\n=== %s ===\n' "$*" >&2; }
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
 # Every integration-test target and where it runs below; a new one must be added here.
 LAB_TEST_TARGETS="nodemedic-harness:e2e nodemedic-lab:it"
-LAB_FREE_TEST_TARGETS="nodemedic-api:it"
+LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
