@@ -48,4 +48,7 @@ bash "$here/build-tools.sh" >/dev/null
 
 # The machine layer: Cluster API's core manager and CRDs, and the OpenShift Machine API CRDs.
 bash "$here/build-machine-layer.sh" >/dev/null
+
+# Rebalancing: the upstream descheduler, and Debian's Prometheus and promtool.
+bash "$here/build-descheduler.sh" >/dev/null
 log "ready"

@@ -18,6 +18,35 @@ LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "the chart's Prometheus rules (promtool check and test)"
+# shellcheck source=versions.env
+. scripts/versions.env
+promtool="${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION/promtool"
+"$promtool" check rules charts/nodemedic/files/alerts.yaml charts/nodemedic/files/descheduler-rules.yaml
+"$promtool" test rules testing/rules/descheduler-rules.test.yaml
+
+step "the upstream descheduler accepts every expected policy"
+# It loads and validates the policy, then fails at its first request to the API server (here:
+# nothing listens at 127.0.0.1:1): got that far, the policy is accepted. The OpenShift-plugin
+# policy is for OpenShift's build, which the upstream one must refuse.
+descheduler="$(dirname "$promtool")/descheduler"
+scratch=$(mktemp -d)
+printf '%s\n' 'apiVersion: v1' 'kind: Config' \
+  'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]' \
+  'users: [{name: u, user: {token: x}}]' 'contexts: [{name: c, context: {cluster: c, user: u}}]' \
+  'current-context: c' >"$scratch/kubeconfig"
+for policy in crates/operators/descheduler/tests/policies/*.yaml; do
+  verdict=$(cd "$scratch" && timeout 20 "$descheduler" --policy-config-file "$OLDPWD/$policy" \
+    --kubeconfig "$scratch/kubeconfig" --dry-run --secure-port=0 2>&1 | grep -m1 'failed to run descheduler server' || true)
+  case "$policy:$verdict" in
+    *openshift-plugin*:*"KubevirtMigrationAware in pluginConfig not registered"*) ;;
+    *openshift-plugin*) echo "$policy: the upstream descheduler did not refuse OpenShift's plugin: $verdict" >&2; exit 1 ;;
+    *"127.0.0.1:1"*) ;;
+    *) echo "$policy: refused by the upstream descheduler: $verdict" >&2; exit 1 ;;
+  esac
+done
+rm -rf "$scratch"
+
 step "every integration-test target is run"
 found=$(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
 import json, sys

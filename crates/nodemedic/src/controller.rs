@@ -246,7 +246,20 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             prometheus_ca,
             kubevirt_migration_aware: args.descheduler_kubevirt_migration_aware,
         };
-        let run = nodemedic_descheduler::controller::run(client.clone(), settings, descheduler_metrics, events.clone());
+        let mut as_tainter = config.clone();
+        as_tainter.auth_info.impersonate = Some(format!(
+            "system:serviceaccount:{}:{}",
+            args.namespace,
+            nodemedic_descheduler::controller::SOFT_TAINTER_ACCOUNT
+        ));
+        let tainter = nodemedic_kube::client::client(as_tainter)?;
+        let run = nodemedic_descheduler::controller::run(
+            client.clone(),
+            tainter,
+            settings,
+            descheduler_metrics,
+            events.clone(),
+        );
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("descheduler: {e}")) });
     }
     match leadership {

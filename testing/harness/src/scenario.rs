@@ -46,7 +46,8 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodemedi
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "nodemedic:agents"}]
 "#;
 
-/// The chart's ServiceAccounts, ClusterRoles and ClusterRoleBindings, as YAML documents.
+/// The chart's ServiceAccounts, ClusterRoles and ClusterRoleBindings, and the admission policy
+/// that confines the soft tainter, as YAML documents.
 pub fn chart_rbac() -> String {
     RENDERED_CHART
         .split("\n---\n")
@@ -54,7 +55,11 @@ pub fn chart_rbac() -> String {
             doc.lines().any(|l| {
                 matches!(
                     l.trim_end(),
-                    "kind: ServiceAccount" | "kind: ClusterRole" | "kind: ClusterRoleBinding"
+                    "kind: ServiceAccount"
+                        | "kind: ClusterRole"
+                        | "kind: ClusterRoleBinding"
+                        | "kind: ValidatingAdmissionPolicy"
+                        | "kind: ValidatingAdmissionPolicyBinding"
                 )
             })
         })

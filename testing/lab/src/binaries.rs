@@ -53,6 +53,15 @@ pub fn machine_layer_dir() -> PathBuf {
     ))
 }
 
+/// The upstream descheduler, Prometheus and promtool, as `scripts/build-descheduler.sh` fills them.
+pub fn rebalancing_dir() -> PathBuf {
+    cache_dir().join("bin").join(format!(
+        "rebalancing-descheduler-v{}-prometheus-{}",
+        version("DESCHEDULER_VERSION"),
+        version("PROMETHEUS_DEBIAN_VERSION")
+    ))
+}
+
 #[derive(Clone, Debug)]
 pub struct Binaries {
     pub etcd: PathBuf,

@@ -510,39 +510,8 @@ impl Lab {
     /// power-on), e.g. its agent. `spec.netns` is set to the node's. It runs with the node's
     /// sysrq trigger over `/proc/sysrq-trigger` (see [`Lab::sysrq_trigger_path`]); the node's
     /// boot time is in [`Lab::boot_file`].
-    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
-        spec.netns = Some(self.netns(node)?);
-        self.add_to_node(node, name, spec)
-    }
-
-    /// Adds a process to a node's power cycle as it is (a container joins the node's namespace
-    /// by itself).
-    fn add_to_node(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
-        let full = format!("{node}/{name}");
-        let powered = self.condition(node)?.powered;
-        let mut procs = self
-            .inner
-            .resources
-            .processes
-            .lock()
-            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
-        // Again under the lock: a node being removed leaves the table before its processes are
-        // stopped under this lock, so none is added behind that.
-        self.inner.index(node)?;
-        if procs.closed {
-            return Ok(());
-        }
-        if !procs.by_name.contains_key(&full) {
-            procs.order.push(full.clone());
-        }
-        let mut p = Supervised::new(&full, spec, &self.inner.resources.dir);
-        if powered {
-            p.start()?;
-        }
-        if let Some(mut old) = procs.by_name.insert(full, p) {
-            old.kill();
-        }
-        Ok(())
+    pub fn add_node_process(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
+        self.inner.add_node_process(node, name, spec)
     }
 
     /// Adds a process on the host (outside every node), e.g. a controller replica.
@@ -567,7 +536,7 @@ impl Lab {
             .resources
             .containers
             .process(&format!("{node}/{name}"), &spec)?;
-        self.add_to_node(node, name, process)
+        self.inner.add_to_node(node, name, process)
     }
 
     /// Runs an image to completion as container `name` on the host (e.g. a command that lists
@@ -627,6 +596,60 @@ impl Lab {
 }
 
 impl Inner {
+    /// See [`Lab::add_node_process`].
+    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
+        self.index(node)?;
+        spec.netns = Some(self.resources.net.netns(node));
+        self.add_to_node(node, name, spec)
+    }
+
+    pub(crate) fn add_to_node(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
+        let full = format!("{node}/{name}");
+        let powered = self
+            .conditions
+            .lock()
+            .ok()
+            .and_then(|c| c.get(node).copied())
+            .unwrap_or_default()
+            .powered;
+        let mut procs = self
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        // Again under the lock: a node being removed leaves the table before its processes are
+        // stopped under this lock, so none is added behind that.
+        self.index(node)?;
+        if procs.closed {
+            return Ok(());
+        }
+        if !procs.by_name.contains_key(&full) {
+            procs.order.push(full.clone());
+        }
+        let mut p = Supervised::new(&full, spec, &self.resources.dir);
+        if powered {
+            p.start()?;
+        }
+        if let Some(mut old) = procs.by_name.insert(full, p) {
+            old.kill();
+        }
+        Ok(())
+    }
+
+    /// Stops a process (`<node>/<name>` for a node's) and forgets it: it is not started again.
+    pub fn remove_process(&self, name: &str) -> Result<()> {
+        let mut procs = self
+            .resources
+            .processes
+            .lock()
+            .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        if let Some(mut p) = procs.by_name.remove(name) {
+            p.kill();
+        }
+        procs.order.retain(|n| n != name);
+        Ok(())
+    }
+
     /// Waits until the API shows the node's Ready condition with `status`.
     pub async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
         let api = Api::<Node>::all(self.client.clone());

@@ -19,6 +19,7 @@ mod crds;
 mod error;
 mod faults;
 mod fleet;
+pub mod kubevirt;
 mod lab;
 mod lock;
 pub mod machines;
@@ -27,7 +28,9 @@ mod net;
 mod nodes;
 mod observer;
 mod pki;
+pub mod pods;
 mod process;
+pub mod prometheus;
 mod readiness;
 pub mod seeds;
 pub mod storage;
@@ -41,7 +44,7 @@ pub mod workloads;
 
 use std::time::Duration;
 
-pub use binaries::{build_dir, machine_layer_dir, tools_dir, version};
+pub use binaries::{build_dir, machine_layer_dir, rebalancing_dir, tools_dir, version};
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};

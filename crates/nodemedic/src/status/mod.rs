@@ -1,6 +1,7 @@
 //! `nodemedic status` (also `kubectl nodemedic`): one table of nodes with their health, the
 //! checks that select them, remediations in flight and maintenance; `--watch` keeps it live.
 
+mod balance;
 mod view;
 
 use std::time::Duration;
@@ -56,6 +57,20 @@ where
     }
 }
 
+/// Events, for the descheduler's evictions: none when the user may not list them (the view is
+/// still worth having).
+async fn events(client: &Client) -> anyhow::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+    match all::<k8s_openapi::api::events::v1::Event>(client).await {
+        Err(e)
+            if e.downcast_ref::<kube::Error>()
+                .is_some_and(|k| matches!(k, kube::Error::Api(s) if s.code == 403)) =>
+        {
+            Ok(Vec::new())
+        }
+        other => other,
+    }
+}
+
 /// The self-remediation agents' registrations, wherever nodemedic runs.
 pub(crate) async fn registrations(client: &Client) -> anyhow::Result<Vec<Lease>> {
     let selector = ListParams::default().labels(&nodemedic_self_remediation::registration::registrations_selector());
@@ -67,13 +82,14 @@ pub(crate) async fn registrations(client: &Client) -> anyhow::Result<Vec<Lease>>
 }
 
 async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
-    let (nodes, checks, self_remediations, fence_remediations, maintenances, registrations) = tokio::try_join!(
+    let (nodes, checks, self_remediations, fence_remediations, maintenances, registrations, events) = tokio::try_join!(
         all::<Node>(client),
         all::<NodeHealthCheck>(client),
         all::<SelfNodeRemediation>(client),
         all::<FenceAgentsRemediation>(client),
         all::<NodeMaintenance>(client),
         registrations(client),
+        events(client),
     )?;
     Ok(Snapshot {
         nodes,
@@ -82,6 +98,7 @@ async fn snapshot(client: &Client) -> anyhow::Result<Snapshot> {
         fence_remediations,
         maintenances,
         registrations,
+        events,
     })
 }
 
@@ -93,7 +110,11 @@ fn render(snapshot: &Snapshot, format: Format) -> anyhow::Result<String> {
         warnings.iter().for_each(|w| eprintln!("{w}"));
     }
     Ok(match format {
-        Format::Table => table(rows) + &warnings.iter().map(|w| format!("\n{w}")).collect::<String>(),
+        Format::Table => {
+            table(rows)
+                + &balance::section(&balance::recent_evictions(&snapshot.events, jiff::Timestamp::now()))
+                + &warnings.iter().map(|w| format!("\n{w}")).collect::<String>()
+        }
         Format::Json => format!("{}\n", serde_json::to_string_pretty(rows)?),
         Format::Yaml => serde_saphyr::to_string(&rows.to_vec())?,
     })

@@ -25,6 +25,8 @@ pub struct Snapshot {
     pub maintenances: Vec<NodeMaintenance>,
     /// The self-remediation agents' registration Leases.
     pub registrations: Vec<Lease>,
+    /// Events (the descheduler's evictions among them).
+    pub events: Vec<k8s_openapi::api::events::v1::Event>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -45,6 +47,8 @@ pub struct NodeRow {
     /// (hardware-watchdog, softdog, software-reboot, none), `disarmed` when its agent stopped
     /// deliberately, or `-` without an agent.
     pub fencing: String,
+    /// The soft tainter's verdict: overutilized, appropriate, or `-`.
+    pub balance: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -186,6 +190,7 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
                 .next();
             NodeRow {
                 fencing: fencing(&s.registrations, &name),
+                balance: super::balance::soft_taint(node),
                 node: name,
                 ready,
                 schedulable: !node.spec.as_ref().and_then(|sp| sp.unschedulable).unwrap_or(false),
@@ -245,8 +250,9 @@ pub fn table(rows: &[NodeRow]) -> String {
         "AGE",
         "MAINTENANCE",
         "FENCING",
+        "BALANCE",
     ];
-    let mut lines: Vec<[String; 9]> = vec![header.map(str::to_owned)];
+    let mut lines: Vec<[String; 10]> = vec![header.map(str::to_owned)];
     for r in rows {
         let first = r.remediations.first();
         let ready = if r.schedulable {
@@ -279,9 +285,10 @@ pub fn table(rows: &[NodeRow]) -> String {
             first.map_or("-".into(), |f| human_age(f.age_seconds)),
             maintenance,
             r.fencing.clone(),
+            r.balance.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..9)
+    let widths: Vec<usize> = (0..10)
         .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -337,6 +344,7 @@ mod tests {
                     "nodemedic.medik8s.io/fencing-means": "hardware-watchdog",
                     "nodemedic.medik8s.io/disarmed": "true"}}})),
             ],
+            events: vec![],
         }
     }
 

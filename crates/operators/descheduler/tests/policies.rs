@@ -202,7 +202,13 @@ fn the_soft_tainter_follows_the_kubevirt_profile_of_the_policy() {
     let rendered = render(&seed, &environment()).expect("renders");
     let settings = tainting::settings(&rendered.policy).expect("a KubeVirt profile");
     assert_eq!(settings.query, "descheduler:combined_utilization_and_pressure:avg1m");
-    assert_eq!(settings.thresholds, Thresholds::Deviation { below: 0.0, above: 10.0 });
+    assert_eq!(
+        settings.thresholds,
+        Thresholds::Deviation {
+            below: 0.0,
+            above: 10.0
+        }
+    );
     assert_eq!(
         settings.node_selector,
         Some(("kubevirt.io/schedulable".to_owned(), "true".to_owned()))
@@ -217,5 +223,9 @@ fn the_soft_tainter_follows_the_kubevirt_profile_of_the_policy() {
         Some(Thresholds::Fixed { low: 10.0, high: 30.0 })
     );
     let without = render(&spec("profiles: [LongLifecycle]"), &environment()).expect("renders");
-    assert_eq!(tainting::settings(&without.policy), None, "no KubeVirt profile, no soft taints");
+    assert_eq!(
+        tainting::settings(&without.policy),
+        None,
+        "no KubeVirt profile, no soft taints"
+    );
 }

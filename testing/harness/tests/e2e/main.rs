@@ -5,6 +5,7 @@
 mod chaos;
 mod chart;
 mod demo;
+mod descheduler;
 mod doctor;
 mod fenceagents;
 mod fencing_means;

@@ -131,7 +131,7 @@ pub async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool)
 }
 
 pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
-    let nodes = Api::<Node>::all(ctx.client.clone());
+    let nodes = Api::<Node>::all(ctx.tainter.clone());
     for node in nodes.list(&ListParams::default()).await.context("listing nodes")?.items {
         let carried: Vec<&str> = soft_taints::KEYS
             .into_iter()

@@ -26,6 +26,9 @@ use crate::{
     decide::{self, status::Outcome},
 };
 
+/// The ServiceAccount the soft tainter writes nodes as.
+pub const SOFT_TAINTER_ACCOUNT: &str = "nodemedic-soft-tainter";
+
 /// Deletes the cluster-scoped binding and the soft taints when a KubeDescheduler goes.
 pub const FINALIZER: &str = "descheduler.nodemedic.io/cleanup";
 
@@ -46,14 +49,18 @@ pub struct Settings {
 
 pub struct Context {
     pub client: Client,
+    /// The soft tainter's node writes go through this client (nodemedic-soft-tainter's identity,
+    /// which an admission policy confines to soft taints).
+    pub tainter: Client,
     pub events: Events,
     pub metrics: Metrics,
     pub settings: Settings,
 }
 
-pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: Events) -> Result<()> {
+pub async fn run(client: Client, tainter: Client, settings: Settings, metrics: Metrics, events: Events) -> Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
+        tainter,
         events,
         metrics,
         settings,

@@ -204,13 +204,20 @@ mod tests {
         let deployment = deployment(&kd(), "registry.k8s.io/descheduler/descheduler:v0.36.0", args, "abc", 1);
         let owner = &deployment.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!((owner.kind.as_str(), owner.controller), ("KubeDescheduler", Some(true)));
-        let pod = deployment.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("pod");
+        let pod = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod");
         let container = &pod.containers[0];
         assert_eq!(container.command.as_deref(), Some(&[COMMAND.to_owned()][..]));
         let mount = &container.volume_mounts.as_ref().expect("mounts")[0];
         assert_eq!(mount.mount_path, POLICY_DIR);
         let volume = &pod.volumes.as_ref().expect("volumes")[0];
-        assert_eq!(volume.config_map.as_ref().map(|c| c.name.as_str()), Some(POLICY_CONFIGMAP));
+        assert_eq!(
+            volume.config_map.as_ref().map(|c| c.name.as_str()),
+            Some(POLICY_CONFIGMAP)
+        );
         assert_eq!(pod.service_account_name.as_deref(), Some(DESCHEDULER));
     }
 
@@ -229,6 +236,9 @@ mod tests {
         assert_eq!(binding.metadata.name.as_deref(), Some("nodemedic-descheduler-ns-a"));
         assert_eq!(binding.role_ref.name, CLUSTER_ROLE);
         let subject = &binding.subjects.as_ref().expect("subjects")[0];
-        assert_eq!((subject.name.as_str(), subject.namespace.as_deref()), (DESCHEDULER, Some("ns-a")));
+        assert_eq!(
+            (subject.name.as_str(), subject.namespace.as_deref()),
+            (DESCHEDULER, Some("ns-a"))
+        );
     }
 }

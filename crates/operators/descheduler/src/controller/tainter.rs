@@ -92,7 +92,7 @@ async fn round(
         }
         None => None,
     };
-    let nodes = Api::<Node>::all(ctx.client.clone());
+    let nodes = Api::<Node>::all(ctx.tainter.clone());
     let Some(settings) = settings else {
         // No KubeVirt profile runs: only clean up, once.
         if !*clean {
