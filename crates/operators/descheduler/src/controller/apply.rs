@@ -130,19 +130,27 @@ pub async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool)
     remove_soft_taints(ctx).await
 }
 
+/// Takes every soft taint off every node. Nodes are read a page at a time: at thousands of
+/// nodes, the whole list at once would be the controller's largest allocation.
 pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
+    const PAGE: u32 = 500;
     let nodes = Api::<Node>::all(ctx.tainter.clone());
-    for node in nodes.list(&ListParams::default()).await.context("listing nodes")?.items {
-        let carried: Vec<&str> = soft_taints::KEYS
-            .into_iter()
-            .filter(|key| {
-                node.spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| t.iter().any(|t| t.key == *key))
-            })
-            .collect();
-        if !carried.is_empty() {
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = nodes.list(&params).await.context("listing nodes")?;
+        for node in &page.items {
+            let carried: Vec<&str> = soft_taints::KEYS
+                .into_iter()
+                .filter(|key| {
+                    node.spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .is_some_and(|t| t.iter().any(|t| t.key == *key))
+                })
+                .collect();
+            if carried.is_empty() {
+                continue;
+            }
             let name = node.name_any();
             taints::update(&nodes, &name, |current| {
                 Some(
@@ -159,8 +167,11 @@ pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
             }
             tracing::info!(node = %name, "soft taints removed");
         }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
     }
-    Ok(())
 }
 
 pub async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &Outcome) -> Result<()> {

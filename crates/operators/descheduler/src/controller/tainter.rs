@@ -96,14 +96,7 @@ async fn round(
     let Some(settings) = settings else {
         // No KubeVirt profile runs: only clean up, once.
         if !*clean {
-            let listed = nodes.list(&ListParams::default()).await.context("listing nodes")?.items;
-            let idle = soft_taints::Thresholds::Fixed { low: 0.0, high: 100.0 };
-            apply(
-                ctx,
-                &nodes,
-                &soft_taints::plan(&facts(&listed, None, &BTreeMap::new()), idle, false),
-            )
-            .await?;
+            super::apply::remove_soft_taints(ctx).await?;
             *clean = true;
         }
         return Ok(Some("inactive"));
