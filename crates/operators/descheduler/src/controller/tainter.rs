@@ -9,10 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
+    runtime::{WatchStreamExt, reflector, watcher},
 };
 use nodemedic_api::descheduler::{KubeDescheduler, Mode, SoftTaintedNode};
 use nodemedic_kube::{CallContext, taints};
@@ -32,6 +34,23 @@ const TICK: Duration = Duration::from_secs(2);
 const EFFECT: &str = "PreferNoSchedule";
 
 pub async fn run(ctx: Arc<Context>) {
+    // KubeDeschedulers from a watch: at rest the tainter makes no request at all.
+    let (store, writer) = reflector::store::<KubeDescheduler>();
+    let watch = reflector(
+        writer,
+        watcher(
+            Api::<KubeDescheduler>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| async {});
+    tokio::spawn(watch);
+    if store.wait_until_ready().await.is_err() {
+        tracing::warn!("soft tainter: the KubeDescheduler watch ended before its first list; not running");
+        return;
+    }
     let mut last_round: Option<Instant> = None;
     let mut prometheus: Option<Prometheus> = None;
     // Whether the last inactive round found no soft taint left to remove.
@@ -39,7 +58,8 @@ pub async fn run(ctx: Arc<Context>) {
     loop {
         tokio::time::sleep(TICK).await;
         let due = |interval: Duration| last_round.is_none_or(|at| at.elapsed() >= interval);
-        match round(&ctx, &mut prometheus, &mut clean, due).await {
+        let all: Vec<KubeDescheduler> = store.state().iter().map(|k| (**k).clone()).collect();
+        match round(&ctx, &all, &mut prometheus, &mut clean, due).await {
             Ok(Some(outcome)) => {
                 last_round = Some(Instant::now());
                 ctx.metrics.round(outcome);
@@ -57,17 +77,13 @@ pub async fn run(ctx: Arc<Context>) {
 /// One round when due; `None` when not yet.
 async fn round(
     ctx: &Context,
+    all: &[KubeDescheduler],
     prometheus: &mut Option<Prometheus>,
     clean: &mut bool,
     due: impl Fn(Duration) -> bool,
 ) -> Result<Option<&'static str>> {
-    let all = Api::<KubeDescheduler>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing KubeDeschedulers")?;
-    let in_charge = observe::first(&all.items).and_then(|(namespace, name)| {
-        all.items
-            .iter()
+    let in_charge = observe::first(all).and_then(|(namespace, name)| {
+        all.iter()
             .find(|k| k.namespace().as_deref() == Some(&namespace) && k.name_any() == name)
     });
     let interval = in_charge
