@@ -35,7 +35,7 @@ const CONFIGURATION: &str = "lab-kubevirt-eviction-interceptor";
 const MIGRATION: Duration = Duration::from_secs(2);
 
 const WEBHOOK: &str = r##"
-import http.server, json, ssl, sys
+import http.server, json, ssl, sys, time
 cert, key, address, port, requests = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -50,7 +50,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "code": 429, "reason": "TooManyRequests",
                 "message": 'Eviction triggered evacuation of VMI "%s/%s"' % (namespace, vmi)}}
             with open(requests, "a") as f:
-                f.write("%s/%s\n" % (namespace, name))
+                f.write("%s/%s %f\n" % (namespace, name, time.time()))
         body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -155,10 +155,17 @@ async fn migrate(inner: Arc<Inner>, requests: std::path::PathBuf) {
 }
 
 async fn evacuate(inner: &Inner, request: &str) -> Result<()> {
-    let (namespace, name) = request
-        .split_once('/')
-        .ok_or_else(|| Error::Invalid(format!("not <namespace>/<pod>: {request}")))?;
+    let malformed = || Error::Invalid(format!("not <namespace>/<pod> <epoch seconds>: {request}"));
+    let (pod, at) = request.split_once(' ').ok_or_else(malformed)?;
+    let (namespace, name) = pod.split_once('/').ok_or_else(malformed)?;
+    let at: f64 = at.parse().map_err(|_| malformed())?;
     let pods = Api::<Pod>::namespaced(inner.client.clone(), namespace);
+    // A StatefulSet's new pod has the old one's name: only the pod the eviction was for moves.
+    let Some(current) = pods.get_opt(name).await? else { return Ok(()) };
+    let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second() as f64);
+    if created.is_some_and(|c| c > at) {
+        return Ok(());
+    }
     let patch = json!({"metadata": {"annotations": {EVICTION_IN_PROGRESS: "lab-kubevirt"}}});
     match pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => {}
@@ -168,9 +175,16 @@ async fn evacuate(inner: &Inner, request: &str) -> Result<()> {
     }
     tracing::info!(%namespace, pod = %name, "lab KubeVirt stand-in: live migration started");
     tokio::time::sleep(MIGRATION).await;
-    match pods.delete(name, &DeleteParams::default()).await {
+    let same_pod = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: current.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(name, &same_pod).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
         Err(error) => Err(error.into()),
     }
 }

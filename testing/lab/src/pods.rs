@@ -77,33 +77,53 @@ async fn sync(inner: &Inner, runner: &PodRunner, running: &mut BTreeMap<String, 
         .list(&ListParams::default().labels(&runner.selector))
         .await?
         .items;
-    let mut wanted = BTreeSet::new();
-    for pod in &pods {
-        let Some(uid) = pod.uid() else { continue };
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let Some(node) = node.filter(|n| inner.index(n).is_ok()) else {
-            continue;
-        };
-        if pod.metadata.deletion_timestamp.is_some() || phase != Some("Running") {
-            continue;
-        }
-        wanted.insert(uid.clone());
-        if running.contains_key(&uid) {
-            continue;
-        }
-        let name = format!("{node}/{}", pod.name_any());
-        let spec = process(inner, runner, pod).await?;
-        inner.add_node_process(&node, &pod.name_any(), spec)?;
-        tracing::info!(pod = %pod.name_any(), %node, "lab pod runner: started");
-        running.insert(uid, name);
-    }
+    let wanted: BTreeSet<String> = pods
+        .iter()
+        .filter(|pod| {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            node.is_some_and(|n| inner.index(n).is_ok())
+                && pod.metadata.deletion_timestamp.is_none()
+                && phase == Some("Running")
+        })
+        .filter_map(|pod| pod.uid())
+        .collect();
+    // Stopped first, so a replacement on the same node never meets its predecessor's port.
     let gone: Vec<String> = running.keys().filter(|uid| !wanted.contains(*uid)).cloned().collect();
     for uid in gone {
         if let Some(name) = running.remove(&uid) {
             tracing::info!(process = %name, "lab pod runner: the pod stopped running; stopping it");
             inner.remove_process(&name)?;
         }
+    }
+    // A container that exits is restarted by its kubelet: so is a process here.
+    // (A powered-off node's processes are down with it, and start again at its power-on.)
+    running.retain(|_, name| {
+        let node = name.split('/').next().unwrap_or_default();
+        let powered = inner
+            .conditions
+            .lock()
+            .ok()
+            .and_then(|c| c.get(node).copied())
+            .unwrap_or_default()
+            .powered;
+        let died = powered.then(|| crate::lab::process_died(&inner.resources, name)).flatten();
+        if let Some(error) = &died {
+            tracing::warn!(process = %name, %error, "lab pod runner: the process exited; restarting it");
+        }
+        died.is_none()
+    });
+    for pod in pods.iter().filter(|p| p.uid().is_some_and(|uid| wanted.contains(&uid))) {
+        let (Some(uid), Some(node)) = (pod.uid(), pod.spec.as_ref().and_then(|s| s.node_name.clone())) else {
+            continue;
+        };
+        if running.contains_key(&uid) {
+            continue;
+        }
+        let spec = process(inner, runner, pod).await?;
+        inner.add_node_process(&node, &pod.name_any(), spec)?;
+        tracing::info!(pod = %pod.name_any(), %node, "lab pod runner: started");
+        running.insert(uid, format!("{node}/{}", pod.name_any()));
     }
     Ok(())
 }

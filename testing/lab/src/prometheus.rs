@@ -105,6 +105,9 @@ impl Lab {
     pub fn set_node_figures(&self, node: &str, figures: NodeFigures) -> Result<()> {
         self.inner.index(node)?;
         let path = self.figures_file(node);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
         let partial = path.with_extension("json.partial");
         let text = serde_json::to_string(&figures).map_err(|e| Error::Invalid(e.to_string()))?;
         std::fs::write(&partial, text).map_err(io(format!("writing {}", partial.display())))?;

@@ -189,6 +189,13 @@ fn specs_that_cannot_run_name_the_field_and_the_fix() {
         )
         .contains("query:<PromQL>")
     );
+    assert!(
+        field(
+            "profiles: [CompactAndScale]\nprofileCustomizations: {namespaces: {included: [shop, nodemedic]}}",
+            &env
+        )
+        .starts_with("spec.profileCustomizations.namespaces.included: nodemedic is never descheduled")
+    );
     let missing_interval = deployment::descheduler_args(&spec("profiles: [AffinityAndTaints]")).expect_err("refused");
     assert_eq!(missing_interval.field, "spec.deschedulingIntervalSeconds");
 }

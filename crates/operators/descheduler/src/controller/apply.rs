@@ -10,7 +10,7 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
-use nodemedic_api::descheduler::{KubeDescheduler, KubeDeschedulerStatus};
+use nodemedic_api::descheduler::KubeDescheduler;
 use nodemedic_kube::{CallContext, taints};
 use serde_json::json;
 
@@ -190,7 +190,12 @@ pub async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &
     status.conditions = Some(conditions);
     status.ready_replicas = ready;
     status.observed_generation = kd.metadata.generation;
-    let patch = json!({ "status": KubeDeschedulerStatus { ..status } });
+    // The tainter owns softTaintedNodes; readyReplicas is cleared (null) when nothing runs.
+    let patch = json!({ "status": {
+        "observedGeneration": status.observed_generation,
+        "conditions": status.conditions,
+        "readyReplicas": status.ready_replicas,
+    }});
     api.patch_status(&kd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .context("writing the KubeDescheduler's status")?;

@@ -146,7 +146,7 @@ async fn round(
     } else {
         tracing::debug!(low = ?plan.low, high = ?plan.high, classes = ?plan.classes, "soft tainter classified the nodes");
     }
-    apply(ctx, &nodes, &plan).await?;
+    apply(ctx, &nodes, &plan, &listed).await?;
     report(ctx, kd, &plan, &samples, active).await?;
     Ok(Some(if plan.held.is_some() { "held" } else { "applied" }))
 }
@@ -170,6 +170,7 @@ fn facts(nodes: &[Node], settings: Option<&TainterSettings>, samples: &BTreeMap<
             });
             NodeFacts {
                 in_scope: selected && ready(node),
+                schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
                 taints: current(node),
                 utilization: samples.get(&name).copied(),
                 name,
@@ -184,34 +185,62 @@ fn current(node: &Node) -> BTreeSet<String> {
         .and_then(|s| s.taints.as_ref())
         .into_iter()
         .flatten()
-        .filter(|t| soft_taints::KEYS.contains(&t.key.as_str()))
+        .filter(|t| soft_taints::KEYS.contains(&t.key.as_str()) && t.effect == EFFECT)
         .map(|t| t.key.clone())
         .collect()
 }
 
-async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan) -> Result<()> {
-    for change in &plan.changes {
-        let wanted: Vec<Taint> = change
-            .add
-            .iter()
-            .map(|key| taints::taint(key, Some("true"), EFFECT))
-            .collect();
-        taints::update(nodes, &change.node, |current| {
-            let kept = current.iter().filter(|t| !change.remove.contains(&t.key.as_str()));
-            let missing = wanted.iter().filter(|w| !current.iter().any(|t| t.key == w.key));
-            let next: Vec<Taint> = kept.cloned().chain(missing.cloned()).collect();
-            (next.len() != current.len() || !change.remove.is_empty()).then_some(next)
-        })
-        .await?;
-        for key in &change.add {
-            ctx.metrics.taint_applied(key);
+/// A soft taint key with another effect than PreferNoSchedule (not the tainter's doing): it is
+/// replaced, or removed.
+fn misplaced(taint: &Taint) -> bool {
+    soft_taints::KEYS.contains(&taint.key.as_str()) && taint.effect != EFFECT
+}
+
+/// Carries the plan out node by node (one node's failure does not stop the others; the first
+/// error is returned), and takes off soft taint keys someone set with another effect.
+async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan, listed: &[Node]) -> Result<()> {
+    let mut changes: Vec<(String, Vec<&'static str>, Vec<&'static str>)> = plan
+        .changes
+        .iter()
+        .map(|c| (c.node.clone(), c.add.clone(), c.remove.clone()))
+        .collect();
+    for node in listed {
+        let name = node.name_any();
+        let repair = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(misplaced));
+        if repair && !changes.iter().any(|(n, _, _)| *n == name) {
+            changes.push((name, Vec::new(), Vec::new()));
         }
-        for key in &change.remove {
-            ctx.metrics.taint_removed(key);
-        }
-        tracing::info!(node = %change.node, add = ?change.add, remove = ?change.remove, "soft taints changed");
     }
-    Ok(())
+    let mut first_error = None;
+    for (node, add, remove) in changes {
+        let wanted: Vec<Taint> = add.iter().map(|key| taints::taint(key, Some("true"), EFFECT)).collect();
+        let written = taints::update(nodes, &node, |current| {
+            let kept: Vec<Taint> = current
+                .iter()
+                .filter(|t| !misplaced(t) && !remove.contains(&t.key.as_str()))
+                .cloned()
+                .collect();
+            let missing = wanted.iter().filter(|w| !kept.iter().any(|t| t.key == w.key)).cloned();
+            let next: Vec<Taint> = kept.iter().cloned().chain(missing).collect();
+            let same = next.len() == current.len()
+                && next.iter().zip(current).all(|(a, b)| a.key == b.key && a.effect == b.effect);
+            (!same).then_some(next)
+        })
+        .await;
+        match written {
+            Ok(true) => {
+                add.iter().for_each(|key| ctx.metrics.taint_applied(key));
+                remove.iter().for_each(|key| ctx.metrics.taint_removed(key));
+                tracing::info!(%node, ?add, ?remove, "soft taints changed");
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%node, %error, "soft taints could not be written");
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// The tainted nodes (or, in Predictive mode, those it would taint) in the status.

@@ -240,6 +240,12 @@ pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered,
     }
     let custom = spec.profile_customizations.clone().unwrap_or_default();
     let scope = Scope::new(&custom, env);
+    if let Some(protected) = scope.included.iter().find(|n| env.protected_namespaces.contains(n)) {
+        return Err(invalid(
+            "spec.profileCustomizations.namespaces.included",
+            format!("{protected} is never descheduled (nodemedic runs there, or it is a system namespace): take it out of the list"),
+        ));
+    }
     let kubevirt = spec.profiles.iter().any(|p| p.is_kubevirt());
     let query = match custom.dev_actual_utilization_profile.as_deref() {
         Some(profile) if !profile.is_empty() => Some(utilization_query(profile)?),
@@ -409,10 +415,10 @@ pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered,
             }
             Profile::CompactAndScale => {
                 let level = high_threshold(custom.dev_high_node_utilization_thresholds);
-                let mut hnu = json!({"thresholds": thresholds(&NODE_RESOURCES, level)});
-                if scope.included.is_empty() {
-                    hnu["evictableNamespaces"] = scope.evictable_namespaces();
-                }
+                let hnu = json!({
+                    "thresholds": thresholds(&NODE_RESOURCES, level),
+                    "evictableNamespaces": scope.evictable_namespaces(),
+                });
                 Some(profile(
                     "CompactAndScale",
                     with_evictor(vec![plugin("HighNodeUtilization", hnu)], &evictor),

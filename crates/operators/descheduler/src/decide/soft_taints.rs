@@ -25,6 +25,9 @@ pub struct NodeFacts {
     pub name: String,
     /// Ready and selected by the profile's node selector.
     pub in_scope: bool,
+    /// Not cordoned: the descheduler never counts a cordoned node as under-utilized (no pod
+    /// could move there).
+    pub schedulable: bool,
     /// The soft taint keys it carries now.
     pub taints: BTreeSet<String>,
     /// The Prometheus sample for it, in [0, 1].
@@ -120,7 +123,7 @@ fn classify(scope: &[&NodeFacts], thresholds: Thresholds, plan: &mut Plan) {
     plan.high = Some(high);
     for node in scope {
         let used = usage(node);
-        let class = if used <= low {
+        let class = if used <= low && node.schedulable {
             Class::Under
         } else if used > high {
             Class::Over

@@ -6,6 +6,7 @@ fn node(name: &str, utilization: f64, taints: &[&str]) -> NodeFacts {
     NodeFacts {
         name: name.into(),
         in_scope: true,
+        schedulable: true,
         taints: taints.iter().map(|t| (*t).to_owned()).collect(),
         utilization: Some(utilization),
     }
@@ -114,6 +115,15 @@ fn an_inactive_tainter_or_a_node_out_of_scope_is_cleaned_up() {
 }
 
 #[test]
+fn a_cordoned_cool_node_is_not_where_pods_should_go() {
+    let mut nodes = [node("hot", 0.9, &[]), node("cordoned", 0.1, &[]), node("cool", 0.1, &[])];
+    nodes[1].schedulable = false;
+    let plan = plan(&nodes, ASYMMETRIC_LOW, true);
+    assert_eq!(plan.classes["cordoned"], Class::Appropriate);
+    assert_eq!(plan.classes["cool"], Class::Under);
+}
+
+#[test]
 fn fixed_thresholds_with_no_cool_node_taint_only_the_hot_ones() {
     let nodes = [node("a", 0.60, &[]), node("b", 0.90, &[])];
     let plan = plan(&nodes, Thresholds::Fixed { low: 20.0, high: 70.0 }, true);
@@ -133,10 +143,10 @@ fn fixed_thresholds_with_no_cool_node_taint_only_the_hot_ones() {
 }
 
 fn nodes_strategy() -> impl Strategy<Value = Vec<NodeFacts>> {
-    prop::collection::vec((0.0f64..=1.0, any::<bool>(), any::<bool>(), any::<bool>()), 0..12).prop_map(|raw| {
+    prop::collection::vec((0.0f64..=1.0, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()), 0..12).prop_map(|raw| {
         raw.into_iter()
             .enumerate()
-            .map(|(i, (utilization, in_scope, over, appropriate))| {
+            .map(|(i, (utilization, in_scope, schedulable, over, appropriate))| {
                 let mut taints = BTreeSet::new();
                 if over {
                     taints.insert(OVERUTILIZED.to_owned());
@@ -147,6 +157,7 @@ fn nodes_strategy() -> impl Strategy<Value = Vec<NodeFacts>> {
                 NodeFacts {
                     name: format!("node-{i}"),
                     in_scope,
+                    schedulable,
                     taints,
                     utilization: Some(utilization),
                 }
