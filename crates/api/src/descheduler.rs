@@ -40,10 +40,10 @@ pub const NAME: &str = "cluster";
         json_path = ".status.conditions[?(@.type==\"Available\")].reason",
         priority = 1
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("self.metadata.name == 'cluster'")
+        .message("kubedescheduler is a singleton, .metadata.name must be 'cluster'")
 )]
-#[x_kube(validation = Rule::new("self.metadata.name == 'cluster'")
-    .message("kubedescheduler is a singleton, .metadata.name must be 'cluster'"))]
 #[serde(rename_all = "camelCase")]
 pub struct KubeDeschedulerSpec {
     /// Managed (or Force): nodemedic runs the descheduler; Unmanaged: it leaves what it made as

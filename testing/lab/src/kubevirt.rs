@@ -161,8 +161,14 @@ async fn evacuate(inner: &Inner, request: &str) -> Result<()> {
     let at: f64 = at.parse().map_err(|_| malformed())?;
     let pods = Api::<Pod>::namespaced(inner.client.clone(), namespace);
     // A StatefulSet's new pod has the old one's name: only the pod the eviction was for moves.
-    let Some(current) = pods.get_opt(name).await? else { return Ok(()) };
-    let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second() as f64);
+    let Some(current) = pods.get_opt(name).await? else {
+        return Ok(());
+    };
+    let created = current
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second() as f64);
     if created.is_some_and(|c| c > at) {
         return Ok(());
     }

@@ -107,7 +107,9 @@ async fn sync(inner: &Inner, runner: &PodRunner, running: &mut BTreeMap<String, 
             .and_then(|c| c.get(node).copied())
             .unwrap_or_default()
             .powered;
-        let died = powered.then(|| crate::lab::process_died(&inner.resources, name)).flatten();
+        let died = powered
+            .then(|| crate::lab::process_died(&inner.resources, name))
+            .flatten();
         if let Some(error) = &died {
             tracing::warn!(process = %name, %error, "lab pod runner: the process exited; restarting it");
         }

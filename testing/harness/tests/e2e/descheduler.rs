@@ -30,7 +30,8 @@ pub const DESCHEDULER_ONLY: &[&str] = &[
     "--disable=machine-deletion",
 ];
 
-/// Three replicas of a ReplicaSet in `namespace` (all on node-1 while the others are cordoned).
+/// Three replicas of a ReplicaSet in `namespace` (all on node-1 while the others are cordoned),
+/// which prefer to run apart.
 fn replicas(namespace: &str, name: &str) -> String {
     format!(
         r#"
@@ -48,6 +49,13 @@ spec:
     metadata: {{labels: {{app: {name}}}}}
     spec:
       terminationGracePeriodSeconds: 1
+      # As replicas usually ask: apart if possible (the scheduler alone ties between kwok's
+      # equally empty nodes).
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm: {{topologyKey: kubernetes.io/hostname, labelSelector: {{matchLabels: {{app: {name}}}}}}}
       containers: [{{name: main, image: registry.example/{name}:1}}]
 "#
     )

@@ -206,7 +206,11 @@ async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan, listed: &[Node]) -
         .collect();
     for node in listed {
         let name = node.name_any();
-        let repair = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(misplaced));
+        let repair = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(misplaced));
         if repair && !changes.iter().any(|(n, _, _)| *n == name) {
             changes.push((name, Vec::new(), Vec::new()));
         }
@@ -223,7 +227,10 @@ async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan, listed: &[Node]) -
             let missing = wanted.iter().filter(|w| !kept.iter().any(|t| t.key == w.key)).cloned();
             let next: Vec<Taint> = kept.iter().cloned().chain(missing).collect();
             let same = next.len() == current.len()
-                && next.iter().zip(current).all(|(a, b)| a.key == b.key && a.effect == b.effect);
+                && next
+                    .iter()
+                    .zip(current)
+                    .all(|(a, b)| a.key == b.key && a.effect == b.effect);
             (!same).then_some(next)
         })
         .await;

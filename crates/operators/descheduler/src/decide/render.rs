@@ -243,7 +243,9 @@ pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered,
     if let Some(protected) = scope.included.iter().find(|n| env.protected_namespaces.contains(n)) {
         return Err(invalid(
             "spec.profileCustomizations.namespaces.included",
-            format!("{protected} is never descheduled (nodemedic runs there, or it is a system namespace): take it out of the list"),
+            format!(
+                "{protected} is never descheduled (nodemedic runs there, or it is a system namespace): take it out of the list"
+            ),
         ));
     }
     let kubevirt = spec.profiles.iter().any(|p| p.is_kubevirt());

@@ -116,7 +116,11 @@ fn an_inactive_tainter_or_a_node_out_of_scope_is_cleaned_up() {
 
 #[test]
 fn a_cordoned_cool_node_is_not_where_pods_should_go() {
-    let mut nodes = [node("hot", 0.9, &[]), node("cordoned", 0.1, &[]), node("cool", 0.1, &[])];
+    let mut nodes = [
+        node("hot", 0.9, &[]),
+        node("cordoned", 0.1, &[]),
+        node("cool", 0.1, &[]),
+    ];
     nodes[1].schedulable = false;
     let plan = plan(&nodes, ASYMMETRIC_LOW, true);
     assert_eq!(plan.classes["cordoned"], Class::Appropriate);
@@ -143,7 +147,11 @@ fn fixed_thresholds_with_no_cool_node_taint_only_the_hot_ones() {
 }
 
 fn nodes_strategy() -> impl Strategy<Value = Vec<NodeFacts>> {
-    prop::collection::vec((0.0f64..=1.0, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()), 0..12).prop_map(|raw| {
+    prop::collection::vec(
+        (0.0f64..=1.0, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
+        0..12,
+    )
+    .prop_map(|raw| {
         raw.into_iter()
             .enumerate()
             .map(|(i, (utilization, in_scope, schedulable, over, appropriate))| {
