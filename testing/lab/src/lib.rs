@@ -84,8 +84,10 @@ impl Timings {
             node_monitor_grace: Duration::from_secs(10),
             node_monitor_period: Duration::from_secs(1),
             toleration_seconds: 300,
-            // A fenced node is seen down, then back; no safety argument rests on how long it takes.
-            boot_delay: Duration::from_secs(1),
+            // No safety argument rests on it, but the fence-agents tests watch a remediation
+            // succeed before its node is healthy again: at 1 s the node was back (and the health
+            // check deleted the remediation) while fence_ipmilan's power-on still ran.
+            boot_delay: Duration::from_secs(3),
             // Fed every second (a third of it): a feeder stalled 2 s power-cycles its node. Self
             // remediation's proven wait is (L + 3W)·(1+ρ)/(1−ρ) + δ, so each second here is three
             // in every remediation; fault campaigns (`make chaos`) show no false fence with it.
