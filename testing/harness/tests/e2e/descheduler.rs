@@ -557,8 +557,8 @@ async fn kubevirt_relieve_and_migrate_soft_taints_a_hot_node_and_moves_its_pods_
         );
     }
 
-    // Cooled down: the taints go.
-    lab.set_node_figures("node-1", NodeFigures::cpu(0.2)).expect("figures");
+    // Cooled down (now the coolest): the taints go.
+    lab.set_node_figures("node-1", NodeFigures::cpu(0.1)).expect("figures");
     eventually("node-1's soft taints gone once it cools", LONG, || async {
         node_soft_taints(&client, "node-1").await.is_empty().then_some(())
     })

@@ -34,6 +34,9 @@ pub struct NodeFacts {
     pub utilization: Option<f64>,
 }
 
+/// Percentage points of spread within which nodes count as equally utilized.
+const BALANCED_SPREAD: f64 = 1.0;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Class {
     Under,
@@ -121,9 +124,17 @@ fn classify(scope: &[&NodeFacts], thresholds: Thresholds, plan: &mut Plan) {
     };
     plan.low = Some(low);
     plan.high = Some(high);
+    // Around an average, whole-percent rounding alone makes some node "above" it from one
+    // sample to the next: nodes within a point of each other are balanced, and nothing is tainted
+    // (else the appropriate taint would wander between equal nodes).
+    let (least, most) = scope
+        .iter()
+        .map(|n| usage(n))
+        .fold((f64::MAX, f64::MIN), |(lo, hi), u| (lo.min(u), hi.max(u)));
+    let balanced = most - least <= BALANCED_SPREAD;
     for node in scope {
         let used = usage(node);
-        let class = if used <= low && node.schedulable {
+        let class = if (balanced || used <= low) && node.schedulable && used <= high {
             Class::Under
         } else if used > high {
             Class::Over

@@ -115,6 +115,26 @@ fn an_inactive_tainter_or_a_node_out_of_scope_is_cleaned_up() {
 }
 
 #[test]
+fn nodes_within_a_point_of_each_other_are_balanced_and_untainted() {
+    // 20.4 % reads 20, 19.9 % reads 19: above the 19.67 average, yet nothing to rebalance.
+    let nodes = [
+        node("a", 0.204, &[APPROPRIATE]),
+        node("b", 0.199, &[]),
+        node("c", 0.199, &[]),
+    ];
+    let plan = plan(&nodes, ASYMMETRIC_LOW, true);
+    assert!(plan.classes.values().all(|c| *c == Class::Under), "{plan:?}");
+    assert_eq!(
+        plan.changes,
+        vec![Change {
+            node: "a".into(),
+            add: vec![],
+            remove: vec![APPROPRIATE]
+        }]
+    );
+}
+
+#[test]
 fn a_cordoned_cool_node_is_not_where_pods_should_go() {
     let mut nodes = [
         node("hot", 0.9, &[]),
