@@ -7,14 +7,16 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy},
         core::v1::{
-            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, PodSecurityContext, PodSpec, PodTemplateSpec,
-            ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume, VolumeMount,
+            Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
+            PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+            ServiceAccount, Volume, VolumeMount,
         },
         rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
     },
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference},
+        util::intstr::IntOrString,
     },
 };
 use kube::Resource;
@@ -32,6 +34,8 @@ pub const CLUSTER_ROLE: &str = "nodemedic-descheduler";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodemedic-descheduler");
 /// The policy's hash on the pod template: a new policy rolls the descheduler.
 pub const POLICY_HASH: &str = "descheduler.nodemedic.io/policy-hash";
+/// The descheduler's default secure port (metrics, /healthz).
+const SECURE_PORT: i32 = 10258;
 /// Where the executable is in the upstream image.
 pub const COMMAND: &str = "/bin/descheduler";
 
@@ -134,6 +138,23 @@ pub fn deployment(kd: &KubeDescheduler, image: &str, args: Vec<String>, hash: &s
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted),
+        // As the upstream chart: its metrics and health on the secure port.
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: SECURE_PORT,
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(SECURE_PORT),
+                scheme: Some("HTTPS".into()),
+                ..HTTPGetAction::default()
+            }),
+            initial_delay_seconds: Some(3),
+            period_seconds: Some(10),
+            ..Probe::default()
+        }),
         ..Container::default()
     };
     Deployment {
