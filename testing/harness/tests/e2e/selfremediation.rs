@@ -110,13 +110,18 @@ async fn seed_scenario_a_crashed_node_s_statefulset_comes_back_elsewhere_and_the
     let client = lab.client();
     let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), NS);
     for node in lab.nodes() {
-        let stats = lab.watchdog_device_stats(&node).expect("stats");
+        // An agent registers once its device is armed; its first keepalive may come a tick later.
+        let stats = eventually(
+            &format!("{node} feeding its watchdog device"),
+            Duration::from_secs(30),
+            || async { lab.watchdog_device_stats(&node).ok().filter(|s| s.keepalives > 0) },
+        )
+        .await;
         assert_eq!(
             stats.programmed_timeout,
             Some(Duration::from_secs(4)),
             "{node}: {stats:?}"
         );
-        assert!(stats.keepalives > 0, "{node} feeds its device: {stats:?}");
         let lease = leases
             .get(&format!("nodemedic-agent-{node}"))
             .await
