@@ -603,15 +603,19 @@ impl Inner {
         self.add_to_node(node, name, spec)
     }
 
-    pub(crate) fn add_to_node(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
-        let full = format!("{node}/{name}");
-        let powered = self
-            .conditions
+    /// Whether the node's power is on (false for a node the lab does not know).
+    pub(crate) fn powered(&self, node: &str) -> bool {
+        self.conditions
             .lock()
             .ok()
             .and_then(|c| c.get(node).copied())
             .unwrap_or_default()
-            .powered;
+            .powered
+    }
+
+    pub(crate) fn add_to_node(&self, node: &str, name: &str, spec: ProcessSpec) -> Result<()> {
+        let full = format!("{node}/{name}");
+        let powered = self.powered(node);
         let mut procs = self
             .resources
             .processes

@@ -100,14 +100,8 @@ async fn sync(inner: &Inner, runner: &PodRunner, running: &mut BTreeMap<String, 
     // (A powered-off node's processes are down with it, and start again at its power-on.)
     running.retain(|_, name| {
         let node = name.split('/').next().unwrap_or_default();
-        let powered = inner
-            .conditions
-            .lock()
-            .ok()
-            .and_then(|c| c.get(node).copied())
-            .unwrap_or_default()
-            .powered;
-        let died = powered
+        let died = inner
+            .powered(node)
             .then(|| crate::lab::process_died(&inner.resources, name))
             .flatten();
         if let Some(error) = &died {
