@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything nodemedic's tests, demo and benchmarks need on a fresh Debian bookworm
 # machine (as root). Idempotent: every step checks first and does nothing when already done.
+#
+# Usage: setup.sh [all|packages|lab|later]   (default: all, in that order)
+#   packages  Debian packages and Rust lint tools: what building the workspace needs
+#   lab       the Redfish BMC emulator and the control plane: what every lab test needs
+#   later     Helm, the machine layer, the descheduler and Prometheus: what only some tests need
+# The test driver runs the phases apart, so that the Go builds overlap the Rust build and the
+# first lab test (scripts/test.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -14,41 +21,50 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # Debian packages: the real fence agents and BMC emulators, netns/nftables tooling, protoc for
-# the peer protocol, and what builds and runs the images without a container engine.
-packages=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl openssl ca-certificates
-  mmdebstrap umoci skopeo runc)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
+# the peer protocol, and what builds and runs the images without a container engine. Then the
 # Rust lint tools.
-for component in rustfmt clippy; do
-  rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
-done
+packages() {
+  local wanted=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl
+    openssl ca-certificates mmdebstrap umoci skopeo runc)
+  local missing=() p component
+  for p in "${wanted[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+  done
+}
 
-# The Redfish BMC emulator, in its own virtualenv.
-venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION"
-if [ ! -x "$venv/bin/sushy-emulator" ]; then
-  log "installing sushy-tools $SUSHY_TOOLS_VERSION into $venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"
-fi
+# The Redfish BMC emulator in its own virtualenv, and the control plane (kube-apiserver,
+# controller-manager, scheduler, kubectl, etcd, kwok).
+lab() {
+  local venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION"
+  if [ ! -x "$venv/bin/sushy-emulator" ]; then
+    log "installing sushy-tools $SUSHY_TOOLS_VERSION into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"
+  fi
+  bash "$here/build-controlplane.sh" >/dev/null
+}
 
-# The control plane (kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok).
-bash "$here/build-controlplane.sh" >/dev/null
+# Helm and the Prometheus operator CRDs (the chart and its test); Cluster API's core manager and
+# CRDs and the OpenShift Machine API CRDs (machine remediation); the upstream descheduler and
+# Debian's Prometheus and promtool (rebalancing).
+later() {
+  bash "$here/build-tools.sh" >/dev/null
+  bash "$here/build-machine-layer.sh" >/dev/null
+  bash "$here/build-descheduler.sh" >/dev/null
+}
 
-# Helm (for the chart) and the Prometheus operator CRDs (for the chart test).
-bash "$here/build-tools.sh" >/dev/null
-
-# The machine layer: Cluster API's core manager and CRDs, and the OpenShift Machine API CRDs.
-bash "$here/build-machine-layer.sh" >/dev/null
-
-# Rebalancing: the upstream descheduler, and Debian's Prometheus and promtool.
-bash "$here/build-descheduler.sh" >/dev/null
-log "ready"
+phase=${1:-all}
+case "$phase" in
+  all) packages; lab; later ;;
+  packages | lab | later) "$phase" ;;
+  *) log "ERROR: unknown phase '$phase': use all, packages, lab or later"; exit 2 ;;
+esac
+log "ready ($phase)"

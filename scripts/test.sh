@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Everything CI checks: formatting, lints, generated files, unit/property tests and the lab tests
-# against the real control plane. Run through `make test` (which runs setup first).
+# against the real control plane. Run through `make test`; installs what it needs first
+# (scripts/setup.sh, in phases).
 #
 # The ten-minute control-plane outage test holds the lab for about 24 minutes, most of it waiting
-# on a stopped API server or etcd. It starts as soon as its test binary is built, and the lints,
-# the rest of the build and the lab-free tests run meanwhile at the lowest CPU priority (the lab's
-# processes keep theirs). Lab tests still run one lab at a time: the rest start once it is done.
+# on a stopped API server or etcd. It starts as soon as its test binary and the control plane are
+# built (on a fresh machine the two builds run side by side), and the lints, the rest of the build,
+# the lab-free tests and the Go builds only later tests need run meanwhile at the lowest CPU
+# priority (the lab's processes keep theirs). Lab tests still run one lab at a time: the rest
+# start once it is done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n=== %s ===\n' "$*" >&2; }
@@ -15,37 +18,17 @@ OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_rem
 LAB_TEST_TARGETS="nodemedic-harness:e2e nodemedic-lab:it"
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 
+step "setup: Debian packages and lint tools"
+bash scripts/setup.sh packages
+
+step "meanwhile: the BMC emulator and the control plane (setup.sh lab)"
+lab_setup_log=$(mktemp)
+bash scripts/setup.sh lab >"$lab_setup_log" 2>&1 &
+lab_setup=$!
+trap 'kill "$lab_setup" 2>/dev/null || true' EXIT
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
-
-step "the chart's Prometheus rules (promtool check and test)"
-# shellcheck source=versions.env
-. scripts/versions.env
-promtool="${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION/promtool"
-"$promtool" check rules charts/nodemedic/files/alerts.yaml charts/nodemedic/files/descheduler-rules.yaml
-"$promtool" test rules testing/rules/descheduler-rules.test.yaml
-
-step "the upstream descheduler accepts every expected policy"
-# It loads and validates the policy, then fails at its first request to the API server (here:
-# nothing listens at 127.0.0.1:1): got that far, the policy is accepted. The OpenShift-plugin
-# policy is for OpenShift's build, which the upstream one must refuse.
-descheduler="$(dirname "$promtool")/descheduler"
-scratch=$(mktemp -d)
-printf '%s\n' 'apiVersion: v1' 'kind: Config' \
-  'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]' \
-  'users: [{name: u, user: {token: x}}]' 'contexts: [{name: c, context: {cluster: c, user: u}}]' \
-  'current-context: c' >"$scratch/kubeconfig"
-for policy in crates/operators/descheduler/tests/policies/*.yaml; do
-  verdict=$(cd "$scratch" && timeout 20 "$descheduler" --policy-config-file "$OLDPWD/$policy" \
-    --kubeconfig "$scratch/kubeconfig" --dry-run --secure-port=0 2>&1 | grep -m1 'failed to run descheduler server' || true)
-  case "$policy:$verdict" in
-    *openshift-plugin*:*"KubevirtMigrationAware in pluginConfig not registered"*) ;;
-    *openshift-plugin*) echo "$policy: the upstream descheduler did not refuse OpenShift's plugin: $verdict" >&2; exit 1 ;;
-    *"127.0.0.1:1"*) ;;
-    *) echo "$policy: refused by the upstream descheduler: $verdict" >&2; exit 1 ;;
-  esac
-done
-rm -rf "$scratch"
 
 step "every integration-test target is run"
 found=$(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
@@ -80,11 +63,20 @@ for line in sys.stdin:
     message = json.loads(line)
     if message.get("reason") == "compiler-artifact" and message["target"]["name"] == "e2e" and message.get("executable"):
         print(message["executable"])')
+step "the control plane"
+status=0
+wait "$lab_setup" || status=$?
+cat "$lab_setup_log" >&2
+[ "$status" -eq 0 ] || { echo "setup.sh lab failed (exit $status)" >&2; exit "$status"; }
+
 log=$(mktemp)
 # Run from the package's folder, as cargo runs its tests.
 (cd testing/harness && exec "$e2e" --exact "$OUTAGE_TEST" --nocapture) >"$log" 2>&1 &
 outage=$!
-trap 'kill "$outage" 2>/dev/null || true' EXIT
+later_setup_log=$(mktemp)
+nice -n 19 bash scripts/setup.sh later >"$later_setup_log" 2>&1 &
+later_setup=$!
+trap 'kill "$outage" "$later_setup" 2>/dev/null || true' EXIT
 
 step "meanwhile: cargo clippy, unit and property tests, doc tests"
 nice -n 19 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -110,6 +102,41 @@ for line in sys.stdin:
     name = package + ":" + message["target"]["name"]
     if message["target"]["kind"] == ["test"] and name in wanted:
         print(name, message["executable"], os.path.dirname(message["manifest_path"]))' >"$lab_tests"
+step "meanwhile: the tools only later tests need (setup.sh later)"
+status=0
+wait "$later_setup" || status=$?
+cat "$later_setup_log" >&2
+[ "$status" -eq 0 ] || { echo "setup.sh later failed (exit $status)" >&2; exit "$status"; }
+
+step "the chart's Prometheus rules (promtool check and test)"
+# shellcheck source=versions.env
+. scripts/versions.env
+promtool="${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION/promtool"
+"$promtool" check rules charts/nodemedic/files/alerts.yaml charts/nodemedic/files/descheduler-rules.yaml
+"$promtool" test rules testing/rules/descheduler-rules.test.yaml
+
+step "the upstream descheduler accepts every expected policy"
+# It loads and validates the policy, then fails at its first request to the API server (here:
+# nothing listens at 127.0.0.1:1): got that far, the policy is accepted. The OpenShift-plugin
+# policy is for OpenShift's build, which the upstream one must refuse.
+descheduler="$(dirname "$promtool")/descheduler"
+scratch=$(mktemp -d)
+printf '%s\n' 'apiVersion: v1' 'kind: Config' \
+  'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]' \
+  'users: [{name: u, user: {token: x}}]' 'contexts: [{name: c, context: {cluster: c, user: u}}]' \
+  'current-context: c' >"$scratch/kubeconfig"
+for policy in crates/operators/descheduler/tests/policies/*.yaml; do
+  verdict=$(cd "$scratch" && timeout 20 "$descheduler" --policy-config-file "$OLDPWD/$policy" \
+    --kubeconfig "$scratch/kubeconfig" --dry-run --secure-port=0 2>&1 | grep -m1 'failed to run descheduler server' || true)
+  case "$policy:$verdict" in
+    *openshift-plugin*:*"KubevirtMigrationAware in pluginConfig not registered"*) ;;
+    *openshift-plugin*) echo "$policy: the upstream descheduler did not refuse OpenShift's plugin: $verdict" >&2; exit 1 ;;
+    *"127.0.0.1:1"*) ;;
+    *) echo "$policy: refused by the upstream descheduler: $verdict" >&2; exit 1 ;;
+  esac
+done
+rm -rf "$scratch"
+
 # The images, as `make image` builds them but from the executables under test, for the test that
 # runs them as containers.
 target_dir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
