@@ -10,6 +10,7 @@ use crate::{
     healthcheck::NodeHealthCheck,
     machine_deletion::{MachineDeletionRemediation, MachineDeletionRemediationTemplate},
     maintenance::NodeMaintenance,
+    poison_pill::{PoisonPillConfig, PoisonPillRemediation, PoisonPillRemediationTemplate},
     self_remediation::{SelfNodeRemediation, SelfNodeRemediationConfig, SelfNodeRemediationTemplate},
 };
 
@@ -33,6 +34,9 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         MachineDeletionRemediation::crd(),
         MachineDeletionRemediationTemplate::crd(),
         KubeDescheduler::crd(),
+        PoisonPillRemediation::crd(),
+        PoisonPillRemediationTemplate::crd(),
+        PoisonPillConfig::crd(),
     ]
 }
 

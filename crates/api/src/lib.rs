@@ -14,6 +14,7 @@ pub mod machine_deletion;
 pub mod machines;
 pub mod maintenance;
 pub mod names;
+pub mod poison_pill;
 pub(crate) mod schema;
 pub mod self_remediation;
 

@@ -202,6 +202,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
     let mut operators = tokio::task::JoinSet::new();
     if !args.disabled.contains(&Operator::HealthCheck) {
+        // As leader only: a check created by every replica would be created once anyway, but
+        // the events would repeat.
+        nodemedic_healthcheck::controller::default_check::create_if_absent(&client, &args.namespace, &events)
+            .await
+            .context("the default health check")?;
         let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("health check: {e}")) });
     }

@@ -47,6 +47,9 @@ fn every_crd_has_the_medik8s_or_openshift_identity() {
             "machinedeletionremediations.machine-deletion-remediation.medik8s.io",
             "machinedeletionremediationtemplates.machine-deletion-remediation.medik8s.io",
             "kubedeschedulers.operator.openshift.io",
+            "poisonpillremediations.medik8s.io",
+            "poisonpillremediationtemplates.medik8s.io",
+            "poisonpillconfigs.medik8s.io",
         ]
     );
 }

@@ -7,8 +7,8 @@ use nodemedic_self_remediation::protocol::manager::{Means, cannot_fence};
 use serde::Serialize;
 
 use super::facts::{
-    AccountAccess, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck, SELF_REMEDIATION_TEMPLATE, Subject,
-    TemplateLookup, Verdict,
+    AccountAccess, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck, POISON_PILL_TEMPLATE,
+    SELF_REMEDIATION_TEMPLATE, Subject, TemplateLookup, Verdict,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -165,7 +165,7 @@ fn agents(f: &Facts) -> Vec<Finding> {
             let remediating: Vec<&str> = f
                 .checks
                 .iter()
-                .filter(|c| c.selects(node) && c.uses(SELF_REMEDIATION_TEMPLATE))
+                .filter(|c| c.selects(node) && (c.uses(SELF_REMEDIATION_TEMPLATE) || c.uses(POISON_PILL_TEMPLATE)))
                 .map(|c| c.name.as_str())
                 .collect();
             let subject = format!("node {}", node.name);

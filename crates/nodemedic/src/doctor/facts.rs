@@ -16,6 +16,8 @@ use nodemedic_self_remediation::protocol::manager::Registration;
 use super::rbac::Permission;
 
 pub const SELF_REMEDIATION_TEMPLATE: &str = "SelfNodeRemediationTemplate";
+/// Self remediation under its former name: the same agents carry it out.
+pub const POISON_PILL_TEMPLATE: &str = "PoisonPillRemediationTemplate";
 pub const FENCE_AGENTS_TEMPLATE: &str = "FenceAgentsRemediationTemplate";
 
 #[derive(Clone, Debug, Default)]

@@ -7,6 +7,7 @@ pub mod decide;
 mod error;
 pub mod identity;
 pub mod manager;
+pub mod poison_pill;
 pub mod protocol;
 pub mod registration;
 pub mod remediation_object;

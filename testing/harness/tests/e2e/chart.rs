@@ -102,10 +102,71 @@ async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
         "prometheusrule.monitoring.coreos.com/nodemedic",
         "configmap/nodemedic-dashboard",
         "selfnoderemediationconfig.self-node-remediation.medik8s.io/self-node-remediation-config",
+        "customresourcedefinition.apiextensions.k8s.io/poisonpillremediations.medik8s.io",
+        "configmap/nodemedic-default-health-check",
     ] {
         assert!(
             applied.contains(&format!("{object} serverside-applied (server dry run)")),
             "{object} not accepted:\n{applied}"
         );
     }
+
+    // The default health check the controller creates from that ConfigMap is valid too.
+    let check =
+        default_health_check(&String::from_utf8_lossy(&out.stdout)).expect("the chart renders the default check");
+    std::fs::write(rendered.path(), check).expect("write");
+    let applied = kubectl(&[
+        "create",
+        "--dry-run=server",
+        "-f",
+        &rendered.path().display().to_string(),
+    ]);
+    assert!(
+        applied.contains("nodehealthcheck.remediation.medik8s.io/nhc-worker-default created (server dry run)"),
+        "{applied}"
+    );
+}
+
+/// The NodeHealthCheck in the rendered ConfigMap nodemedic-default-health-check, if any.
+fn default_health_check(rendered: &str) -> Option<String> {
+    rendered
+        .split("\n---\n")
+        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
+        .find(|doc| doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "nodemedic-default-health-check")
+        .and_then(|doc| doc["data"]["nodehealthcheck.yaml"].as_str().map(str::to_owned))
+}
+
+#[test]
+fn the_default_health_check_is_rendered_unless_disabled() {
+    let render = |extra: &[&str]| {
+        let out = Command::new(tools_dir().join("helm"))
+            .args(["template", "nodemedic"])
+            .arg(repo().join("charts/nodemedic"))
+            .arg("--namespace=workload-availability")
+            .args(extra)
+            .output()
+            .expect("helm runs");
+        assert!(out.status.success(), "helm template: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let check = default_health_check(&render(&[])).expect("rendered by default");
+    for line in [
+        "name: nhc-worker-default",
+        "key: node-role.kubernetes.io/worker",
+        "minHealthy: \"51%\"",
+        "duration: 300s",
+        "kind: SelfNodeRemediationTemplate",
+        "namespace: workload-availability",
+    ] {
+        assert!(check.contains(line), "{line:?} missing:\n{check}");
+    }
+    let selector = r#"--set-json=defaultHealthCheck.selector={"matchExpressions":[{"key":"node-role.kubernetes.io/control-plane","operator":"DoesNotExist"}]}"#;
+    let check = default_health_check(&render(&[selector, "--set=defaultHealthCheck.minHealthy=2"])).expect("rendered");
+    assert!(
+        check.contains("operator: DoesNotExist") && check.contains("minHealthy: \"2\""),
+        "{check}"
+    );
+    let disabled = render(&["--set=defaultHealthCheck.enabled=false"]);
+    assert_eq!(default_health_check(&disabled), None);
+    assert!(!disabled.contains("kind: NodeHealthCheck"), "{disabled}");
 }

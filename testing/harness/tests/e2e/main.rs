@@ -16,6 +16,7 @@ mod machine_layer;
 mod machines;
 mod maintenance;
 mod membership;
+mod out_of_the_box;
 mod outages;
 mod selfremediation;
 mod status;

@@ -5,6 +5,7 @@
 pub mod admission;
 mod apply;
 mod contact;
+pub mod default_check;
 mod index;
 mod kinds;
 mod reconcile;

@@ -1,10 +1,12 @@
 //! The self-remediation manager (in `nodemedic controller`): the configuration, the agent
-//! DaemonSet, the peer-certificate signer, and the SelfNodeRemediation reconciler.
+//! DaemonSet, the peer-certificate signer, the SelfNodeRemediation reconciler, and the bridge that
+//! carries out the Poison Pill kinds as self remediation.
 
 mod config;
 pub mod daemonset;
 mod membership;
 mod metrics;
+mod poison_pill;
 mod remediation;
 mod setup;
 pub mod signer;
@@ -18,7 +20,10 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{Controller, reflector::ObjectRef, watcher},
 };
-use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig};
+use nodemedic_api::{
+    poison_pill::{PoisonPillConfig, PoisonPillRemediation},
+    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
 use nodemedic_kube::events::Events;
 
 pub use metrics::Metrics;
@@ -87,6 +92,28 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
     .run(config::reconcile, config::error_policy, config_ctx)
     .for_each(|_| async {});
 
+    let bridge = Arc::new(poison_pill::Context {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        events: events.clone(),
+    });
+    let poison_pills = Controller::new(
+        Api::<PoisonPillRemediation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<SelfNodeRemediation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .run(poison_pill::reconcile, poison_pill::error_policy, bridge.clone())
+    .for_each(|_| async {});
+    let poison_pill_configs = Controller::new(
+        Api::<PoisonPillConfig>::namespaced(client.clone(), &namespace),
+        watcher::Config::default(),
+    )
+    .run(poison_pill::reconcile_config, poison_pill::error_policy, bridge)
+    .for_each(|_| async {});
+
     let ctx = Arc::new(remediation::Context {
         client: client.clone(),
         namespace: namespace.clone(),
@@ -118,7 +145,7 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         )
         .run(remediation::reconcile, remediation::error_policy, ctx)
         .for_each(|_| async {});
-    tokio::join!(configs, remediations);
+    tokio::join!(configs, remediations, poison_pills, poison_pill_configs);
     signer.abort();
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! What the manager makes sure exists before it remediates: the peer-certificate authority, the
-//! SelfNodeRemediationConfig, and the two default templates.
+//! SelfNodeRemediationConfig, and the default templates (two, and Poison Pill's).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +13,7 @@ use kube::{
 };
 use nodemedic_api::{
     names::{annotations, labels},
+    poison_pill::{self, PoisonPillRemediationTemplate, PoisonPillRemediationTemplateSpec},
     self_remediation::{
         AUTOMATIC_TEMPLATE_NAME, CONFIG_NAME, RESOURCE_DELETION_TEMPLATE_NAME, RemediationStrategy,
         SelfNodeRemediationConfig, SelfNodeRemediationConfigSpec, SelfNodeRemediationSpec, SelfNodeRemediationTemplate,
@@ -127,7 +128,7 @@ pub async fn config(client: &Client, namespace: &str) -> Result<()> {
     Ok(())
 }
 
-/// The two default templates the health check and users pick from.
+/// The default templates the health check and users pick from.
 pub async fn templates(client: &Client, namespace: &str) -> Result<()> {
     let api = Api::<SelfNodeRemediationTemplate>::namespaced(client.clone(), namespace);
     for (name, strategy) in [
@@ -158,6 +159,19 @@ pub async fn templates(client: &Client, namespace: &str) -> Result<()> {
         if create_once(&api, &template).await? {
             tracing::info!(%name, "created a default SelfNodeRemediationTemplate");
         }
+    }
+    // Poison Pill's default, for health checks written for it (seed 001's among them).
+    let api = Api::<PoisonPillRemediationTemplate>::namespaced(client.clone(), namespace);
+    let mut template = PoisonPillRemediationTemplate::new(
+        poison_pill::DEFAULT_TEMPLATE_NAME,
+        PoisonPillRemediationTemplateSpec::default(),
+    );
+    template.metadata.namespace = Some(namespace.to_owned());
+    if create_once(&api, &template).await? {
+        tracing::info!(
+            name = poison_pill::DEFAULT_TEMPLATE_NAME,
+            "created the default PoisonPillRemediationTemplate"
+        );
     }
     Ok(())
 }

@@ -1,0 +1,142 @@
+//! The default health check, as medik8s's operator creates `nhc-worker-default` on install: the
+//! chart renders the check into a ConfigMap in nodemedic's namespace, and the controller creates
+//! it when no check of that name exists. It never writes it again, so a user's edits stay; a
+//! user who does not want it sets `defaultHealthCheck.enabled=false` (no ConfigMap, no check).
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client, ResourceExt, api::PostParams};
+use nodemedic_api::healthcheck::NodeHealthCheck;
+use nodemedic_kube::{CallContext, events::Events};
+
+use crate::Result;
+
+/// The ConfigMap the chart renders the default check into, in nodemedic's namespace.
+pub const CONFIGMAP: &str = "nodemedic-default-health-check";
+/// Its key holding the NodeHealthCheck as YAML.
+pub const KEY: &str = "nodehealthcheck.yaml";
+
+/// What the ConfigMap asks for.
+#[derive(Debug, PartialEq)]
+pub enum Wanted {
+    Check(Box<NodeHealthCheck>),
+    /// The ConfigMap exists but holds no usable check: the message says what to fix.
+    Unusable(String),
+}
+
+/// Reads the ConfigMap's data (pure: no I/O).
+pub fn wanted(configmap: &ConfigMap) -> Wanted {
+    let Some(yaml) = configmap.data.as_ref().and_then(|d| d.get(KEY)) else {
+        return Wanted::Unusable(format!(
+            "ConfigMap {CONFIGMAP} has no key {KEY}; render it with the chart (defaultHealthCheck.*)"
+        ));
+    };
+    match serde_saphyr::from_str::<NodeHealthCheck>(yaml) {
+        Ok(check) if check.metadata.name.as_deref().is_some_and(|n| !n.is_empty()) => {
+            let mut check = check;
+            // The object to create, not a copy of one that existed somewhere.
+            check.metadata.resource_version = None;
+            check.metadata.uid = None;
+            check.status = None;
+            Wanted::Check(Box::new(check))
+        }
+        Ok(_) => Wanted::Unusable(format!(
+            "the NodeHealthCheck in ConfigMap {CONFIGMAP} has no metadata.name"
+        )),
+        Err(e) => Wanted::Unusable(format!(
+            "ConfigMap {CONFIGMAP}, key {KEY}, is not a NodeHealthCheck: {e}; fix defaultHealthCheck.* in the chart's values"
+        )),
+    }
+}
+
+/// Creates the default check when the ConfigMap asks for one and no check of its name exists.
+/// An unusable ConfigMap is reported (log and a Warning event on it) and changes nothing.
+pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events) -> Result<()> {
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+    let Some(configmap) = configmaps
+        .get_opt(CONFIGMAP)
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{CONFIGMAP}"))?
+    else {
+        tracing::info!(%namespace, "no default health check asked for (ConfigMap {CONFIGMAP} absent)");
+        return Ok(());
+    };
+    let on = nodemedic_kube::events::reference(&configmap);
+    let check = match wanted(&configmap) {
+        Wanted::Check(check) => check,
+        Wanted::Unusable(why) => {
+            tracing::warn!(%namespace, %why, "default health check not created");
+            events.warning(&on, "DefaultHealthCheckInvalid", why).await;
+            return Ok(());
+        }
+    };
+    let name = check.name_any();
+    match Api::<NodeHealthCheck>::all(client.clone())
+        .create(&PostParams::default(), &check)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(%name, "created the default NodeHealthCheck");
+            events
+                .normal(
+                    &on,
+                    "DefaultHealthCheckCreated",
+                    format!("created NodeHealthCheck {name}; nodemedic will not change it again"),
+                )
+                .await;
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::info!(%name, "the default NodeHealthCheck exists; left as it is");
+        }
+        Err(e) => {
+            let why = format!("creating NodeHealthCheck {name}: {e}");
+            tracing::warn!(%why, "default health check not created");
+            events.warning(&on, "DefaultHealthCheckInvalid", why).await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn configmap(yaml: Option<&str>) -> ConfigMap {
+        ConfigMap {
+            data: yaml.map(|y| BTreeMap::from([(KEY.to_owned(), y.to_owned())])),
+            ..Default::default()
+        }
+    }
+
+    fn check_yaml(metadata: &str) -> String {
+        let spec = "spec:\n  minHealthy: 51%\n  selector:\n    matchExpressions:\n      - key: node-role.kubernetes.io/worker\n        operator: Exists\n  remediationTemplate:\n    apiVersion: self-node-remediation.medik8s.io/v1alpha1\n    kind: SelfNodeRemediationTemplate\n    name: self-node-remediation-automatic-strategy-template\n    namespace: workload-availability\n  unhealthyConditions:\n    - type: Ready\n      status: \"False\"\n      duration: 300s\n";
+        format!("apiVersion: remediation.medik8s.io/v1alpha1\nkind: NodeHealthCheck\nmetadata:\n{metadata}{spec}")
+    }
+
+    #[test]
+    fn the_rendered_check_is_created_as_it_is_written() {
+        let yaml = check_yaml("  name: nhc-worker-default\n  resourceVersion: \"7\"\n");
+        let Wanted::Check(check) = wanted(&configmap(Some(&yaml))) else {
+            panic!("a check")
+        };
+        assert_eq!(check.metadata.name.as_deref(), Some("nhc-worker-default"));
+        assert_eq!(check.metadata.resource_version, None);
+    }
+
+    #[test]
+    fn a_missing_key_or_bad_yaml_says_what_to_fix() {
+        let Wanted::Unusable(why) = wanted(&configmap(None)) else {
+            panic!("unusable")
+        };
+        assert!(why.contains(KEY), "{why}");
+        let Wanted::Unusable(why) = wanted(&configmap(Some("spec: [1"))) else {
+            panic!("unusable")
+        };
+        assert!(why.contains("defaultHealthCheck"), "{why}");
+        let Wanted::Unusable(why) = wanted(&configmap(Some(&check_yaml("  labels: {a: b}\n")))) else {
+            panic!("unusable")
+        };
+        assert!(why.contains("metadata.name"), "{why}");
+    }
+}

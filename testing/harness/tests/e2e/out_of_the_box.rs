@@ -1,0 +1,177 @@
+//! Out of the box, as seed 001 describes: nodemedic installed the way the chart does watches the
+//! workers with no health check written by the user, and the seed's `nhc-worker-default`, written
+//! for Poison Pill, works through the Poison Pill kinds nodemedic serves as self remediation.
+
+use std::{process::Command, time::Duration};
+
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use nodemedic_api::{
+    healthcheck::{NodeHealthCheck, NodeHealthCheckPhase},
+    poison_pill::{PoisonPillRemediation, PoisonPillRemediationTemplate},
+    self_remediation::{SelfNodeRemediation, phases},
+};
+use nodemedic_lab::{Lab, LabConfig, tools_dir, version};
+
+use crate::{
+    selfremediation::{exe, running_pod, snr},
+    support::{NS, apply_seed, assert_witness, event_with, eventually, lab, list, scenario, start_controller},
+    text,
+};
+use scenario::{LabWatchdog, node_of};
+
+const LONG: Duration = Duration::from_secs(120);
+const DEFAULT_CHECK: &str = "nhc-worker-default";
+
+/// The chart's default health check ConfigMap, rendered with the durations shortened (values the
+/// chart offers; the default 300 s would make the test wait five minutes per crash).
+fn default_check_configmap() -> String {
+    let out = Command::new(tools_dir().join("helm"))
+        .args(["template", "nodemedic"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/nodemedic"))
+        .arg(format!("--namespace={NS}"))
+        .arg(format!("--kube-version={}", version("KUBERNETES_VERSION")))
+        .arg(r#"--set-json=defaultHealthCheck.unhealthyConditions=[{"type":"Ready","status":"False","duration":"10s"},{"type":"Ready","status":"Unknown","duration":"10s"}]"#)
+        .args(["--show-only", "templates/default-health-check.yaml"])
+        .output()
+        .expect("helm runs");
+    assert!(out.status.success(), "helm template: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn check(client: &Client) -> Option<NodeHealthCheck> {
+    Api::<NodeHealthCheck>::all(client.clone())
+        .get_opt(DEFAULT_CHECK)
+        .await
+        .expect("read the check")
+}
+
+async fn enabled(client: &Client) {
+    eventually(&format!("{DEFAULT_CHECK} Enabled"), LONG, || async {
+        check(client)
+            .await
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(NodeHealthCheckPhase::Enabled))
+            .map(|_| ())
+    })
+    .await
+}
+
+async fn poison_pill(client: &Client, node: &str) -> Option<PoisonPillRemediation> {
+    list::<PoisonPillRemediation>(client, NS).await.into_iter().find(|r| {
+        r.annotations()
+            .get("remediation.medik8s.io/node-name")
+            .map(String::as_str)
+            == Some(node)
+    })
+}
+
+/// Powers `node` on and waits until the health check has deleted its remediation.
+async fn recovered(lab: &Lab, node: &str) {
+    lab.power_on(node).await.expect("power on");
+    let client = lab.client();
+    eventually(&format!("{node}'s remediations gone"), LONG, || async {
+        (snr(&client, node).await.is_none() && poison_pill(&client, node).await.is_none()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_check_written_a_crashed_worker_is_remediated_and_seed_001_works_through_poison_pill() {
+    let lab = lab(LabConfig::workers(3)).await;
+    let client = lab.client();
+    // Installed as the chart installs it: its default-check ConfigMap, the configuration, the
+    // controller and an agent per node. No NodeHealthCheck is written here.
+    lab.apply_yaml(&default_check_configmap())
+        .expect("the chart's ConfigMap");
+    let config = scenario::configure(&lab).await.expect("config");
+    start_controller(&lab, "controller", &[]);
+    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Socket).expect("agents");
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let a = node_of(&running_pod(&client, &[]).await);
+    scenario::agents_settled(&lab).await.expect("agents settled");
+    enabled(&client).await;
+    assert!(
+        event_with(&client, "DefaultHealthCheckCreated", DEFAULT_CHECK)
+            .await
+            .is_some(),
+        "the creation is reported on the ConfigMap"
+    );
+
+    lab.crash(&a).await.expect("crash");
+    let b = node_of(&running_pod(&client, &[&a]).await);
+    assert_witness(&lab);
+    assert!(snr(&client, &a).await.is_some(), "remediated by self remediation");
+    recovered(&lab, &a).await;
+
+    // The user's edit stays: a restarted controller does not write the check again.
+    let edited = serde_json::json!({"spec": {"minHealthy": "34%"}});
+    Api::<NodeHealthCheck>::all(client.clone())
+        .patch(DEFAULT_CHECK, &PatchParams::default(), &Patch::Merge(&edited))
+        .await
+        .expect("edit the check");
+    lab.restart_process("controller").expect("controller restarted");
+    eventually(
+        "the restarted controller reading the default check's ConfigMap",
+        LONG,
+        || async {
+            std::fs::read_to_string(lab.log_path("controller"))
+                .ok()
+                .filter(|log| log.matches("the default NodeHealthCheck exists; left as it is").count() >= 1)
+                .map(|_| ())
+        },
+    )
+    .await;
+    let kept = check(&client).await.expect("the check");
+    assert_eq!(
+        serde_json::to_value(&kept.spec).expect("spec")["minHealthy"],
+        "34%",
+        "the edit survived the controller's restart"
+    );
+
+    // Seed 001 applied unchanged (its template namespace rewritten to nodemedic's): Poison Pill's
+    // default template exists, so the check is Enabled.
+    Api::<PoisonPillRemediationTemplate>::namespaced(client.clone(), NS)
+        .get("poison-pill-default-template")
+        .await
+        .expect("the default PoisonPillRemediationTemplate");
+    apply_seed(&lab, "001-nhc-worker-default.yaml", |_| {});
+    let applied = check(&client).await.expect("the check");
+    let spec = serde_json::to_value(&applied.spec).expect("spec");
+    assert_eq!(spec["remediationTemplate"]["kind"], "PoisonPillRemediationTemplate");
+    assert_eq!(spec["minHealthy"], "51%");
+    enabled(&client).await;
+    // Only the durations are shortened from here on, to keep the test short.
+    let short = serde_json::json!({"spec": {"unhealthyConditions": [
+        {"type": "Ready", "status": "False", "duration": "10s"},
+        {"type": "Ready", "status": "Unknown", "duration": "10s"}]}});
+    Api::<NodeHealthCheck>::all(client.clone())
+        .patch(DEFAULT_CHECK, &PatchParams::default(), &Patch::Merge(&short))
+        .await
+        .expect("shorten the durations");
+
+    lab.crash(&b).await.expect("crash");
+    let moved = running_pod(&client, &[&b]).await;
+    println!("Poison Pill: crash of {b} -> db-0 Running on {}", node_of(&moved));
+    assert_witness(&lab);
+    let ppr = eventually("the PoisonPillRemediation finished", LONG, || async {
+        poison_pill(&client, &b)
+            .await
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::FENCING_COMPLETED))
+    })
+    .await;
+    let carrier: SelfNodeRemediation = snr(&client, &b).await.expect("its SelfNodeRemediation");
+    assert_eq!(carrier.name_any(), ppr.name_any());
+    assert!(
+        carrier
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "PoisonPillRemediation" && Some(&o.uid) == ppr.uid().as_ref()),
+        "{:?}",
+        carrier.owner_references()
+    );
+    assert!(event_with(&client, "CarrierCreated", &ppr.name_any()).await.is_some());
+    recovered(&lab, &b).await;
+    assert_witness(&lab);
+}
