@@ -205,8 +205,15 @@ impl Apply<'_> {
             .await
         {
             Ok(made) => {
-                let facts = super::index::remediation_facts(&made, &new.api_version, &new.kind)
-                    .map(|s| RemediationFacts { owned: true, ..s.facts });
+                let stored = super::index::remediation_facts(&made, &new.api_version, &new.kind);
+                // Known at once, not when the watch delivers it: the status this reconcile writes
+                // wakes the next one, which would otherwise find no remediation for the node
+                // and create a second (seen under load, 17 ms apart). The watch's own event
+                // replaces this entry.
+                if let (Some(stored), Ok(mut all)) = (&stored, self.ctx.index.remediations.write()) {
+                    all.entry(stored.facts.id.clone()).or_insert_with(|| stored.clone());
+                }
+                let facts = stored.map(|s| RemediationFacts { owned: true, ..s.facts });
                 if let Some(facts) = &facts {
                     tracing::info!(nhc = %self.name, node = %new.node, object = %facts.id, "created remediation: node unhealthy for its condition's duration and within budget");
                 }

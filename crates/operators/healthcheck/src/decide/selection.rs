@@ -64,7 +64,7 @@ pub(super) fn report(input: &Input<'_>, observed: usize, decision: &mut Decision
             "; {control_plane_nodes} nodes carry {ROLE_CONTROL_PLANE}, the label Kubernetes sets since 1.24 instead of {ROLE_MASTER}: select that"
         ),
         Some(SeedStyleLabel::Worker) => format!(
-            "; no node carries {ROLE_WORKER} (kubeadm does not set it): label the workers, or select the nodes without {ROLE_CONTROL_PLANE}"
+            "; no node carries {ROLE_WORKER} (kubeadm does not set it): label the workers, or select the nodes without {ROLE_CONTROL_PLANE} (for the check the chart creates: its value defaultHealthCheck.selector)"
         ),
         None => String::new(),
     };
