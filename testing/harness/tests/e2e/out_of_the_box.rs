@@ -201,6 +201,21 @@ async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_th
         carrier.owner_references()
     );
     assert!(event_with(&client, "CarrierCreated", &ppr.name_any()).await.is_some());
+    // The self-remediation manager's own events reach the PoisonPillRemediation as well.
+    let on_ppr = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("PoisonPillRemediation") && r.uid == ppr.uid())
+        })
+        .filter_map(|e| e.reason)
+        .collect::<Vec<_>>();
+    assert!(on_ppr.iter().any(|r| r == "NodeFenced"), "{on_ppr:?}");
     recovered(&lab, &b).await;
     assert_witness(&lab);
 }

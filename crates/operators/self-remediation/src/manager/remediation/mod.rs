@@ -2,6 +2,7 @@
 //! [`crate::decide::next`] for the step, performs it ([`perform`]), and asks again until the
 //! answer is to wait.
 
+mod audience;
 mod observe;
 mod perform;
 mod status;

@@ -13,6 +13,7 @@ use nodemedic_kube::{machines::Resolved, taints, workloads};
 
 use super::{
     Context,
+    audience::Audience,
     observe::Observed,
     status::{condition, finished, processing, set_status},
 };
@@ -42,8 +43,9 @@ pub async fn unresolved(
     })
     .await?
     {
-        let on = nodemedic_kube::events::reference(snr);
-        ctx.events.warning(&on, "RemediationCannotStart", why).await;
+        Audience::of(snr, &ctx.events)
+            .warning("RemediationCannotStart", why)
+            .await;
     }
     Ok(Action::requeue(Duration::from_secs(10)))
 }
@@ -57,14 +59,12 @@ pub async fn perform(
 ) -> Result<Option<Action>> {
     let nodes = Api::<Node>::all(ctx.client.clone());
     let node = seen.node.as_str();
-    let on = nodemedic_kube::events::reference(snr);
-    let events = &ctx.events;
+    let events = Audience::of(snr, &ctx.events);
     match step {
         Step::RemoveOutOfServiceTaint => {
             taints::remove(&nodes, node, keys::OUT_OF_SERVICE_KEY, "NoExecute").await?;
             events
                 .normal(
-                    &on,
                     "RemoveOutOfService",
                     format!("removed the out-of-service taint from {node}"),
                 )
@@ -74,7 +74,6 @@ pub async fn perform(
             taints::remove(&nodes, node, keys::SNR_KEY, "NoSchedule").await?;
             events
                 .normal(
-                    &on,
                     "RemoveNoScheduleTaint",
                     format!("removed the {} taint from {node}", keys::SNR_KEY),
                 )
@@ -88,7 +87,6 @@ pub async fn perform(
                 .remove(&snr.uid().unwrap_or_default());
             events
                 .normal(
-                    &on,
                     "RemediationFinished",
                     format!("node {node} is healthy again; remediation finished"),
                 )
@@ -103,7 +101,7 @@ pub async fn perform(
             })
             .await?
             {
-                events.normal(&on, "RemediationStopped", why).await;
+                events.normal("RemediationStopped", why).await;
             }
             return Ok(Some(Action::await_change()));
         }
@@ -114,14 +112,13 @@ pub async fn perform(
             })
             .await?
             {
-                events.warning(&on, "RemediationCannotStart", why).await;
+                events.warning("RemediationCannotStart", why).await;
             }
             return Ok(Some(Action::requeue(Duration::from_secs(30))));
         }
         Step::Excluded => {
             events
                 .normal(
-                    &on,
                     "RemediationSkipped",
                     format!("node {node} is labelled {}=true", labels::EXCLUDE_FROM_REMEDIATION),
                 )
@@ -146,7 +143,6 @@ pub async fn perform(
             if changed {
                 events
                     .warning(
-                        &on,
                         "RemediationCannotStart",
                         format!("{why}: reporting Succeeded=False so an escalating health check moves on"),
                     )
@@ -156,13 +152,12 @@ pub async fn perform(
         }
         Step::AddFinalizer => {
             nodemedic_kube::finalizers::add(api, snr, finalizers::SNR).await?;
-            events.normal(&on, "AddFinalizer", "added the finalizer").await;
+            events.normal("AddFinalizer", "added the finalizer").await;
         }
         Step::AddNoScheduleTaint => {
             taints::add(&nodes, node, &taints::taint(keys::SNR_KEY, None, "NoSchedule")).await?;
             events
                 .normal(
-                    &on,
                     "AddNoScheduleTaint",
                     format!("tainted {node} {}:NoSchedule", keys::SNR_KEY),
                 )
@@ -190,16 +185,11 @@ pub async fn perform(
             })
             .await?;
             events
-                .normal(
-                    &on,
-                    "RemediationStarted",
-                    format!("remediating node {node} ({applied:?})"),
-                )
+                .normal("RemediationStarted", format!("remediating node {node} ({applied:?})"))
                 .await;
             if let Some(configured) = adjusted {
                 events
                     .warning(
-                        &on,
                         "SafeTimeAdjusted",
                         format!(
                             "configured {}s is below the provable minimum {}s; using the minimum",
@@ -259,7 +249,6 @@ pub async fn perform(
             );
             events
                 .normal(
-                    &on,
                     if restarted {
                         "SafeTimeRestarted"
                     } else {
@@ -282,14 +271,14 @@ pub async fn perform(
                 .map_err(|_| Error::Poisoned)?
                 .remove(&snr.uid().unwrap_or_default());
             events
-                .normal(&on, "NodeFenced", format!("node {node} is proven fenced"))
+                .normal("NodeFenced", format!("node {node} is proven fenced"))
                 .await;
         }
         Step::AddOutOfServiceTaint => {
             let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
             taints::add(&nodes, node, &taint).await?;
             events
-                .normal(&on, "AddOutOfService", format!("tainted {node} out-of-service"))
+                .normal("AddOutOfService", format!("tainted {node} out-of-service"))
                 .await;
         }
         Step::DeletePods => {
@@ -297,7 +286,6 @@ pub async fn perform(
             workloads::force_delete_pods(&ctx.client, &pods).await?;
             events
                 .normal(
-                    &on,
                     "DeleteResources",
                     format!("force-deleted {} pods of fenced node {node}", pods.len()),
                 )
@@ -310,7 +298,6 @@ pub async fn perform(
             if deleted > 0 {
                 events
                     .normal(
-                        &on,
                         "DeleteResources",
                         format!("deleted {deleted} volume attachments of fenced node {node}"),
                     )
@@ -337,7 +324,6 @@ pub async fn perform(
             }
             events
                 .normal(
-                    &on,
                     "RemediationFinished",
                     format!("node {node} is fenced and its workloads may run elsewhere"),
                 )
