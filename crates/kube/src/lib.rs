@@ -11,6 +11,7 @@ pub mod finalizers;
 pub mod leader;
 pub mod logging;
 pub mod machines;
+pub mod merge_patch;
 pub mod metrics_server;
 pub mod node_lease;
 pub mod pki;

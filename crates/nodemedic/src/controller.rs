@@ -204,9 +204,12 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     if !args.disabled.contains(&Operator::HealthCheck) {
         // As leader only: a check created by every replica would be created once anyway, but
         // the events would repeat.
-        nodemedic_healthcheck::controller::default_check::create_if_absent(&client, &args.namespace, &events)
-            .await
-            .context("the default health check")?;
+        tokio::spawn(nodemedic_healthcheck::controller::default_check::create_until_done(
+            client.clone(),
+            args.namespace.clone(),
+            events.clone(),
+            Duration::from_secs(10),
+        ));
         let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("health check: {e}")) });
     }

@@ -45,10 +45,13 @@ pub async fn write(
     far: &FenceAgentsRemediation,
     edit: impl FnOnce(&mut FenceAgentsRemediationStatus, &Time) -> bool,
 ) -> Result<bool> {
-    let mut status = far.status.clone().unwrap_or_default();
+    let before = far.status.clone().unwrap_or_default();
+    let mut status = before.clone();
     if !edit(&mut status, &nodemedic_kube::time::now()) {
         return Ok(false);
     }
+    // Fields the edit emptied are removed, not kept as a plain merge patch would keep them.
+    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
     let patch = json!({"metadata": {"resourceVersion": far.resource_version()}, "status": status});
     api.patch_status(&far.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -211,6 +211,8 @@ async fn write(
     template: &FenceAgentsRemediationTemplate,
     status: &FenceAgentsRemediationTemplateStatus,
 ) -> Result<()> {
+    let before = template.status.clone().unwrap_or_default();
+    let status = nodemedic_kube::merge_patch::replacing(&before, status);
     let patch = json!({"metadata": {"resourceVersion": template.resource_version()}, "status": status});
     api.patch_status(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

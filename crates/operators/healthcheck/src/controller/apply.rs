@@ -206,12 +206,14 @@ impl Apply<'_> {
         {
             Ok(made) => {
                 let stored = super::index::remediation_facts(&made, &new.api_version, &new.kind);
-                // Known at once, not when the watch delivers it: the status this reconcile writes
-                // wakes the next one, which would otherwise find no remediation for the node
-                // and create a second (seen under load, 17 ms apart). The watch's own event
-                // replaces this entry.
-                if let (Some(stored), Ok(mut all)) = (&stored, self.ctx.index.remediations.write()) {
-                    all.entry(stored.facts.id.clone()).or_insert_with(|| stored.clone());
+                // Known at once, not only when the watch delivers it (see Index::created).
+                if let Some(stored) = &stored {
+                    self.ctx
+                        .index
+                        .created
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(stored.facts.id.clone(), (stored.clone(), std::time::Instant::now()));
                 }
                 let facts = stored.map(|s| RemediationFacts { owned: true, ..s.facts });
                 if let Some(facts) = &facts {

@@ -49,7 +49,8 @@ pub fn wanted(configmap: &ConfigMap) -> Wanted {
 }
 
 /// Creates the default check when the ConfigMap asks for one and no check of its name exists.
-/// An unusable ConfigMap is reported (log and a Warning event on it) and changes nothing.
+/// An unusable ConfigMap or a check the API server refuses as invalid is reported (log and a
+/// Warning event on the ConfigMap) and changes nothing; other failures are returned.
 pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events) -> Result<()> {
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
     let Some(configmap) = configmaps
@@ -87,13 +88,27 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
         Err(kube::Error::Api(status)) if status.code == 409 => {
             tracing::info!(%name, "the default NodeHealthCheck exists; left as it is");
         }
-        Err(e) => {
-            let why = format!("creating NodeHealthCheck {name}: {e}");
+        // Refused as invalid: retrying cannot help, the values must change.
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            let why = format!(
+                "NodeHealthCheck {name} is invalid: {}; fix defaultHealthCheck.* in the chart's values",
+                status.message
+            );
             tracing::warn!(%why, "default health check not created");
             events.warning(&on, "DefaultHealthCheckInvalid", why).await;
         }
+        Err(e) => return Err(nodemedic_kube::Error::call(format!("creating NodeHealthCheck {name}"), e).into()),
     }
     Ok(())
+}
+
+/// [`create_if_absent`] until it is done: a failed read or create (the API server restarting, a
+/// webhook not ready yet) is tried again every `every`, without holding up the health check.
+pub async fn create_until_done(client: Client, namespace: String, events: Events, every: std::time::Duration) {
+    while let Err(error) = create_if_absent(&client, &namespace, &events).await {
+        tracing::warn!(%error, "the default health check: trying again in {every:?}");
+        tokio::time::sleep(every).await;
+    }
 }
 
 #[cfg(test)]

@@ -31,10 +31,17 @@ pub struct StoredRemediation {
     pub owners: Vec<String>,
 }
 
+/// How long a remediation this process created counts before its watch delivers it.
+const CREATED_UNTIL_WATCHED: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[derive(Default)]
 pub struct Index {
     pub nodes: RwLock<BTreeMap<String, NodeFacts>>,
     pub remediations: RwLock<BTreeMap<RemediationId, StoredRemediation>>,
+    /// Remediations this process created that their watch has not delivered yet, with when:
+    /// the status a reconcile writes after a creation wakes the next one, which must not find
+    /// the node without its remediation and create a second (seen under load, 17 ms apart).
+    pub created: Mutex<BTreeMap<RemediationId, (StoredRemediation, std::time::Instant)>>,
     pub templates: RwLock<BTreeMap<TemplateRef, TemplateState>>,
     pub leases: RwLock<BTreeMap<String, LeaseFacts>>,
     /// Each node's last kubelet lease renewal, by the API server's clock.
@@ -254,7 +261,16 @@ impl Index {
         let Ok(all) = self.remediations.read() else {
             return Vec::new();
         };
+        let mut created = self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Past this, a creation the watch never delivered was deleted before it could be seen.
+        created.retain(|_, (_, at)| at.elapsed() < CREATED_UNTIL_WATCHED);
+        let unseen: Vec<&StoredRemediation> = created
+            .values()
+            .map(|(r, _)| r)
+            .filter(|r| !all.contains_key(&r.facts.id))
+            .collect();
         all.values()
+            .chain(unseen)
             .filter(|r| kinds.contains(&(r.facts.id.api_version.clone(), r.facts.id.kind.clone())))
             .map(|r| RemediationFacts {
                 owned: r.owners.iter().any(|o| o == owner_uid),
@@ -337,6 +353,39 @@ mod tests {
             ("node-1", Some("t"), Some(false), true)
         );
         assert_eq!(f.timed_out, Some("2026-01-01T00:05:00Z".parse().expect("time")));
+    }
+
+    #[test]
+    fn a_remediation_just_created_counts_before_its_watch_delivers_it_and_not_twice_after() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "self-node-remediation.medik8s.io/v1alpha1",
+            "kind": "SelfNodeRemediation",
+            "metadata": {
+                "name": "node-1-abcde", "namespace": "ns", "uid": "u1",
+                "annotations": {"remediation.medik8s.io/node-name": "node-1"},
+                "ownerReferences": [{"apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck", "name": "nhc", "uid": "nhc-uid"}]
+            }
+        }))
+        .expect("object");
+        let api_version = "self-node-remediation.medik8s.io/v1alpha1";
+        let stored = remediation_facts(&obj, api_version, "SelfNodeRemediation").expect("facts");
+        let kinds = BTreeSet::from([(api_version.to_owned(), "SelfNodeRemediation".to_owned())]);
+        let index = Index::default();
+        index
+            .created
+            .lock()
+            .expect("lock")
+            .insert(stored.facts.id.clone(), (stored.clone(), std::time::Instant::now()));
+        let seen = index.remediations_of(&kinds, "nhc-uid");
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].owned && seen[0].node == "node-1");
+        // Delivered by the watch, still in `created` for a moment: counted once.
+        index
+            .remediations
+            .write()
+            .expect("lock")
+            .insert(stored.facts.id.clone(), stored);
+        assert_eq!(index.remediations_of(&kinds, "nhc-uid").len(), 1);
     }
 
     #[test]

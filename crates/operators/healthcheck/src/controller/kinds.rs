@@ -207,6 +207,13 @@ async fn watch(
                     Ok(mut all) => all.insert(stored.facts.id.clone(), stored.clone()).as_ref() != Some(&stored),
                     Err(_) => false,
                 };
+                // Delivered (present or gone): the watch's word replaces what creating it said,
+                // and only now, so no reader finds it in neither place.
+                index
+                    .created
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&stored.facts.id);
                 if changed {
                     on_change(role, &key, None);
                 }

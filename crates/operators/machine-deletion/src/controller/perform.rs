@@ -244,10 +244,13 @@ async fn write(
     mdr: &MachineDeletionRemediation,
     edit: impl FnOnce(&mut MachineDeletionRemediationStatus, &Time) -> bool,
 ) -> Result<bool> {
-    let mut status = mdr.status.clone().unwrap_or_default();
+    let before = mdr.status.clone().unwrap_or_default();
+    let mut status = before.clone();
     if !edit(&mut status, &nodemedic_kube::time::now()) {
         return Ok(false);
     }
+    // Fields the edit emptied are removed, not kept as a plain merge patch would keep them.
+    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
     let patch = json!({"metadata": {"resourceVersion": mdr.resource_version()}, "status": status});
     api.patch_status(&mdr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -19,7 +19,9 @@ use serde_json::json;
 
 use crate::{
     Error, Result,
-    poison_pill::{CARRIER_FINALIZER, CONFIG_FIELD_MANAGER, carrier, carrier_patch, carries, status_of},
+    poison_pill::{
+        CARRIER_FINALIZER, CONFIG_FIELD_MANAGER, carried_for_another, carrier, carrier_patch, carries, status_of,
+    },
 };
 
 pub struct Context {
@@ -65,10 +67,12 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
             }
         };
     }
-    if !finalizers::has(ppr.as_ref(), CARRIER_FINALIZER) {
-        finalizers::add(&pprs, &ppr, CARRIER_FINALIZER).await?;
-        return Ok(Action::requeue(Duration::ZERO));
-    }
+    // Go on with what the API returned: the cache may not have the finalizer yet.
+    let ppr = if finalizers::has(ppr.as_ref(), CARRIER_FINALIZER) {
+        ppr
+    } else {
+        Arc::new(finalizers::add(&pprs, &ppr, CARRIER_FINALIZER).await?)
+    };
 
     match existing {
         None => {
@@ -82,6 +86,17 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
         }
         // An earlier remediation's carrier, still releasing its node: this one starts after it.
         Some(snr) if !carries(&snr, &ppr) && snr.meta().deletion_timestamp.is_some() => {
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
+        // The carrier of an earlier PoisonPillRemediation of this name, left behind (its owner
+        // was deleted without waiting for it): it is released first, then this one starts.
+        Some(snr) if carried_for_another(&snr) => {
+            snrs.delete(&name, &DeleteParams::default()).await.with_context(|| {
+                format!("deleting SelfNodeRemediation {namespace}/{name}, left by an earlier PoisonPillRemediation")
+            })?;
+            ctx.events
+                .normal(&on, "StaleCarrierDeleted", format!("deleted SelfNodeRemediation {namespace}/{name}, left by an earlier PoisonPillRemediation of this name; this one starts once it is gone"))
+                .await;
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
         Some(snr) if !carries(&snr, &ppr) => {
@@ -132,10 +147,13 @@ async fn set_status(
         &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     ) -> bool,
 ) -> Result<()> {
-    let mut status = ppr.status.clone().unwrap_or_default();
+    let before = ppr.status.clone().unwrap_or_default();
+    let mut status = before.clone();
     if !edit(&mut status, &nodemedic_kube::time::now()) {
         return Ok(());
     }
+    // Fields the carrier no longer has (an error that is gone) are removed here too.
+    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
     let patch = json!({"metadata": {"resourceVersion": ppr.resource_version()}, "status": status});
     api.patch_status(&ppr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -167,11 +167,17 @@ pub async fn templates(client: &Client, namespace: &str) -> Result<()> {
         PoisonPillRemediationTemplateSpec::default(),
     );
     template.metadata.namespace = Some(namespace.to_owned());
-    if create_once(&api, &template).await? {
-        tracing::info!(
+    // Not fatal: `helm upgrade` installs no new CRD, and self remediation runs without it.
+    match create_once(&api, &template).await {
+        Ok(true) => tracing::info!(
             name = poison_pill::DEFAULT_TEMPLATE_NAME,
             "created the default PoisonPillRemediationTemplate"
-        );
+        ),
+        Ok(false) => {}
+        Err(error) => tracing::warn!(
+            %error,
+            "the default PoisonPillRemediationTemplate was not created; apply charts/nodemedic/crds/ (helm upgrade does not install new CRDs) and restart the controller"
+        ),
     }
     Ok(())
 }

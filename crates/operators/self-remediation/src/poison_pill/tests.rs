@@ -85,6 +85,16 @@ fn a_carrier_of_an_earlier_remediation_of_the_same_name_does_not_count() {
     let mut later = ppr(PoisonPillStrategy::NodeDeletion, vec![]);
     later.metadata.uid = Some("uid-2".into());
     assert!(!carries(&earlier, &later));
+    assert!(
+        carried_for_another(&earlier),
+        "left behind: released before the later one starts"
+    );
+    let mut users_own = earlier.clone();
+    users_own.metadata.owner_references = None;
+    assert!(
+        !carried_for_another(&users_own),
+        "a user's SelfNodeRemediation is never deleted"
+    );
 }
 
 #[test]

@@ -65,10 +65,14 @@ pub async fn set_status(
     snr: &SelfNodeRemediation,
     edit: impl FnOnce(&mut SelfNodeRemediationStatus, &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> bool,
 ) -> Result<bool> {
-    let mut status = snr.status.clone().unwrap_or_default();
+    let before = snr.status.clone().unwrap_or_default();
+    let mut status = before.clone();
     if !edit(&mut status, &nodemedic_kube::time::now()) {
         return Ok(false);
     }
+    // A field the edit emptied (a wait that must start over, an error that is gone) is removed,
+    // not kept: a plain merge patch would leave the old value in place.
+    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
     let patch = json!({"metadata": {"resourceVersion": snr.resource_version()}, "status": status});
     api.patch_status(&snr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
