@@ -73,12 +73,13 @@ pub fn carries(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
         .any(|o| o.controller == Some(true) && Some(&o.uid) == uid.as_ref())
 }
 
-/// Whether `snr` carries out a PoisonPillRemediation other than the one it is compared with: one
-/// controls it (checked after [`carries`] said it is not this one's).
-pub fn carried_for_another(snr: &SelfNodeRemediation) -> bool {
-    snr.owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && o.kind == PoisonPillRemediation::kind(&()))
+/// Whether `snr` carries out a PoisonPillRemediation other than `ppr` (an earlier one of the
+/// same name): another PoisonPillRemediation controls it.
+pub fn carried_for_another(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
+    let uid = ppr.uid();
+    snr.owner_references().iter().any(|o| {
+        o.controller == Some(true) && o.kind == PoisonPillRemediation::kind(&()) && Some(&o.uid) != uid.as_ref()
+    })
 }
 
 /// The annotations and labels of `ppr` its carrier lacks or holds otherwise, as a merge patch

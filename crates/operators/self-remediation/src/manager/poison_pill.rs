@@ -90,7 +90,7 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
         }
         // The carrier of an earlier PoisonPillRemediation of this name, left behind (its owner
         // was deleted without waiting for it): it is released first, then this one starts.
-        Some(snr) if carried_for_another(&snr) => {
+        Some(snr) if carried_for_another(&snr, &ppr) => {
             snrs.delete(&name, &DeleteParams::default()).await.with_context(|| {
                 format!("deleting SelfNodeRemediation {namespace}/{name}, left by an earlier PoisonPillRemediation")
             })?;

@@ -86,13 +86,15 @@ fn a_carrier_of_an_earlier_remediation_of_the_same_name_does_not_count() {
     later.metadata.uid = Some("uid-2".into());
     assert!(!carries(&earlier, &later));
     assert!(
-        carried_for_another(&earlier),
+        carried_for_another(&earlier, &later),
         "left behind: released before the later one starts"
     );
+    let own = carrier(&later);
+    assert!(!carried_for_another(&own, &later), "its own carrier is kept");
     let mut users_own = earlier.clone();
     users_own.metadata.owner_references = None;
     assert!(
-        !carried_for_another(&users_own),
+        !carried_for_another(&users_own, &later),
         "a user's SelfNodeRemediation is never deleted"
     );
 }
