@@ -44,11 +44,13 @@ async fn outage(lab: &Lab, kind: Outage) {
         (since.elapsed() >= OUTAGE).then_some(())
     })
     .await;
+    let restarted = Instant::now();
     match kind {
         Outage::ApiServer => lab.start_apiserver().await,
         Outage::Etcd => lab.start_etcd().await,
     }
     .expect("start");
+    let answering = restarted.elapsed();
     let client = lab.client();
     let back = Instant::now();
     eventually(
@@ -71,7 +73,12 @@ async fn outage(lab: &Lab, kind: Outage) {
         },
     )
     .await;
-    println!("{kind:?} outage of {OUTAGE:?}: no node fenced, nothing remediated");
+    println!(
+        "{kind:?} outage of {OUTAGE:?}: the API answered {:.1}s after the restart, then {:.1}s of \
+         aftermath; no node fenced, nothing remediated",
+        answering.as_secs_f64(),
+        back.elapsed().as_secs_f64()
+    );
 }
 
 /// The seed's self-remediation timings (API checks every 15 s, so an agent with neither the API

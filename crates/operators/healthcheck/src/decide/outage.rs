@@ -88,16 +88,27 @@ pub enum Change {
 }
 
 impl ApiContact {
-    /// A watch failed for want of the API (unreachable, failing or overloaded).
+    /// A watch failed for want of the API (unreachable, failing or overloaded). A loss before
+    /// the nodes have had their chance to renew since the last outage continues that outage:
+    /// the Unknowns it may explain still may, and now count from a lease duration after this
+    /// loss ends. (Starting a new outage instead would have left them counting from when they
+    /// began, as a lab run found: an answer, a failed read five seconds later, and a node the
+    /// outage had turned Unknown was remediated at once.)
     pub fn failed(&mut self, now: Timestamp) -> Change {
-        if self.outage.is_some_and(|o| o.regained.is_none()) {
-            return Change::Unchanged;
+        match &mut self.outage {
+            Some(o) if o.regained.is_none() => Change::Unchanged,
+            Some(o) if o.regained.is_some_and(|r| now < after_chance(r)) => {
+                o.regained = None;
+                Change::Lost
+            }
+            _ => {
+                self.outage = Some(Outage {
+                    lost_after: self.last_answer.unwrap_or(now),
+                    regained: None,
+                });
+                Change::Lost
+            }
         }
-        self.outage = Some(Outage {
-            lost_after: self.last_answer.unwrap_or(now),
-            regained: None,
-        });
-        Change::Lost
     }
 
     /// A watch received something from the API.
@@ -129,10 +140,15 @@ impl ApiContact {
                 .lost_after
                 .checked_sub(signed(liveness::MAX_CLOCK_AHEAD))
                 .unwrap_or(outage.lost_after),
-            counts_from: regained.checked_add(signed(RENEWAL_CHANCE)).unwrap_or(regained),
+            counts_from: after_chance(regained),
             regained: outage.regained,
         })
     }
+}
+
+/// When every living node has had its chance to renew after the API answered at `regained`.
+fn after_chance(regained: Timestamp) -> Timestamp {
+    regained.checked_add(signed(RENEWAL_CHANCE)).unwrap_or(regained)
 }
 
 /// When a condition that has had `status` since `since` starts counting: an Unknown that began
@@ -166,6 +182,24 @@ mod tests {
         assert_eq!((over.began, over.counts_from), (at(95), at(340)));
         assert_eq!(contact.failed(at(400)), Change::Lost, "a new outage");
         assert_eq!(contact.window(at(400)).map(|w| w.began), Some(at(305)));
+    }
+
+    /// The lab's etcd outage: the API answered again, a read failed five seconds later, and
+    /// answered again a second after that; a node the outage turned Unknown (at 433, before the
+    /// first answer) must still wait a lease duration from the last answer.
+    #[test]
+    fn a_loss_soon_after_an_outage_continues_it() {
+        let mut contact = ApiContact::default();
+        contact.answered(at(380));
+        assert_eq!(contact.failed(at(390)), Change::Lost);
+        assert_eq!(contact.answered(at(439)), Change::Regained);
+        assert_eq!(contact.failed(at(444)), Change::Lost, "within the chance to renew");
+        assert_eq!(contact.answered(at(445)), Change::Regained);
+        let window = contact.window(at(446)).expect("an outage");
+        assert_eq!((window.began, window.counts_from), (at(375), at(485)));
+        assert_eq!(counted_since("Unknown", at(433), Some(window)), at(485));
+        assert_eq!(contact.failed(at(485)), Change::Lost, "after the chance: a new outage");
+        assert_eq!(contact.window(at(485)).map(|w| w.began), Some(at(440)));
     }
 
     #[test]
@@ -224,7 +258,8 @@ mod tests {
     proptest! {
         /// Whatever the watches report, in any order: an Unknown that began after the last
         /// answer before an outage counts from no earlier than a lease duration after the
-        /// first answer after it (or after now, while it lasts), and exactly from then.
+        /// first answer after it (or after now, while it lasts), and exactly from then; a loss
+        /// within that lease duration continues the outage.
         #[test]
         fn an_unknown_from_an_outage_counts_from_its_chance_to_renew(
             reports in proptest::collection::vec(any::<bool>(), 1..30),
@@ -238,15 +273,26 @@ mod tests {
             let now = at(1000);
             let counted = counted_since("Unknown", at(since), contact.window(now));
             prop_assert!(counted >= at(since));
-            // The failure that began the last outage: the first, or one right after an answer.
-            let Some(last_outage_start) = (0..reports.len()).rfind(|i| !reports[*i] && (*i == 0 || reports[i - 1])) else {
+            // Runs of failures: where each starts, and the answer that ends it.
+            let runs: Vec<(usize, Option<usize>)> = (0..reports.len())
+                .filter(|i| !reports[*i] && (*i == 0 || reports[i - 1]))
+                .map(|start| (start, (start..reports.len()).find(|i| reports[*i])))
+                .collect();
+            let Some(&(_, regained)) = runs.last() else {
                 prop_assert_eq!(counted, at(since), "never lost");
                 return Ok(());
             };
-            let before = (0..last_outage_start).rev().find(|i| reports[*i]).map_or(last_outage_start, |i| i);
-            let after = (last_outage_start..reports.len()).find(|i| reports[*i]);
+            // The last outage: the last run and every run before it that started within a
+            // lease duration of the previous one's end.
+            let chance = RENEWAL_CHANCE.as_secs() as usize / 10;
+            let mut first = runs.len() - 1;
+            while first > 0 && runs[first - 1].1.is_some_and(|end| runs[first].0 < end + chance) {
+                first -= 1;
+            }
+            let start = runs[first].0;
+            let before = (0..start).rev().find(|i| reports[*i]).map_or(start, |i| i);
             let began = at(before as i64 * 10 - 5);
-            let counts_from = after.map_or(now, |i| at(i as i64 * 10)) + RENEWAL_CHANCE;
+            let counts_from = regained.map_or(now, |i| at(i as i64 * 10)) + RENEWAL_CHANCE;
             if at(since) >= began {
                 prop_assert_eq!(counted, at(since).max(counts_from));
             } else {
