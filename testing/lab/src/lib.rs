@@ -77,11 +77,14 @@ pub struct Timings {
 }
 
 impl Timings {
-    /// Fast failure detection for tests: Ready=Unknown about 10 s after a node goes silent.
+    /// Fast failure detection for tests: Ready=Unknown about 5 s after a node goes silent. Each
+    /// second of it is a second of every remediation test; a live node misses it only if its
+    /// lease renewals (every second) all stall for 5 s, and a health check acts only once the
+    /// Unknown has also lasted its rule's duration.
     pub fn fast() -> Self {
         Self {
-            node_lease_seconds: 8,
-            node_monitor_grace: Duration::from_secs(10),
+            node_lease_seconds: 4,
+            node_monitor_grace: Duration::from_secs(5),
             node_monitor_period: Duration::from_secs(1),
             toleration_seconds: 300,
             // No safety argument rests on it, but the fence-agents tests watch a remediation
