@@ -49,4 +49,4 @@ fmt:
 
 # The self-remediation protocol's larger model checks (minutes; the unit tests run the smaller).
 model-check:
-	cargo test --release --locked -p nodemedic-self-remediation protocol::model -- --include-ignored --nocapture
+	cargo test --release --locked -p nodemedic-licence-protocol model -- --include-ignored --nocapture

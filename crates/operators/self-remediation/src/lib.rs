@@ -8,7 +8,7 @@ mod error;
 pub mod identity;
 pub mod manager;
 pub mod poison_pill;
-pub mod protocol;
+pub use nodemedic_licence_protocol as protocol;
 pub mod registration;
 pub mod remediation_object;
 pub mod watchdog;

@@ -273,7 +273,7 @@ impl<I: Moment> AgentState<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Tick;
+    use crate::Tick;
 
     fn read(sent: u64, intents: &[(&str, bool)], members: Option<(u64, &[&str])>) -> ApiRead<Tick> {
         ApiRead {

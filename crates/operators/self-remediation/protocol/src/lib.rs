@@ -1,6 +1,8 @@
 //! The licence protocol (docs/self-remediation-protocol.md) as pure functions: the agent's
-//! licence and votes, the manager's acceptance quorum, and the safe time, shared by the real
-//! agent and manager and by the model checker.
+//! licence and votes, the manager's acceptance quorum, membership changes and the safe time,
+//! shared by the real agent and manager and by the model checker. No Kubernetes, no I/O: the
+//! self-remediation crate wraps it. A crate of its own so that only it is built optimised in
+//! debug builds (the model checker explores millions of states), not the operator around it.
 
 pub mod agent;
 pub mod manager;

@@ -233,7 +233,7 @@ pub fn safe_time(minimum: Duration, configured: Option<Duration>) -> (Duration, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::membership::Configuration;
+    use crate::membership::Configuration;
 
     fn reg(node: &str, accepts: &[(&str, &str)]) -> Registration {
         Registration {
