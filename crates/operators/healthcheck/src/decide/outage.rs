@@ -8,7 +8,7 @@
 //! API before losing it counts towards its rule's duration only from a lease duration after the
 //! API answered again, when every living node has had its chance to renew. A node that did die
 //! is remediated that much later, and only after an outage; an Unknown from before the outage is
-//! not delayed.
+//! not delayed. A loss before that lease duration has passed continues the same outage.
 //!
 //! The health check's view stands for everyone's: when it cannot reach the API, it assumes the
 //! kubelets could not either. Its watches fail when the API server is away, but while etcd is
