@@ -74,6 +74,34 @@ pub fn apply_seed(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Valu
     lab.apply_yaml(&seeds::yaml(&manifest)).map(|_| ())
 }
 
+/// How long a condition must last before a test's health check acts. The seeds' 10 s would be
+/// added to every remediation a test waits for; the lab's node-monitor grace already makes a
+/// node `Unknown` only after 5 s of silence, so a live node is not mistaken for a dead one by
+/// shortening this. Tests of the durations themselves apply the seeds unchanged.
+pub const TEST_CONDITION_DURATION: &str = "2s";
+
+/// A seed health check (`002-nhc-*`) applied as [`apply_seed`] does, with every unhealthy
+/// condition's duration set to [`TEST_CONDITION_DURATION`] before `edit`.
+pub fn apply_seed_check(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Result<()> {
+    apply_seed(lab, file, |manifest| {
+        shorten_durations(manifest);
+        edit(manifest);
+    })
+}
+
+/// Sets every `spec.unhealthyConditions[].duration` of a health check to
+/// [`TEST_CONDITION_DURATION`].
+pub fn shorten_durations(check: &mut serde_json::Value) {
+    if let Some(conditions) = check
+        .pointer_mut("/spec/unhealthyConditions")
+        .and_then(|c| c.as_array_mut())
+    {
+        for condition in conditions {
+            condition["duration"] = serde_json::Value::from(TEST_CONDITION_DURATION);
+        }
+    }
+}
+
 pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let ns = Namespace {
         metadata: ObjectMeta {

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 
 use crate::machines;
 use crate::support::{
-    self, NS, apply_seed, assert_witness, event_with, eventually, lab, list, metrics, sample, scenario,
-    start_controller, taints,
+    self, NS, apply_seed, apply_seed_check, assert_witness, event_with, eventually, lab, list, metrics, sample,
+    scenario, start_controller, taints,
 };
 use scenario::node_of;
 
@@ -179,7 +179,7 @@ async fn fence_ipmilan_against_ipmi_sim_fences_the_crashed_node_and_brings_it_ba
     machines::annotate_node(&client, &a, machines::CAPI, "md-0-x").await;
     lab.apply_yaml(&ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc").to_string())
         .expect("template");
-    apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
+    apply_seed_check(&lab, "002-nhc-far-3node.yaml", |m| {
         m["spec"]["remediationTemplate"]["name"] = json!("ipmi");
     });
     crash_and_recover(&lab, &a, &history).await;
@@ -211,7 +211,7 @@ async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_
         .expect("template");
     lab.apply_yaml(&ipmi_template(&lab, "ipmi", "fence-agents-credentials-shared-sm-bmc").to_string())
         .expect("template");
-    apply_seed(&lab, "002-nhc-far-3node.yaml", |m| {
+    apply_seed_check(&lab, "002-nhc-far-3node.yaml", |m| {
         let spec = m["spec"].as_object_mut().expect("spec");
         let reference = spec.remove("remediationTemplate").expect("template");
         let mut wrong = reference.clone();

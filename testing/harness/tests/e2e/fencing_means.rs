@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::{
     selfremediation::{exe, fenced, running_pod, snr},
-    support::{NS, apply_seed, assert_witness, eventually, lab, scenario, start_controller},
+    support::{NS, apply_seed, apply_seed_check, assert_witness, eventually, lab, scenario, start_controller},
 };
 use scenario::{LabWatchdog, node_of};
 
@@ -73,7 +73,7 @@ async fn a_node_without_a_watchdog_device_fences_itself_by_software_reboot() {
         row["fencing"], "software-reboot",
         "nodemedic status shows its means: {status}"
     );
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
 
     // Cut off, it cannot renew its licence: its own timer reboots it (sysrq, which the lab
     // catches), and its workload moves once that is proven.
@@ -117,7 +117,7 @@ async fn a_node_with_no_means_fails_at_once_and_an_escalating_check_moves_on_to_
             .map(String::as_str),
         Some("false")
     );
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |m| {
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |m| {
         let spec = m["spec"].as_object_mut().expect("spec");
         let snr = spec.remove("remediationTemplate").expect("template");
         let far = json!({"apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",

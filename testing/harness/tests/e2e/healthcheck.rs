@@ -16,7 +16,9 @@ use nodemedic_api::{
 use nodemedic_lab::{LabConfig, NodeSpec};
 use serde_json::json;
 
-use crate::support::{NS, apply_seed, event_with, eventually, lab, list, metrics, sample, start_controller};
+use crate::support::{
+    NS, apply_seed, apply_seed_check, event_with, eventually, lab, list, metrics, sample, start_controller,
+};
 
 const LONG: Duration = Duration::from_secs(90);
 /// No remediator runs here: the remediation objects themselves are what is checked.
@@ -174,7 +176,7 @@ async fn over_budget_nothing_is_remediated_and_the_check_says_why() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
     start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "nhc-snr-3node", NodeHealthCheckPhase::Enabled).await;
 
@@ -547,7 +549,7 @@ async fn two_replicas_only_the_leader_acts_and_a_new_leader_duplicates_nothing()
     apply_seed(&lab, "004-snr-template-automatic.yaml", |m| {
         m["metadata"]["annotations"] = json!({"remediation.medik8s.io/multiple-templates-support": "true"});
     });
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
     let ports = [
         (
             "controller-a",

@@ -9,7 +9,7 @@ use nodemedic_lab::{BmcOptions, LabConfig, PowerDelays};
 use crate::{
     fenceagents::{History, adapt_template, crash_and_recover},
     nodemedic_exe,
-    support::{apply_seed, free_port, lab, metrics, sample, scenario},
+    support::{apply_seed, apply_seed_check, free_port, lab, metrics, sample, scenario},
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +58,7 @@ async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_
         .expect("db-0 Running");
     let crashed = scenario::node_of(&pod);
     apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
-    apply_seed(&lab, "002-nhc-far-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-far-3node.yaml", |_| {});
     crash_and_recover(&lab, &crashed, &history).await;
     let text = metrics(port).expect("the controller container's metrics");
     assert!(

@@ -66,15 +66,15 @@ fn machine_on(lab: &Lab, name: &str, host: &str) {
 }
 
 /// A Cluster API MachineHealthCheck of every Machine of the cluster: a node Ready=Unknown or
-/// False for 5 s hands its Machine to the template's remediator.
+/// False for 2 s hands its Machine to the template's remediator.
 fn machine_health_check(lab: &Lab, template_api: &str, template_kind: &str, template: &str) {
     let check = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
         "metadata": {"name": "lab", "namespace": NS},
         "spec": {"clusterName": cluster_api::CLUSTER,
             "selector": {"matchLabels": {"cluster.x-k8s.io/cluster-name": cluster_api::CLUSTER}},
             "checks": {"nodeStartupTimeoutSeconds": 0, "unhealthyNodeConditions": [
-                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 5},
-                {"type": "Ready", "status": "False", "timeoutSeconds": 5}]},
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
+                {"type": "Ready", "status": "False", "timeoutSeconds": 2}]},
             "remediation": {"templateRef": {"apiVersion": template_api, "kind": template_kind, "name": template}}}});
     lab.apply_yaml(&check.to_string()).expect("MachineHealthCheck");
 }
@@ -279,8 +279,9 @@ fn node_health_check(lab: &Lab, remediation: Value) {
     let mut spec = json!({
         "selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]},
         "minHealthy": "51%",
-        "unhealthyConditions": [{"type": "Ready", "status": "False", "duration": "5s"},
-                                {"type": "Ready", "status": "Unknown", "duration": "5s"}]});
+        "unhealthyConditions": [
+            {"type": "Ready", "status": "False", "duration": scenario::TEST_CONDITION_DURATION},
+            {"type": "Ready", "status": "Unknown", "duration": scenario::TEST_CONDITION_DURATION}]});
     if let (Some(spec), Some(remediation)) = (spec.as_object_mut(), remediation.as_object()) {
         spec.extend(remediation.clone());
     }

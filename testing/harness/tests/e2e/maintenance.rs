@@ -24,7 +24,7 @@ use serde_json::json;
 
 use crate::{
     fenceagents::{adapt_template, far},
-    support::{apply_seed, event_with, eventually, lab, metrics, sample, start_controller, taints},
+    support::{apply_seed, apply_seed_check, event_with, eventually, lab, metrics, sample, start_controller, taints},
 };
 
 const LONG: Duration = Duration::from_secs(180);
@@ -460,7 +460,7 @@ async fn maintenance_and_the_health_check_take_turns_through_the_node_lease() {
     apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
     start_controller(&lab, "controller", &["--disable=self-remediation"]);
     apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
-    apply_seed(&lab, "002-nhc-far-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-far-3node.yaml", |_| {});
 
     // In maintenance, powered off: excluded from remediation.
     create(&client, "dimm-1", "node-1", None).await;

@@ -8,15 +8,17 @@ use nodemedic_api::self_remediation::SelfNodeRemediation;
 use nodemedic_lab::{Lab, LabConfig, Timings};
 
 use crate::{
-    selfremediation::{cluster_with, fenced},
+    selfremediation::{cluster_with_seed_durations, fenced},
     support::{NS, eventually, list, scenario},
 };
 use scenario::LabWatchdog;
 
 const OUTAGE: Duration = Duration::from_secs(600);
 /// After the control plane is back: longer than Kubernetes' default node-monitor grace (50 s)
-/// and the seed check's 10 s durations, so a node wrongly seen unhealthy would be remediated.
-const AFTERMATH: Duration = Duration::from_secs(90);
+/// plus the seed check's 10 s durations, so a node wrongly seen unhealthy would be remediated,
+/// and longer than the agents' 60 s watchdog, so an agent that gave up feeding it at the end of
+/// the outage would be seen power-cycled.
+const AFTERMATH: Duration = Duration::from_secs(70);
 
 #[derive(Clone, Copy, Debug)]
 enum Outage {
@@ -89,7 +91,7 @@ async fn outage(lab: &Lab, kind: Outage) {
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
     let started = Instant::now();
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
-    let (lab, _) = cluster_with(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_CONFIG).await;
+    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_CONFIG).await;
     println!("cluster ready in {:?}", started.elapsed());
     outage(&lab, Outage::ApiServer).await;
     outage(&lab, Outage::Etcd).await;

@@ -15,20 +15,36 @@ use nodemedic_lab::{Event, Lab, LabConfig, wait};
 use serde_json::json;
 
 use crate::support::{
-    NS, apply_seed, assert_witness, event_with, eventually, lab, list, scenario, start_controller, taints,
+    NS, apply_seed, apply_seed_check, assert_witness, event_with, eventually, lab, list, scenario, start_controller,
+    taints,
 };
 use scenario::{LabWatchdog, node_of};
 
 const LONG: Duration = Duration::from_secs(120);
 
 /// A lab with nodemedic (controller + agents), the StatefulSet running and the seed health check
-/// watching (every node when the lab's nodes lack the seed's role labels); returns the pod's node.
+/// watching (every node when the lab's nodes lack the seed's role labels), its durations
+/// shortened to [`scenario::TEST_CONDITION_DURATION`]; returns the pod's node.
 pub async fn cluster(config: LabConfig) -> (Lab, String) {
     cluster_with(config, LabWatchdog::Socket, scenario::FAST_CONFIG).await
 }
 
 /// [`cluster`] with the agents' watchdog and the SelfNodeRemediationConfig patch given.
 pub async fn cluster_with(config: LabConfig, watchdog: LabWatchdog, patch: &str) -> (Lab, String) {
+    installed(config, watchdog, patch, scenario::shorten_durations).await
+}
+
+/// [`cluster_with`] with the seed health check's own durations.
+pub async fn cluster_with_seed_durations(config: LabConfig, watchdog: LabWatchdog, patch: &str) -> (Lab, String) {
+    installed(config, watchdog, patch, |_| {}).await
+}
+
+async fn installed(
+    config: LabConfig,
+    watchdog: LabWatchdog,
+    patch: &str,
+    durations: fn(&mut serde_json::Value),
+) -> (Lab, String) {
     let every_node = config
         .nodes
         .iter()
@@ -43,6 +59,7 @@ pub async fn cluster_with(config: LabConfig, watchdog: LabWatchdog, patch: &str)
     let node = node_of(&running_pod(&client, &[]).await);
     scenario::agents_settled(&lab).await.expect("agents settled");
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |m| {
+        durations(m);
         if every_node {
             m["spec"]["selector"] =
                 json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]});
@@ -505,7 +522,7 @@ async fn agents_with_only_the_charts_service_account_and_role_register_and_remed
     }
     assert!(lab.nodes().iter().all(|n| lab.watchdog_armed(n)));
 
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
     lab.crash(&node).await.expect("crash");
     let moved = running_pod(&client, &[&node]).await;
     println!("db-0 moved from {node} to {}", node_of(&moved));

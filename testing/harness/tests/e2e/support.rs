@@ -52,6 +52,12 @@ pub fn apply_seed(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Valu
     scenario::apply_seed(lab, file, edit).unwrap_or_else(|e| panic!("{file}: {e}"));
 }
 
+/// Applies a seed health check with its durations shortened (see
+/// [`scenario::apply_seed_check`]).
+pub fn apply_seed_check(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    scenario::apply_seed_check(lab, file, edit).unwrap_or_else(|e| panic!("{file}: {e}"));
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

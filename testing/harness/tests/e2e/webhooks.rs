@@ -17,7 +17,7 @@ use nodemedic_api::{
 use nodemedic_lab::LabConfig;
 use serde_json::json;
 
-use crate::support::{NS, apply_seed, eventually, free_port, lab, list, start_controller};
+use crate::support::{NS, apply_seed, apply_seed_check, eventually, free_port, lab, list, start_controller};
 
 const LONG: Duration = Duration::from_secs(90);
 const NHC: &str = "nhc-snr-3node";
@@ -96,7 +96,7 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
     let port = free_port();
     // No remediator runs: the health check's remediation objects stay until it removes them.
     start_controller(
@@ -215,7 +215,7 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
 
     // With the controller down, failurePolicy Ignore lets an emergency delete through even with a
     // remediation in flight; the garbage collector then removes the remediation it owned.
-    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
     lab.crash("node-3").await.expect("crash node-3");
     remediating(&client, "node-3").await;
     lab.kill_process("controller").expect("stop the controller");
