@@ -89,6 +89,13 @@ pub fn apply_seed_check(lab: &Lab, file: &str, edit: impl FnOnce(&mut serde_json
     })
 }
 
+/// `Ready` False or Unknown for [`TEST_CONDITION_DURATION`]: a test's `unhealthyConditions`.
+pub fn test_conditions() -> serde_json::Value {
+    serde_json::json!([
+        {"type": "Ready", "status": "False", "duration": TEST_CONDITION_DURATION},
+        {"type": "Ready", "status": "Unknown", "duration": TEST_CONDITION_DURATION}])
+}
+
 /// Sets every `spec.unhealthyConditions[].duration` of a health check to
 /// [`TEST_CONDITION_DURATION`].
 pub fn shorten_durations(check: &mut serde_json::Value) {

@@ -279,9 +279,7 @@ fn node_health_check(lab: &Lab, remediation: Value) {
     let mut spec = json!({
         "selector": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]},
         "minHealthy": "51%",
-        "unhealthyConditions": [
-            {"type": "Ready", "status": "False", "duration": scenario::TEST_CONDITION_DURATION},
-            {"type": "Ready", "status": "Unknown", "duration": scenario::TEST_CONDITION_DURATION}]});
+        "unhealthyConditions": scenario::test_conditions()});
     if let (Some(spec), Some(remediation)) = (spec.as_object_mut(), remediation.as_object()) {
         spec.extend(remediation.clone());
     }

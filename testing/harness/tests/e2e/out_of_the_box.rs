@@ -38,8 +38,8 @@ fn default_check_configmap() -> String {
         .arg(format!("--namespace={NS}"))
         .arg(format!("--kube-version={}", version("KUBERNETES_VERSION")))
         .arg(format!(
-            r#"--set-json=defaultHealthCheck.unhealthyConditions=[{{"type":"Ready","status":"False","duration":"{d}"}},{{"type":"Ready","status":"Unknown","duration":"{d}"}}]"#,
-            d = scenario::TEST_CONDITION_DURATION
+            "--set-json=defaultHealthCheck.unhealthyConditions={}",
+            scenario::test_conditions()
         ))
         .args(["--show-only", "templates/default-health-check.yaml"])
         .output()
@@ -175,9 +175,7 @@ async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_th
     assert_eq!(spec["minHealthy"], "51%");
     enabled(&client).await;
     // Only the durations are shortened from here on, to keep the test short.
-    let mut short = serde_json::json!({"spec": {"unhealthyConditions": [
-        {"type": "Ready", "status": "False"}, {"type": "Ready", "status": "Unknown"}]}});
-    scenario::shorten_durations(&mut short);
+    let short = serde_json::json!({"spec": {"unhealthyConditions": scenario::test_conditions()}});
     Api::<NodeHealthCheck>::all(client.clone())
         .patch(DEFAULT_CHECK, &PatchParams::default(), &Patch::Merge(&short))
         .await
