@@ -3,7 +3,7 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes)
 #   etcd                                                              (go.etcd.io/etcd/server/v3)
 #   kwok                                                              (sigs.k8s.io/kwok)
-# Idempotent: a component whose binary already answers --version is skipped.
+# Idempotent: nothing is built when every binary already answers --version.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -13,6 +13,9 @@ cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/k8s-v$KUBERNETES_VERSION-etcd-v$ETCD_VERSION-kwok-v$KWOK_VERSION"
 mkdir -p "$out"
 export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
+# The compiler collects garbage less often: about 6% less CPU for this build, at about the same
+# peak memory (2.1 GB, the link of kube-apiserver).
+export GOGC=400
 
 log() { printf '[build-controlplane] %s\n' "$*" >&2; }
 have() {
@@ -22,42 +25,24 @@ have() {
   [ -x "$out/$1" ] && "$out/$1" $flag >/dev/null 2>&1
 }
 
-build_kubernetes() (
-  if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have kubectl; then
+# One Go module builds all six: its single dependency graph (each shared module at the highest
+# version any of them requires) compiles the Kubernetes libraries, gRPC and OpenTelemetry once,
+# where a module per component (kwok pins other patch releases of client-go and apiserver, etcd
+# another gRPC) compiled them up to three times. Measured on 2 cores from an empty build cache:
+# 733 CPU-seconds as three modules, 597 as one, 559 with GOGC=400; this build sits on a fresh CI
+# run's critical path.
+build_all() (
+  if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have kubectl \
+    && have etcd && have kwok; then
     return
   fi
-  log "building Kubernetes v$KUBERNETES_VERSION (first time only, ~15-25 min on 2 cores)"
+  log "building Kubernetes v$KUBERNETES_VERSION, etcd v$ETCD_VERSION and kwok v$KWOK_VERSION (first time only, ~6 min on 2 cores)"
   local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
   cd "$work"
-  go mod init local/k8sbins >/dev/null 2>&1
-  # k8s.io/kubernetes maps its staging modules with local replace directives, which do not
-  # propagate to a consumer. Mirror them with the published v0.<minor>.<patch> tags instead,
-  # taking the list from the release's own go.mod so a new staging module is never missed.
-  local staging=v0.${KUBERNETES_VERSION#1.}
-  go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" >/dev/null
-  local gomod; gomod=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$KUBERNETES_VERSION.mod
-  grep -oE '^\s+k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | while read -r m; do
-    go mod edit -replace "$m=$m@$staging"
-  done
-  go get "k8s.io/kubernetes@v$KUBERNETES_VERSION" >/dev/null
-  local v=k8s.io/component-base/version minor; minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
-  local ldflags="-s -w -X $v.gitVersion=v$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor \
-    -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z \
-    -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES_VERSION \
-    -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  go build -trimpath -ldflags "$ldflags" -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-)
-
-build_etcd() (
-  have etcd && return
-  log "building etcd v$ETCD_VERSION"
-  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  cd "$work"
-  go mod init local/etcdbin >/dev/null 2>&1
-  # server/v3 has local replace directives too, so `go install` refuses it; its main is one call.
-  cat > main.go <<'GO'
+  go mod init local/controlplane >/dev/null 2>&1
+  # etcd's server/v3 has local replace directives, so `go install` refuses it; its main is one call.
+  mkdir etcd
+  cat > etcd/main.go <<'GO'
 package main
 
 import (
@@ -68,22 +53,31 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-  go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null
-  go mod tidy >/dev/null
-  go build -trimpath -ldflags "-s -w" -o "$out/etcd" .
+  # k8s.io/kubernetes maps its staging modules with local replace directives, which do not
+  # propagate to a consumer. Mirror them with the published v0.<minor>.<patch> tags instead,
+  # taking the list from the release's own go.mod so a new staging module is never missed. kwok
+  # builds against the same ones.
+  local staging=v0.${KUBERNETES_VERSION#1.}
+  go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" >/dev/null
+  local gomod; gomod=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$KUBERNETES_VERSION.mod
+  grep -oE '^\s+k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | while read -r m; do
+    go mod edit -replace "$m=$m@$staging"
+  done
+  go get "k8s.io/kubernetes@v$KUBERNETES_VERSION" "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" \
+    "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null
+  local v=k8s.io/component-base/version minor; minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
+  local ldflags="-s -w -X $v.gitVersion=v$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor \
+    -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z \
+    -X k8s.io/client-go/pkg/version.gitVersion=v$KUBERNETES_VERSION \
+    -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor \
+    -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION"
+  go build -trimpath -ldflags "$ldflags" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    sigs.k8s.io/kwok/cmd/kwok ./etcd
 )
 
-build_kwok() (
-  have kwok && return
-  cd "$cache"
-  log "building kwok v$KWOK_VERSION"
-  GOBIN="$out" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION" \
-    "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"
-)
-
-build_etcd
-build_kwok
-build_kubernetes
+build_all
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok; do
   have "$b" || { log "ERROR: $out/$b did not build"; exit 1; }
 done
