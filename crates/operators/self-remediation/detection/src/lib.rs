@@ -9,9 +9,13 @@
 //! confirmed, or the self-remediation protocol), so a wrong verdict costs a needless remediation,
 //! never two writers; the verdict is still built to be wrong as rarely as the evidence allows.
 
+pub mod condition;
+pub mod observer;
 pub mod settings;
 pub mod verdict;
 
+pub use condition::{Condition, condition};
+pub use observer::{DetectorState, Observer, Report};
 pub use settings::{DetectorSettings, SettingsError};
 pub use verdict::{HostProbe, Observation, Policy, Verdict, verdict};
 
