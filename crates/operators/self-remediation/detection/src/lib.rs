@@ -12,6 +12,8 @@
 pub mod condition;
 pub mod observer;
 pub mod settings;
+#[cfg(test)]
+mod simulation;
 pub mod verdict;
 
 pub use condition::{Condition, condition};

@@ -1,0 +1,199 @@
+//! The detector in simulation: members running foca (SWIM) in one process, on a virtual clock,
+//! over a network that loses and delays packets. It measures what the settings' bounds promise
+//! (how soon a crashed member is declared down) and what they must not cause (live members
+//! declared down on a slow, lossy network), for clusters larger than a lab holds.
+
+use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
+    num::{NonZeroU8, NonZeroUsize},
+    time::Duration,
+};
+
+use foca::{AccumulatingRuntime, Config, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::{Deserialize, Serialize};
+
+use crate::DetectorSettings;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Id(pub u16);
+
+impl foca::Identity for Id {
+    type Addr = u16;
+
+    fn renew(&self) -> Option<Self> {
+        None
+    }
+
+    fn addr(&self) -> u16 {
+        self.0
+    }
+
+    fn win_addr_conflict(&self, _adversary: &Self) -> bool {
+        false
+    }
+}
+
+/// One-way delay `base ± jitter` (uniform) and the chance of losing each packet.
+#[derive(Clone, Copy, Debug)]
+pub struct Network {
+    pub base: Duration,
+    pub jitter: Duration,
+    pub loss: f64,
+}
+
+impl Network {
+    pub const LAN: Network = Network {
+        base: Duration::from_micros(200),
+        jitter: Duration::from_micros(100),
+        loss: 0.0,
+    };
+}
+
+pub fn foca_config(settings: &DetectorSettings) -> Config {
+    let mut config = Config::simple();
+    config.probe_period = settings.probe_period;
+    config.probe_rtt = settings.probe_rtt;
+    config.num_indirect_probes =
+        NonZeroUsize::new(usize::from(settings.indirect_probes).max(1)).unwrap_or(NonZeroUsize::MIN);
+    config.suspect_to_down_after = settings.suspect_to_down_after;
+    config.max_transmissions = NonZeroU8::new(10).unwrap_or(NonZeroU8::MIN);
+    config
+}
+
+enum Event {
+    Data { to: usize, bytes: Vec<u8> },
+    Timer { member: usize, timer: Timer<Id> },
+}
+
+pub struct Simulation {
+    now: Duration,
+    sequence: u64,
+    queue: BinaryHeap<Reverse<(Duration, u64)>>,
+    pending: std::collections::HashMap<u64, Event>,
+    members: Vec<Foca<Id, PostcardCodec, StdRng, NoCustomBroadcast>>,
+    alive: Vec<bool>,
+    network: Network,
+    rng: StdRng,
+    /// (when, observer, subject) of every "member down" notification.
+    pub downs: Vec<(Duration, usize, usize)>,
+}
+
+impl Simulation {
+    /// `size` members, every one announced to member 0 at time zero.
+    pub fn new(size: usize, settings: &DetectorSettings, network: Network, seed: u64) -> Self {
+        let members = (0..size)
+            .map(|i| {
+                let id = Id(u16::try_from(i).unwrap_or(u16::MAX));
+                Foca::new(
+                    id,
+                    foca_config(settings),
+                    StdRng::seed_from_u64(seed ^ (i as u64) << 32),
+                    PostcardCodec,
+                )
+            })
+            .collect();
+        let mut simulation = Self {
+            now: Duration::ZERO,
+            sequence: 0,
+            queue: BinaryHeap::new(),
+            pending: Default::default(),
+            members,
+            alive: vec![true; size],
+            network,
+            rng: StdRng::seed_from_u64(seed),
+            downs: Vec::new(),
+        };
+        for member in 1..size {
+            let mut runtime = AccumulatingRuntime::new();
+            let _ = simulation.members[member].announce(Id(0), &mut runtime);
+            simulation.drain(member, &mut runtime);
+        }
+        simulation
+    }
+
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Every member alive sees every other alive member as active.
+    pub fn converged(&self) -> bool {
+        let alive = self.alive.iter().filter(|a| **a).count();
+        self.members
+            .iter()
+            .zip(&self.alive)
+            .filter(|(_, a)| **a)
+            .all(|(m, _)| m.num_members() + 1 == alive)
+    }
+
+    /// The member stops: no packet reaches it, none leaves it, its timers never fire.
+    pub fn crash(&mut self, member: usize) {
+        self.alive[member] = false;
+    }
+
+    pub fn run_until(&mut self, until: Duration) {
+        while let Some(Reverse((at, sequence))) = self.queue.peek().copied() {
+            if at > until {
+                break;
+            }
+            self.queue.pop();
+            self.now = at;
+            let Some(event) = self.pending.remove(&sequence) else {
+                continue;
+            };
+            let member = match &event {
+                Event::Data { to, .. } => *to,
+                Event::Timer { member, .. } => *member,
+            };
+            if !self.alive[member] {
+                continue;
+            }
+            let mut runtime = AccumulatingRuntime::new();
+            let _ = match event {
+                Event::Data { bytes, .. } => self.members[member].handle_data(&bytes, &mut runtime),
+                Event::Timer { timer, .. } => self.members[member].handle_timer(timer, &mut runtime),
+            };
+            self.drain(member, &mut runtime);
+        }
+        self.now = until;
+    }
+
+    fn drain(&mut self, member: usize, runtime: &mut AccumulatingRuntime<Id>) {
+        while let Some((to, bytes)) = runtime.to_send() {
+            if self.rng.random_bool(self.network.loss) {
+                continue;
+            }
+            let jitter = self.network.jitter.as_secs_f64() * (self.rng.random::<f64>() * 2.0 - 1.0);
+            let delay = Duration::from_secs_f64((self.network.base.as_secs_f64() + jitter).max(0.0));
+            self.schedule(
+                delay,
+                Event::Data {
+                    to: usize::from(to.0),
+                    bytes: bytes.to_vec(),
+                },
+            );
+        }
+        while let Some((after, timer)) = runtime.to_schedule() {
+            self.schedule(after, Event::Timer { member, timer });
+        }
+        while let Some(notification) = runtime.to_notify() {
+            if let OwnedNotification::MemberDown(subject) = notification {
+                self.downs.push((self.now, member, usize::from(subject.0)));
+            }
+        }
+    }
+
+    fn schedule(&mut self, after: Duration, event: Event) {
+        self.sequence += 1;
+        self.queue.push(Reverse((self.now + after, self.sequence)));
+        self.pending.insert(self.sequence, event);
+    }
+
+    pub fn is_alive(&self, member: usize) -> bool {
+        self.alive[member]
+    }
+}
+
+#[cfg(test)]
+mod tests;
