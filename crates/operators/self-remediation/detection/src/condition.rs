@@ -15,6 +15,11 @@ pub struct Condition {
 /// refute nor declare one it has not confirmed).
 pub fn condition(verdict: &Verdict) -> Option<Condition> {
     match verdict {
+        Verdict::Reachable { needed: 0, .. } => Some(Condition {
+            status: "True",
+            reason: "NoPeers",
+            message: "this node has no peers to observe it".into(),
+        }),
         Verdict::Reachable { observers: 0, .. } => Some(Condition {
             status: "True",
             reason: "PeersReachable",

@@ -17,9 +17,9 @@ mod simulation;
 pub mod verdict;
 
 pub use condition::{Condition, condition};
-pub use observer::{DetectorState, Observer, Report};
+pub use observer::{Cadence, DetectorState, Observer, Report};
 pub use settings::{DetectorSettings, SettingsError};
-pub use verdict::{HostProbe, Observation, Policy, Verdict, verdict};
+pub use verdict::{HostProbes, Observation, Policy, Refutation, Verdict, verdict};
 
 /// The node condition the controller sets from the verdict.
 pub const CONDITION: &str = "PeersReachable";

@@ -2,8 +2,8 @@
 //!
 //! SWIM spreads suspicion by gossip, so most members that hear "X is down" never probed X
 //! themselves. To count as an independent observer an agent must have failed to reach the member
-//! with its own probes: hearing a suspicion makes it probe the member directly, and only its own
-//! failures make a report.
+//! with its own probes: while its detector distrusts a member it probes that member itself, and
+//! only its own recent failures make a report.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -21,6 +21,8 @@ pub enum DetectorState {
 #[derive(Clone, Debug, Default)]
 pub struct Observer {
     members: BTreeMap<String, Member>,
+    /// Members forgotten while the controller still holds a report about them.
+    withdrawals: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -28,6 +30,8 @@ struct Member {
     detector: DetectorState,
     /// Start of the current run of own failed probes.
     failing_since: Option<Timestamp>,
+    /// When the agent last probed the member itself.
+    last_probe: Option<Timestamp>,
     last_sent: Option<Sent>,
 }
 
@@ -45,18 +49,32 @@ pub struct Report {
     pub since: Option<Timestamp>,
 }
 
+/// How often an agent reports and probes: it refreshes a report every `refresh` (well within
+/// the controller's freshness limit), and a report stands only on an own failed probe at most
+/// `evidence_ttl` old, so it probes a member the detector distrusts every `probe_interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cadence {
+    pub refresh: Duration,
+    pub evidence_ttl: Duration,
+    pub probe_interval: Duration,
+}
+
 impl Observer {
-    /// The detector's new view of `member`. Returns whether the agent should probe it itself now
-    /// (it became suspect or down and the agent has no failure of its own on record).
-    pub fn detector_says(&mut self, member: &str, state: DetectorState) -> bool {
+    /// The detector's new view of `member`. When it calls the member alive (it heard from it,
+    /// directly or by gossip) the agent's own run of failures ends: a report must rest on
+    /// failures since.
+    pub fn detector_says(&mut self, member: &str, state: DetectorState) {
         let entry = self.entry(member);
         entry.detector = state;
-        state != DetectorState::Alive && entry.failing_since.is_none()
+        if state == DetectorState::Alive {
+            entry.failing_since = None;
+        }
     }
 
     /// The outcome of the agent's own probe of `member`, sent at `at`.
     pub fn probed(&mut self, member: &str, reached: bool, at: Timestamp) {
         let entry = self.entry(member);
+        entry.last_probe = Some(entry.last_probe.map_or(at, |last| last.max(at)));
         entry.failing_since = match (reached, entry.failing_since) {
             (true, _) => None,
             (false, Some(since)) => Some(since),
@@ -64,18 +82,42 @@ impl Observer {
         };
     }
 
-    /// A member left the cluster: nothing more to say about it.
-    pub fn forget(&mut self, member: &str) {
-        self.members.remove(member);
+    /// Members to probe now: those the detector calls suspect or down that the agent has not
+    /// probed itself within `cadence.probe_interval`.
+    pub fn probes_due(&self, now: Timestamp, cadence: &Cadence) -> Vec<String> {
+        let interval = signed(cadence.probe_interval);
+        self.members
+            .iter()
+            .filter(|(_, m)| m.detector != DetectorState::Alive)
+            .filter(|(_, m)| m.last_probe.is_none_or(|last| now.duration_since(last) >= interval))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
-    /// What to send now: a new or changed report, a refresh of one last sent `refresh` ago or
-    /// more (so the controller's copy never goes stale while it holds), and withdrawals.
-    pub fn reports_due(&mut self, now: Timestamp, refresh: Duration) -> Vec<Report> {
-        let refresh = jiff::SignedDuration::try_from(refresh).unwrap_or(jiff::SignedDuration::MAX);
-        let mut due = Vec::new();
+    /// A member left the cluster: nothing more to say about it, and a report the controller
+    /// holds is withdrawn.
+    pub fn forget(&mut self, member: &str) {
+        if self.members.remove(member).is_some_and(|m| m.last_sent.is_some()) {
+            self.withdrawals.push(member.to_owned());
+        }
+    }
+
+    /// What to send now: a new or changed report, a refresh of one last sent `cadence.refresh`
+    /// ago or more (so the controller's copy never goes stale while it holds), and withdrawals.
+    pub fn reports_due(&mut self, now: Timestamp, cadence: &Cadence) -> Vec<Report> {
+        let (refresh, evidence_ttl) = (signed(cadence.refresh), signed(cadence.evidence_ttl));
+        let mut due: Vec<Report> = self
+            .withdrawals
+            .drain(..)
+            .map(|subject| Report { subject, since: None })
+            .collect();
         for (name, member) in &mut self.members {
-            let unreachable = member.failing_since.filter(|_| member.detector != DetectorState::Alive);
+            let recent = member
+                .last_probe
+                .is_some_and(|last| now.duration_since(last) <= evidence_ttl);
+            let unreachable = member
+                .failing_since
+                .filter(|_| member.detector != DetectorState::Alive && recent);
             match (unreachable, member.last_sent) {
                 (Some(since), Some(sent)) if sent.since == since && now.duration_since(sent.at) < refresh => {}
                 (Some(since), _) => {
@@ -102,9 +144,14 @@ impl Observer {
         self.members.entry(member.to_owned()).or_insert(Member {
             detector: DetectorState::Alive,
             failing_since: None,
+            last_probe: None,
             last_sent: None,
         })
     }
+}
+
+fn signed(duration: Duration) -> jiff::SignedDuration {
+    jiff::SignedDuration::try_from(duration).unwrap_or(jiff::SignedDuration::MAX)
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub enum SettingsError {
     #[error("probePeriod {0:?} is above 60s: set it to 60s or less (a dead node would go unnoticed for minutes)")]
     PeriodTooLong(Duration),
     #[error(
-        "probeRtt {rtt:?} must be below half of probePeriod {period:?}: the indirect probes need the other half of the period"
+        "probeRtt {rtt:?} is more than half of probePeriod {period:?}: set it to half or less, the indirect probes need the rest of the period"
     )]
     RttTooLong { rtt: Duration, period: Duration },
     #[error("numIndirectProbes is 0: set it to 1 or more, or a single lost packet makes a healthy node suspect")]
@@ -61,7 +61,7 @@ impl DetectorSettings {
         if self.probe_period > Duration::from_secs(60) {
             problems.push(SettingsError::PeriodTooLong(self.probe_period));
         }
-        if self.probe_rtt * 2 > self.probe_period {
+        if self.probe_rtt > self.probe_period / 2 {
             problems.push(SettingsError::RttTooLong {
                 rtt: self.probe_rtt,
                 period: self.probe_period,
@@ -86,7 +86,9 @@ impl DetectorSettings {
     /// with n members a given one escapes a whole period with probability (1 - 1/(n-1))^(n-1),
     /// about 1/e), then the suspicion runs out. Not a bound: a run of unlucky draws is longer.
     pub fn typical_detection(&self) -> Duration {
-        self.probe_period * 2 + self.suspect_to_down_after
+        self.probe_period
+            .saturating_mul(2)
+            .saturating_add(self.suspect_to_down_after)
     }
 }
 
@@ -114,7 +116,7 @@ mod tests {
         assert_eq!(problems.len(), 4, "{problems:?}");
         let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert!(text[0].contains("set it to 100ms or more"), "{text:?}");
-        assert!(text[1].contains("below half of probePeriod"), "{text:?}");
+        assert!(text[1].contains("more than half of probePeriod"), "{text:?}");
         assert!(text[2].contains("set it to 1 or more"), "{text:?}");
         assert!(text[3].contains("at least a period to refute"), "{text:?}");
     }
@@ -137,7 +139,12 @@ mod tests {
                 prop_assert!(s.probe_rtt * 2 <= s.probe_period);
                 prop_assert!(s.indirect_probes >= 1);
                 prop_assert!(s.suspect_to_down_after >= s.probe_period);
-                prop_assert!(s.typical_detection() <= Duration::from_secs(60) * 2 + s.suspect_to_down_after);
+            } else {
+                let rtt_too_long = s.probe_rtt > s.probe_period / 2;
+                let period_out_of_range = s.probe_period < Duration::from_millis(100) || s.probe_period > Duration::from_secs(60);
+                let bad_k = s.indirect_probes == 0 || s.indirect_probes > 10;
+                let suspicion_too_short = s.suspect_to_down_after < s.probe_period;
+                prop_assert!(rtt_too_long || period_out_of_range || bad_k || suspicion_too_short);
             }
         }
     }

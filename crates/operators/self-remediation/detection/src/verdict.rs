@@ -11,12 +11,14 @@
 //!   is stopped, so a frozen agent on a live host is refuted here within a probe, without waiting
 //!   for the lease's next renewal, which may be ten seconds away.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
 
 /// One agent's report about the node: unreachable from it (its own probes failed) since
-/// `unreachable_since`. An agent that reaches the node again withdraws its report.
+/// `unreachable_since` on the agent's clock; `reported_at` is when the controller received it,
+/// on the controller's clock. An agent that reaches the node again withdraws its report, so the
+/// controller keeps at most one per observer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub observer: String,
@@ -24,18 +26,13 @@ pub struct Observation {
     pub reported_at: Timestamp,
 }
 
-/// The controller's latest probe of the node's host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostProbe {
-    NotProbed,
-    /// The latest probe was answered at this time.
-    Answered {
-        at: Timestamp,
-    },
-    /// The latest probe, sent at this time, went unanswered.
-    Unanswered {
-        sent: Timestamp,
-    },
+/// The controller's probes of the node's host, on its own clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostProbes {
+    /// When the host last answered.
+    pub last_answered: Option<Timestamp>,
+    /// When the latest probe that went unanswered was sent.
+    pub last_unanswered_sent: Option<Timestamp>,
 }
 
 /// What the controller asks of the evidence.
@@ -45,6 +42,10 @@ pub struct Policy {
     pub observers_needed: usize,
     /// Reports older than this are not evidence (their agent stopped refreshing them).
     pub report_ttl: Duration,
+    /// How far apart the agents', kubelets' and controller's clocks may be: a lease renewal this
+    /// much before the agreement still refutes it, and a host probe counts only when sent this
+    /// much after it.
+    pub max_clock_skew: Duration,
 }
 
 impl Default for Policy {
@@ -52,6 +53,7 @@ impl Default for Policy {
         Self {
             observers_needed: 3,
             report_ttl: Duration::from_secs(3),
+            max_clock_skew: Duration::from_millis(250),
         }
     }
 }
@@ -59,7 +61,8 @@ impl Default for Policy {
 /// What the evidence says about the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Fewer fresh observers than needed report it unreachable.
+    /// Fewer fresh observers than needed report it unreachable (none can when `needed` is 0:
+    /// the node has no peers).
     Reachable { observers: usize, needed: usize },
     /// Enough observers agree since `since`, but the host has not been probed since: probe it.
     ProbeHost { since: Timestamp },
@@ -83,34 +86,49 @@ pub fn verdict(
     observations: &[Observation],
     other_members: usize,
     lease_renewed: Option<Timestamp>,
-    host: HostProbe,
+    host: HostProbes,
     now: Timestamp,
     policy: &Policy,
 ) -> Verdict {
-    let needed = policy.observers_needed.min(other_members).max(1);
-    let mut agreeing = fresh_observations(subject, observations, now, policy.report_ttl);
-    if other_members == 0 || agreeing.len() < needed {
+    if other_members == 0 {
+        return Verdict::Reachable {
+            observers: 0,
+            needed: 0,
+        };
+    }
+    let needed = policy.observers_needed.clamp(1, other_members);
+    let mut agreeing = fresh_observations(subject, observations, now, policy);
+    if agreeing.len() < needed {
         return Verdict::Reachable {
             observers: agreeing.len(),
             needed,
         };
     }
-    // From when `needed` of them agree: the latest onset among the earliest `needed`.
+    // From when `needed` of them agree: the latest onset among the earliest `needed`. Taking the
+    // latest onset of all would let one observer that was itself cut off long ago pull `since`
+    // back before a renewal that proves the node alive.
     agreeing.sort_by_key(|o| o.unreachable_since);
     agreeing.truncate(needed);
     let since = agreeing[needed - 1].unreachable_since;
-    if let Some(at) = lease_renewed.filter(|at| *at >= since) {
+    let skew = jiff::SignedDuration::try_from(policy.max_clock_skew).unwrap_or(jiff::SignedDuration::MAX);
+    if let Some(at) = lease_renewed.filter(|at| *at >= since.saturating_sub(skew).unwrap_or(since)) {
         return Verdict::Refuted {
             since,
             by: Refutation::LeaseRenewed { at },
         };
     }
-    match host {
-        HostProbe::Answered { at } if at >= since => Verdict::Refuted {
+    if let Some(at) = host
+        .last_answered
+        .filter(|at| *at >= since.saturating_sub(skew).unwrap_or(since))
+    {
+        return Verdict::Refuted {
             since,
             by: Refutation::HostAnswered { at },
-        },
-        HostProbe::Unanswered { sent } if sent >= since => Verdict::Unreachable {
+        };
+    }
+    let probed_after = since.saturating_add(skew).unwrap_or(since);
+    match host.last_unanswered_sent {
+        Some(sent) if sent >= probed_after && sent <= now => Verdict::Unreachable {
             since,
             observers: agreeing.into_iter().map(|o| o.observer.clone()).collect(),
         },
@@ -118,27 +136,32 @@ pub fn verdict(
     }
 }
 
-/// The latest fresh report of each observer other than the subject, each consistent in itself.
+/// Each observer's latest report (the earlier onset when two arrived at once), when it is
+/// fresh, consistent in itself and not the subject's own.
 fn fresh_observations<'a>(
     subject: &str,
     observations: &'a [Observation],
     now: Timestamp,
-    ttl: Duration,
+    policy: &Policy,
 ) -> Vec<&'a Observation> {
-    let ttl = jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::MAX);
-    let mut latest: Vec<&Observation> = Vec::new();
-    for o in observations {
-        let fresh = now.duration_since(o.reported_at) <= ttl && o.reported_at <= now;
-        if o.observer == subject || !fresh || o.unreachable_since > o.reported_at {
-            continue;
-        }
-        match latest.iter_mut().find(|l| l.observer == o.observer) {
-            Some(l) if l.reported_at < o.reported_at => *l = o,
-            Some(_) => {}
-            None => latest.push(o),
+    let mut latest: BTreeMap<&str, &Observation> = BTreeMap::new();
+    for o in observations.iter().filter(|o| o.observer != subject) {
+        let newer = latest.get(o.observer.as_str()).is_none_or(|l| {
+            (o.reported_at, std::cmp::Reverse(o.unreachable_since))
+                > (l.reported_at, std::cmp::Reverse(l.unreachable_since))
+        });
+        if newer {
+            latest.insert(&o.observer, o);
         }
     }
+    let ttl = jiff::SignedDuration::try_from(policy.report_ttl).unwrap_or(jiff::SignedDuration::MAX);
+    let skew = jiff::SignedDuration::try_from(policy.max_clock_skew).unwrap_or(jiff::SignedDuration::MAX);
     latest
+        .into_values()
+        .filter(|o| o.reported_at <= now && now.duration_since(o.reported_at) <= ttl)
+        // The onset is on the agent's clock, the receipt on the controller's.
+        .filter(|o| o.unreachable_since <= o.reported_at.saturating_add(skew).unwrap_or(o.reported_at))
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,52 +5,93 @@ fn t(ms: i64) -> Timestamp {
     Timestamp::from_millisecond(1_800_000_000_000 + ms).expect("in range")
 }
 
-const REFRESH: Duration = Duration::from_secs(1);
+const CADENCE: Cadence = Cadence {
+    refresh: Duration::from_secs(1),
+    evidence_ttl: Duration::from_millis(1500),
+    probe_interval: Duration::from_millis(400),
+};
 
 #[test]
 fn gossip_alone_makes_a_probe_not_a_report() {
     let mut o = Observer::default();
-    assert!(o.detector_says("node-2", DetectorState::Suspect));
-    assert_eq!(o.reports_due(t(0), REFRESH), vec![]);
+    o.detector_says("node-2", DetectorState::Suspect);
+    assert_eq!(o.probes_due(t(0), &CADENCE), vec!["node-2".to_owned()]);
+    assert_eq!(o.reports_due(t(0), &CADENCE), vec![]);
     o.probed("node-2", false, t(100));
+    assert_eq!(o.probes_due(t(200), &CADENCE), Vec::<String>::new(), "probed just now");
     o.probed("node-2", false, t(600));
-    assert!(
-        !o.detector_says("node-2", DetectorState::Down),
-        "it already failed on its own"
-    );
+    o.detector_says("node-2", DetectorState::Down);
     assert_eq!(
-        o.reports_due(t(700), REFRESH),
+        o.reports_due(t(700), &CADENCE),
         vec![Report {
             subject: "node-2".into(),
             since: Some(t(100))
         }]
     );
-    assert_eq!(o.reports_due(t(800), REFRESH), vec![], "nothing new");
-    assert_eq!(o.reports_due(t(1_700), REFRESH).len(), 1, "refreshed");
+    assert_eq!(o.reports_due(t(800), &CADENCE), vec![], "nothing new");
+    o.probed("node-2", false, t(1_500));
+    assert_eq!(o.reports_due(t(1_700), &CADENCE).len(), 1, "refreshed");
 }
 
 #[test]
-fn a_reached_member_or_a_detector_that_clears_it_withdraws_the_report() {
+fn a_report_needs_a_recent_failure_of_its_own() {
     let mut o = Observer::default();
     o.detector_says("node-2", DetectorState::Down);
     o.probed("node-2", false, t(0));
-    assert_eq!(o.reports_due(t(10), REFRESH).len(), 1);
-    o.probed("node-2", true, t(20));
+    assert_eq!(o.reports_due(t(100), &CADENCE).len(), 1);
     assert_eq!(
-        o.reports_due(t(30), REFRESH),
+        o.reports_due(t(2_000), &CADENCE),
+        vec![Report {
+            subject: "node-2".into(),
+            since: None
+        }],
+        "no probe for 2 s: the old failure is not evidence any more"
+    );
+    assert_eq!(o.probes_due(t(2_000), &CADENCE), vec!["node-2".to_owned()]);
+}
+
+#[test]
+fn an_old_failure_does_not_make_a_report_when_the_detector_distrusts_the_member_again() {
+    let mut o = Observer::default();
+    o.detector_says("node-2", DetectorState::Suspect);
+    o.probed("node-2", false, t(0));
+    o.detector_says("node-2", DetectorState::Alive);
+    o.detector_says("node-2", DetectorState::Suspect);
+    assert_eq!(
+        o.reports_due(t(100), &CADENCE),
+        vec![],
+        "the run of failures ended when it was alive"
+    );
+}
+
+#[test]
+fn a_reached_member_a_cleared_one_or_a_forgotten_one_is_withdrawn() {
+    let mut o = Observer::default();
+    o.detector_says("node-2", DetectorState::Down);
+    o.probed("node-2", false, t(0));
+    assert_eq!(o.reports_due(t(10), &CADENCE).len(), 1);
+    o.probed("node-2", true, t(20));
+    assert_eq!(o.reports_due(t(30), &CADENCE)[0].since, None);
+    o.probed("node-2", false, t(40));
+    assert_eq!(
+        o.reports_due(t(50), &CADENCE)[0].since,
+        Some(t(40)),
+        "a new run of failures"
+    );
+    o.detector_says("node-2", DetectorState::Alive);
+    assert_eq!(o.reports_due(t(60), &CADENCE)[0].since, None);
+    o.detector_says("node-2", DetectorState::Down);
+    o.probed("node-2", false, t(70));
+    assert_eq!(o.reports_due(t(80), &CADENCE)[0].since, Some(t(70)));
+    o.forget("node-2");
+    assert_eq!(
+        o.reports_due(t(90), &CADENCE),
         vec![Report {
             subject: "node-2".into(),
             since: None
         }]
     );
-    o.probed("node-2", false, t(40));
-    assert_eq!(
-        o.reports_due(t(50), REFRESH)[0].since,
-        Some(t(40)),
-        "a new run of failures"
-    );
-    o.detector_says("node-2", DetectorState::Alive);
-    assert_eq!(o.reports_due(t(60), REFRESH)[0].since, None);
+    assert_eq!(o.reports_due(t(100), &CADENCE), vec![]);
 }
 
 #[derive(Clone, Debug)]
@@ -58,6 +99,7 @@ enum Step {
     Detector(usize, DetectorState),
     Probe(usize, bool),
     Forget(usize),
+    Wait,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -70,49 +112,59 @@ fn step() -> impl Strategy<Value = Step> {
         (0usize..3, state).prop_map(|(m, s)| Step::Detector(m, s)),
         (0usize..3, any::<bool>()).prop_map(|(m, r)| Step::Probe(m, r)),
         (0usize..3).prop_map(Step::Forget),
+        Just(Step::Wait),
     ]
 }
 
 proptest! {
     /// The controller's copy (the reports applied in order) says "unreachable since s" only
-    /// while the agent's own latest probe failed, its run of failures began at s, and the
-    /// detector does not call the member alive.
+    /// while the detector distrusts the member, the agent's own latest probe of it failed, at
+    /// most `evidence_ttl` ago, and its run of failures began at s.
     #[test]
-    fn the_controllers_copy_matches_the_agents_own_evidence(steps in proptest::collection::vec(step(), 0..60)) {
+    fn the_controllers_copy_matches_the_agents_own_evidence(steps in proptest::collection::vec(step(), 0..80)) {
         let mut o = Observer::default();
         let mut copy: BTreeMap<String, Timestamp> = BTreeMap::new();
-        let mut own: BTreeMap<String, (Option<Timestamp>, DetectorState)> = BTreeMap::new();
+        // Per member: start of the run of own failures, last own probe, detector state.
+        let mut own: BTreeMap<String, (Option<Timestamp>, Option<Timestamp>, DetectorState)> = BTreeMap::new();
+        let ttl = jiff::SignedDuration::try_from(CADENCE.evidence_ttl).expect("small");
         for (i, s) in steps.iter().enumerate() {
-            let now = t(i as i64 * 100);
+            let now = t(i as i64 * 300);
             match s {
                 Step::Detector(m, state) => {
                     let name = format!("node-{m}");
                     o.detector_says(&name, *state);
-                    own.entry(name).or_insert((None, DetectorState::Alive)).1 = *state;
+                    let e = own.entry(name).or_insert((None, None, DetectorState::Alive));
+                    e.2 = *state;
+                    if *state == DetectorState::Alive {
+                        e.0 = None;
+                    }
                 }
                 Step::Probe(m, reached) => {
                     let name = format!("node-{m}");
                     o.probed(&name, *reached, now);
-                    let e = own.entry(name).or_insert((None, DetectorState::Alive));
+                    let e = own.entry(name).or_insert((None, None, DetectorState::Alive));
                     e.0 = if *reached { None } else { e.0.or(Some(now)) };
+                    e.1 = Some(now);
                 }
                 Step::Forget(m) => {
                     let name = format!("node-{m}");
                     o.forget(&name);
                     own.remove(&name);
-                    copy.remove(&name);
                 }
+                Step::Wait => {}
             }
-            for r in o.reports_due(now, REFRESH) {
+            for r in o.reports_due(now, &CADENCE) {
                 match r.since {
                     Some(since) => { copy.insert(r.subject, since); }
                     None => { copy.remove(&r.subject); }
                 }
             }
             for (name, since) in &copy {
-                let (failing, state) = own.get(name).copied().unwrap_or((None, DetectorState::Alive));
-                prop_assert_eq!(failing, Some(*since));
+                let (failing, last_probe, state) = own.get(name).copied().unwrap_or((None, None, DetectorState::Alive));
+                prop_assert_eq!(failing, Some(*since), "{}", name);
                 prop_assert_ne!(state, DetectorState::Alive);
+                let probed = last_probe.expect("probed");
+                prop_assert!(now.duration_since(probed) <= ttl);
             }
         }
     }
