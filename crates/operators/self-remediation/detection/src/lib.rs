@@ -23,3 +23,8 @@ pub use verdict::{HostProbes, Observation, Policy, Refutation, Verdict, verdict}
 
 /// The node condition the controller sets from the verdict.
 pub const CONDITION: &str = "PeersReachable";
+
+/// `duration` for arithmetic on timestamps; settings too large for that mean "forever".
+pub(crate) fn signed(duration: std::time::Duration) -> jiff::SignedDuration {
+    jiff::SignedDuration::try_from(duration).unwrap_or(jiff::SignedDuration::MAX)
+}

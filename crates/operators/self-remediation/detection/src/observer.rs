@@ -9,6 +9,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
 
+use crate::signed;
+
 /// What the detector currently says about a member (its SWIM state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DetectorState {
@@ -148,10 +150,6 @@ impl Observer {
             last_sent: None,
         })
     }
-}
-
-fn signed(duration: Duration) -> jiff::SignedDuration {
-    jiff::SignedDuration::try_from(duration).unwrap_or(jiff::SignedDuration::MAX)
 }
 
 #[cfg(test)]

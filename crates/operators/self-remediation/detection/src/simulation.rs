@@ -67,11 +67,43 @@ enum Event {
     Timer { member: usize, timer: Timer<Id> },
 }
 
+/// An event due at `at`; `sequence` keeps events due at once in the order they were scheduled.
+struct Scheduled {
+    at: Duration,
+    sequence: u64,
+    event: Event,
+}
+
+impl Scheduled {
+    fn key(&self) -> (Duration, u64) {
+        (self.at, self.sequence)
+    }
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
 pub struct Simulation {
     now: Duration,
     sequence: u64,
-    queue: BinaryHeap<Reverse<(Duration, u64)>>,
-    pending: std::collections::HashMap<u64, Event>,
+    queue: BinaryHeap<Reverse<Scheduled>>,
     members: Vec<Foca<Id, PostcardCodec, StdRng, NoCustomBroadcast>>,
     alive: Vec<bool>,
     network: Network,
@@ -98,7 +130,6 @@ impl Simulation {
             now: Duration::ZERO,
             sequence: 0,
             queue: BinaryHeap::new(),
-            pending: Default::default(),
             members,
             alive: vec![true; size],
             network,
@@ -133,15 +164,11 @@ impl Simulation {
     }
 
     pub fn run_until(&mut self, until: Duration) {
-        while let Some(Reverse((at, sequence))) = self.queue.peek().copied() {
-            if at > until {
+        while self.queue.peek().is_some_and(|Reverse(next)| next.at <= until) {
+            let Some(Reverse(Scheduled { at, event, .. })) = self.queue.pop() else {
                 break;
-            }
-            self.queue.pop();
-            self.now = at;
-            let Some(event) = self.pending.remove(&sequence) else {
-                continue;
             };
+            self.now = at;
             let member = match &event {
                 Event::Data { to, .. } => *to,
                 Event::Timer { member, .. } => *member,
@@ -186,8 +213,11 @@ impl Simulation {
 
     fn schedule(&mut self, after: Duration, event: Event) {
         self.sequence += 1;
-        self.queue.push(Reverse((self.now + after, self.sequence)));
-        self.pending.insert(self.sequence, event);
+        self.queue.push(Reverse(Scheduled {
+            at: self.now + after,
+            sequence: self.sequence,
+            event,
+        }));
     }
 
     pub fn is_alive(&self, member: usize) -> bool {

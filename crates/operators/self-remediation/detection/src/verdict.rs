@@ -15,6 +15,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
 
+use crate::signed;
+
 /// One agent's report about the node: unreachable from it (its own probes failed) since
 /// `unreachable_since` on the agent's clock; `reported_at` is when the controller received it,
 /// on the controller's clock. An agent that reaches the node again withdraws its report, so the
@@ -110,17 +112,15 @@ pub fn verdict(
     agreeing.sort_by_key(|o| o.unreachable_since);
     agreeing.truncate(needed);
     let since = agreeing[needed - 1].unreachable_since;
-    let skew = jiff::SignedDuration::try_from(policy.max_clock_skew).unwrap_or(jiff::SignedDuration::MAX);
-    if let Some(at) = lease_renewed.filter(|at| *at >= since.saturating_sub(skew).unwrap_or(since)) {
+    let skew = signed(policy.max_clock_skew);
+    let life_refutes_from = since.saturating_sub(skew).unwrap_or(since);
+    if let Some(at) = lease_renewed.filter(|at| *at >= life_refutes_from) {
         return Verdict::Refuted {
             since,
             by: Refutation::LeaseRenewed { at },
         };
     }
-    if let Some(at) = host
-        .last_answered
-        .filter(|at| *at >= since.saturating_sub(skew).unwrap_or(since))
-    {
+    if let Some(at) = host.last_answered.filter(|at| *at >= life_refutes_from) {
         return Verdict::Refuted {
             since,
             by: Refutation::HostAnswered { at },
@@ -154,8 +154,7 @@ fn fresh_observations<'a>(
             latest.insert(&o.observer, o);
         }
     }
-    let ttl = jiff::SignedDuration::try_from(policy.report_ttl).unwrap_or(jiff::SignedDuration::MAX);
-    let skew = jiff::SignedDuration::try_from(policy.max_clock_skew).unwrap_or(jiff::SignedDuration::MAX);
+    let (ttl, skew) = (signed(policy.report_ttl), signed(policy.max_clock_skew));
     latest
         .into_values()
         .filter(|o| o.reported_at <= now && now.duration_since(o.reported_at) <= ttl)

@@ -5,6 +5,13 @@ fn t(ms: i64) -> Timestamp {
     Timestamp::from_millisecond(1_800_000_000_000 + ms).expect("in range")
 }
 
+fn report(subject: &str, since: Option<Timestamp>) -> Report {
+    Report {
+        subject: subject.into(),
+        since,
+    }
+}
+
 const CADENCE: Cadence = Cadence {
     refresh: Duration::from_secs(1),
     evidence_ttl: Duration::from_millis(1500),
@@ -21,13 +28,7 @@ fn gossip_alone_makes_a_probe_not_a_report() {
     assert_eq!(o.probes_due(t(200), &CADENCE), Vec::<String>::new(), "probed just now");
     o.probed("node-2", false, t(600));
     o.detector_says("node-2", DetectorState::Down);
-    assert_eq!(
-        o.reports_due(t(700), &CADENCE),
-        vec![Report {
-            subject: "node-2".into(),
-            since: Some(t(100))
-        }]
-    );
+    assert_eq!(o.reports_due(t(700), &CADENCE), vec![report("node-2", Some(t(100)))]);
     assert_eq!(o.reports_due(t(800), &CADENCE), vec![], "nothing new");
     o.probed("node-2", false, t(1_500));
     assert_eq!(o.reports_due(t(1_700), &CADENCE).len(), 1, "refreshed");
@@ -41,10 +42,7 @@ fn a_report_needs_a_recent_failure_of_its_own() {
     assert_eq!(o.reports_due(t(100), &CADENCE).len(), 1);
     assert_eq!(
         o.reports_due(t(2_000), &CADENCE),
-        vec![Report {
-            subject: "node-2".into(),
-            since: None
-        }],
+        vec![report("node-2", None)],
         "no probe for 2 s: the old failure is not evidence any more"
     );
     assert_eq!(o.probes_due(t(2_000), &CADENCE), vec!["node-2".to_owned()]);
@@ -84,13 +82,7 @@ fn a_reached_member_a_cleared_one_or_a_forgotten_one_is_withdrawn() {
     o.probed("node-2", false, t(70));
     assert_eq!(o.reports_due(t(80), &CADENCE)[0].since, Some(t(70)));
     o.forget("node-2");
-    assert_eq!(
-        o.reports_due(t(90), &CADENCE),
-        vec![Report {
-            subject: "node-2".into(),
-            since: None
-        }]
-    );
+    assert_eq!(o.reports_due(t(90), &CADENCE), vec![report("node-2", None)]);
     assert_eq!(o.reports_due(t(100), &CADENCE), vec![]);
 }
 
