@@ -27,7 +27,7 @@ if ! { [ -x "$out/descheduler" ] && "$out/descheduler" version >/dev/null 2>&1; 
     go mod edit -replace "k8s.io/kube-openapi=k8s.io/kube-openapi@$DESCHEDULER_KUBE_OPENAPI"
     go get "sigs.k8s.io/descheduler@v$DESCHEDULER_VERSION" >/dev/null
     v=sigs.k8s.io/descheduler/pkg/version
-    go build -trimpath -ldflags "-s -w -X $v.version=v$DESCHEDULER_VERSION -X $v.buildDate=1970-01-01T00:00:00Z \
+    go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X $v.version=v$DESCHEDULER_VERSION -X $v.buildDate=1970-01-01T00:00:00Z \
       -X $v.gitbranch=release-${DESCHEDULER_VERSION%.*} -X $v.gitsha1=v$DESCHEDULER_VERSION" \
       -o "$out/descheduler" sigs.k8s.io/descheduler/cmd/descheduler
   )

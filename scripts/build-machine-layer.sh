@@ -33,7 +33,7 @@ if ! { [ -x "$out/cluster-api-manager" ] && "$out/cluster-api-manager" --help >/
     go mod edit -replace "sigs.k8s.io/cluster-api/api=sigs.k8s.io/cluster-api/api@v$CLUSTER_API_VERSION"
     go get "sigs.k8s.io/cluster-api@v$CLUSTER_API_VERSION" >/dev/null
     v=sigs.k8s.io/cluster-api/version
-    go build -trimpath -ldflags "-s -w -X $v.gitVersion=v$CLUSTER_API_VERSION -X $v.gitMajor=1 \
+    go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X $v.gitVersion=v$CLUSTER_API_VERSION -X $v.gitMajor=1 \
       -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
       -o "$out/cluster-api-manager" sigs.k8s.io/cluster-api/core
   )

@@ -22,7 +22,7 @@ if ! { [ -x "$out/helm" ] && "$out/helm" version >/dev/null 2>&1; }; then
   for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     ldflags="$ldflags -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
   done
-  (cd "$cache" && GOBIN="$out" go install -trimpath -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION")
+  (cd "$cache" && GOBIN="$out" go install -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION")
 fi
 
 crds=(monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)

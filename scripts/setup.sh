@@ -43,13 +43,19 @@ packages() {
 # The Redfish BMC emulator in its own virtualenv, and the control plane (kube-apiserver,
 # controller-manager, scheduler, kubectl, etcd, kwok).
 lab() {
-  local venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION"
+  local venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION" sushy=""
   if [ ! -x "$venv/bin/sushy-emulator" ]; then
     log "installing sushy-tools $SUSHY_TOOLS_VERSION into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"
+    # Mostly downloads: it runs beside the control plane's build instead of before it.
+    { python3 -m venv "$venv" &&
+      "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"; } &
+    sushy=$!
   fi
   bash "$here/build-controlplane.sh" >/dev/null
+  if [ -n "$sushy" ] && ! wait "$sushy"; then
+    log "ERROR: installing sushy-tools into $venv failed (see above); remove $venv and run again"
+    exit 1
+  fi
 }
 
 # Helm and the Prometheus operator CRDs (the chart and its test); Cluster API's core manager and

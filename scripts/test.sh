@@ -3,25 +3,23 @@
 # against the real control plane. Run through `make test`; installs what it needs first
 # (scripts/setup.sh, in phases).
 #
-# On a fresh machine the control plane's Go build and the Rust build run side by side, the Go one
-# first in priority. The lab's own tests need no product executable: they run as soon as the
-# control plane and their test binary are built, while the rest of the Rust build goes on at the
-# lowest CPU priority. Then the ten-minute control-plane outage test holds the lab for about 23
-# minutes, most of it waiting on a stopped API server or etcd, and the lints, the unit tests, the
-# lab-free tests and the Go builds only later tests need run meanwhile at the lowest priority (the
-# lab's processes keep theirs). Lab tests always run one lab at a time: the end-to-end tests start
-# once the outage test is done.
+# On a fresh machine the control plane's Go build and the Rust build run side by side, at the same
+# priority: the first lab test needs both. That first test is the ten-minute control-plane outage
+# test, which holds the lab for about 23 minutes, most of it waiting on a stopped API server or
+# etcd: the lints, the unit tests, the lab-free tests, the images and the Go builds only later
+# tests need run meanwhile at the lowest priority (the lab's processes keep theirs). Lab tests
+# always run one lab at a time: the lab's own tests, then the end-to-end tests, follow the outage
+# test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n=== %s ===\n' "$*" >&2; }
 
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
 # Every integration-test target and where it runs below; a new one must be added here. The lab's
-# own tests need no product executable and run while the product builds; the end-to-end tests
-# run after the outage test.
-EARLY_LAB_TEST_TARGET="nodemedic-lab:it"
-LATE_LAB_TEST_TARGETS="nodemedic-harness:e2e"
-LAB_TEST_TARGETS="$EARLY_LAB_TEST_TARGET $LATE_LAB_TEST_TARGETS"
+# own tests run first after the outage test, then the end-to-end tests.
+LAB_OWN_TEST_TARGET="nodemedic-lab:it"
+END_TO_END_TEST_TARGETS="nodemedic-harness:e2e"
+LAB_TEST_TARGETS="$LAB_OWN_TEST_TARGET $END_TO_END_TEST_TARGETS"
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 
 step "setup: Debian packages and lint tools"
@@ -60,37 +58,21 @@ fi
 
 step "build the lab's own tests, the product's executables and the end-to-end tests"
 # One cargo run builds all three: two would resolve features apart (the lab's FUSE crate turns
-# on more of nix and zerocopy) and compile kube and every crate above it twice. It starts below
-# the control plane's Go build in priority, so that the lab is ready about when the lab's own
-# tests are built: those need no product executable, and run while the rest builds.
+# on more of nix and zerocopy) and compile kube and every crate above it twice.
 build_json=$(mktemp)
-nice -n 10 cargo build --locked -p nodemedic --bins -p nodemedic-harness -p nodemedic-lab --test e2e --test it \
+cargo build --locked -p nodemedic --bins -p nodemedic-harness -p nodemedic-lab --test e2e --test it \
   --message-format=json-render-diagnostics >"$build_json" &
 build=$!
 trap 'kill "$lab_setup" "$build" 2>/dev/null || true' EXIT
-# The executable cargo built for test target $1, once it has ("" until then).
+# The executable cargo built for test target $1.
 built_test() {
   python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
-    try:
-        message = json.loads(line)
-    except ValueError:  # the line cargo is writing now
-        continue
+    message = json.loads(line)
     if message.get("reason") == "compiler-artifact" and message["target"]["name"] == sys.argv[2] \
             and message["target"]["kind"] == ["test"] and message.get("executable"):
         print(message["executable"])' "$build_json" "$1"
-}
-# Every process of the build, so all of it can be lowered to the lowest priority once a lab runs.
-build_processes() {
-  local pids=$build parent
-  for parent in $(ps -e -o pid=,ppid= | awk -v root="$build" 'BEGIN { seen[root] = 1 }
-      { parent[$1] = $2 } END { changed = 1; while (changed) { changed = 0
-        for (p in parent) if (!(p in seen) && (parent[p] in seen)) { seen[p] = 1; changed = 1 } }
-        for (p in seen) if (p != root) print p }'); do
-    pids="$pids $parent"
-  done
-  echo "$pids"
 }
 
 step "the control plane"
@@ -99,26 +81,12 @@ wait "$lab_setup" || status=$?
 cat "$lab_setup_log" >&2
 [ "$status" -eq 0 ] || { echo "setup.sh lab failed (exit $status)" >&2; exit "$status"; }
 
-step "the lab's own tests, while the rest builds at the lowest priority"
-it_test=""
-until [ -n "$it_test" ]; do
-  it_test=$(built_test "${EARLY_LAB_TEST_TARGET#*:}")
-  if [ -z "$it_test" ] && ! kill -0 "$build" 2>/dev/null; then
-    wait "$build" || { echo "cargo build failed" >&2; exit 1; }
-    it_test=$(built_test "${EARLY_LAB_TEST_TARGET#*:}")
-    [ -n "$it_test" ] || { echo "cargo built no executable for nodemedic-lab:it" >&2; exit 1; }
-  fi
-  [ -n "$it_test" ] || sleep 2
-done
-# shellcheck disable=SC2046
-renice -n 19 -p $(build_processes) >/dev/null 2>&1 || true
-# From the package's folder, as cargo runs its tests.
-(cd testing/lab && exec "$it_test")
-
-step "the rest of the build, then the outage test"
+step "the build, then the outage test"
 wait "$build" || { echo "cargo build failed" >&2; exit 1; }
 e2e=$(built_test e2e)
 [ -n "$e2e" ] || { echo "cargo built no executable for nodemedic-harness:e2e" >&2; exit 1; }
+it_test=$(built_test "${LAB_OWN_TEST_TARGET#*:}")
+[ -n "$it_test" ] || { echo "cargo built no executable for $LAB_OWN_TEST_TARGET" >&2; exit 1; }
 
 log=$(mktemp)
 # Run from the package's folder, as cargo runs its tests.
@@ -141,7 +109,7 @@ done
 # rebuild half the workspace first.
 lab_tests=$(mktemp)
 nice -n 19 cargo test --workspace --locked --tests --no-run --message-format=json-render-diagnostics |
-  LAB_TEST_TARGETS="$LATE_LAB_TEST_TARGETS" python3 -c '
+  LAB_TEST_TARGETS="$END_TO_END_TEST_TARGETS" python3 -c '
 import json, os, sys, tomllib
 wanted = os.environ["LAB_TEST_TARGETS"].split()
 for line in sys.stdin:
@@ -205,8 +173,12 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 
+step "the lab's own tests"
+# From the package's folder, as cargo runs its tests.
+(cd testing/lab && exec "$it_test")
+
 step "the other end-to-end tests"
-for target in $LATE_LAB_TEST_TARGETS; do
+for target in $END_TO_END_TEST_TARGETS; do
   read -r _ executable dir < <(grep "^$target " "$lab_tests") ||
     { echo "no executable was built for the test target $target" >&2; exit 1; }
   # From the package's folder, as cargo runs its tests.
