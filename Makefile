@@ -23,7 +23,7 @@ demo: build
 	$(NODEMEDIC_LAB) demo $(ARGS)
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
-# in bench/results/. One suite: ARGS="--suite recovery|scale|footprint" (see nodemedic-lab bench --help).
+# in bench/results/. One suite: ARGS="--suite recovery|scale|footprint|images|peer-aggregation" (see nodemedic-lab bench --help).
 bench: build image
 	$(NODEMEDIC_LAB) bench $(ARGS)
 

@@ -4,6 +4,7 @@
 
 mod footprint;
 mod images;
+mod peer_aggregation;
 mod recovery;
 mod scale;
 
@@ -24,6 +25,9 @@ pub enum Suite {
     Footprint,
     /// The OCI images' sizes, as `make image` measured them.
     Images,
+    /// Peer failure detection: the controller's aggregation of the agents' reports at 5,000
+    /// members (simulated reports, real aggregation; no lab).
+    PeerAggregation,
 }
 
 #[derive(Args, Debug)]
@@ -65,7 +69,13 @@ pub struct Section {
 
 async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let suites = if args.suites.is_empty() {
-        vec![Suite::Recovery, Suite::Scale, Suite::Footprint, Suite::Images]
+        vec![
+            Suite::Recovery,
+            Suite::Scale,
+            Suite::Footprint,
+            Suite::Images,
+            Suite::PeerAggregation,
+        ]
     } else {
         args.suites.clone()
     };
@@ -77,6 +87,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             Suite::Scale => scale::run(&args.fleets).await?,
             Suite::Footprint => footprint::run().await?,
             Suite::Images => images::run()?,
+            Suite::PeerAggregation => peer_aggregation::run()?,
         };
         println!("{}", section.markdown);
         sections.push(section);

@@ -1,21 +1,25 @@
 //! Failure detection in seconds (docs/peer-detection.md): the agents run a SWIM-style
 //! detector among themselves, and the controller turns what they report into a node condition.
 //! This crate holds the decisions only, as pure functions over plain data: whether detector
-//! settings can detect a silent node in time, and whether the reports about a node, its kubelet
-//! lease and the controller's own probe of the host add up to "unreachable". No Kubernetes, no
+//! settings can detect a silent node in time, which agents confirm and report a suspicion, and
+//! whether the reports about a node, its kubelet lease and the controller's own probe of the host
+//! add up to "unreachable". No Kubernetes, no
 //! network: the agents and the controller wrap it.
 //!
 //! Detection only decides *when* remediation may start. Fencing stays proven (power off
 //! confirmed, or the self-remediation protocol), so a wrong verdict costs a needless remediation,
 //! never two writers; the verdict is still built to be wrong as rarely as the evidence allows.
 
+pub mod aggregate;
 pub mod condition;
+pub mod designation;
 pub mod observer;
 pub mod settings;
 #[cfg(test)]
 mod simulation;
 pub mod verdict;
 
+pub use aggregate::{MemberFacts, Reports, verdicts};
 pub use condition::{Condition, condition};
 pub use observer::{Cadence, DetectorState, Observer, Report};
 pub use settings::{DetectorSettings, SettingsError};

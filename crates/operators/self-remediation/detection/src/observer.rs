@@ -25,6 +25,14 @@ pub struct Observer {
     members: BTreeMap<String, Member>,
     /// Members forgotten while the controller still holds a report about them.
     withdrawals: Vec<String>,
+    /// When set, the agent confirms only the members it is a designated observer of.
+    designation: Option<Designation>,
+}
+
+#[derive(Clone, Debug)]
+struct Designation {
+    me: String,
+    observers_per_member: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -62,6 +70,21 @@ pub struct Cadence {
 }
 
 impl Observer {
+    /// The observer of agent `me`, which confirms (probes itself, and so may report) only the
+    /// members it is one of `observers_per_member` designated observers of
+    /// ([`crate::designation`]), as it sees the cluster: among the members the detector last
+    /// called alive. Without it ([`Observer::default`]) an agent confirms every member its
+    /// detector distrusts.
+    pub fn designated(me: &str, observers_per_member: usize) -> Self {
+        Self {
+            designation: Some(Designation {
+                me: me.to_owned(),
+                observers_per_member,
+            }),
+            ..Self::default()
+        }
+    }
+
     /// The detector's new view of `member`. When it calls the member alive (it heard from it,
     /// directly or by gossip) the agent's own run of failures ends: a report must rest on
     /// failures since.
@@ -85,13 +108,27 @@ impl Observer {
     }
 
     /// Members to probe now: those the detector calls suspect or down that the agent has not
-    /// probed itself within `cadence.probe_interval`.
+    /// probed itself within `cadence.probe_interval`, and, with a designation, observes.
     pub fn probes_due(&self, now: Timestamp, cadence: &Cadence) -> Vec<String> {
         let interval = signed(cadence.probe_interval);
+        let alive: Vec<&str> = match self.designation {
+            Some(_) => self
+                .members
+                .iter()
+                .filter(|(_, m)| m.detector == DetectorState::Alive)
+                .map(|(name, _)| name.as_str())
+                .collect(),
+            None => Vec::new(),
+        };
         self.members
             .iter()
             .filter(|(_, m)| m.detector != DetectorState::Alive)
             .filter(|(_, m)| m.last_probe.is_none_or(|last| now.duration_since(last) >= interval))
+            .filter(|(name, _)| {
+                self.designation.as_ref().is_none_or(|d| {
+                    crate::designation::observes(&d.me, name, alive.iter().copied(), d.observers_per_member)
+                })
+            })
             .map(|(name, _)| name.clone())
             .collect()
     }

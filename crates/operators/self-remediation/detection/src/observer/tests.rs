@@ -86,6 +86,37 @@ fn a_reached_member_a_cleared_one_or_a_forgotten_one_is_withdrawn() {
     assert_eq!(o.reports_due(t(100), &CADENCE), vec![]);
 }
 
+#[test]
+fn a_designated_observer_confirms_only_its_share_and_takes_over_when_observers_go() {
+    let members: Vec<String> = (0..20).map(|i| format!("node-{i}")).collect();
+    let observers_of = |down: &[&str]| -> Vec<String> {
+        members
+            .iter()
+            .filter(|me| !down.contains(&me.as_str()))
+            .filter(|me| {
+                let mut o = Observer::designated(me, 3);
+                for m in members.iter().filter(|m| m != me) {
+                    let state = if down.contains(&m.as_str()) {
+                        DetectorState::Down
+                    } else {
+                        DetectorState::Alive
+                    };
+                    o.detector_says(m, state);
+                }
+                o.probes_due(t(0), &CADENCE).contains(&"node-0".to_owned())
+            })
+            .cloned()
+            .collect()
+    };
+    let first = observers_of(&["node-0"]);
+    assert_eq!(first.len(), 3, "{first:?}");
+    // Two of them go down with node-0: two others take over, the third stays.
+    let gone: Vec<&str> = ["node-0", first[0].as_str(), first[1].as_str()].to_vec();
+    let second = observers_of(&gone);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(second.contains(&first[2]), "{first:?} then {second:?}");
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Detector(usize, DetectorState),
