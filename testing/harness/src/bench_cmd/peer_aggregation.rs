@@ -5,7 +5,10 @@
 //! (`nodemedic-peer-detection`): receiving the reports, expiring old ones, and a verdict on every
 //! reported member ten times a second.
 
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
 
 use anyhow::Context;
 use jiff::{SignedDuration, Timestamp};
@@ -61,11 +64,11 @@ fn name(i: usize) -> String {
 fn measure(scenario: &'static str, silent: usize, designated: bool, seconds: usize) -> anyhow::Result<Run> {
     let members: Vec<String> = (0..MEMBERS).map(name).collect();
     // Spread over the names, as a zone's nodes would be.
-    let silent_set: Vec<String> = (0..silent).map(|i| name(i * MEMBERS / silent.max(1))).collect();
+    let silent_set: BTreeSet<String> = (0..silent).map(|i| name(i * MEMBERS / silent.max(1))).collect();
     let alive: Vec<&str> = members
         .iter()
         .map(String::as_str)
-        .filter(|m| !silent_set.iter().any(|s| s == m))
+        .filter(|m| !silent_set.contains(*m))
         .collect();
     let start = Timestamp::now();
     let batches = batches(&silent_set, &alive, designated, start);
@@ -139,7 +142,12 @@ fn measure(scenario: &'static str, silent: usize, designated: bool, seconds: usi
 
 /// What each agent sends every second: "unreachable since `start`" for each silent member it
 /// observes (all of them, without designation).
-fn batches(silent: &[String], alive: &[&str], designated: bool, start: Timestamp) -> BTreeMap<String, Vec<Report>> {
+fn batches(
+    silent: &BTreeSet<String>,
+    alive: &[&str],
+    designated: bool,
+    start: Timestamp,
+) -> BTreeMap<String, Vec<Report>> {
     let mut batches: BTreeMap<String, Vec<Report>> = BTreeMap::new();
     for subject in silent {
         for observer in alive {
