@@ -87,7 +87,7 @@ pub async fn start_controller_container(
     metrics_port: u16,
     extra: &[&str],
 ) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml_once(&chart_rbac())?;
     let token = scenario::service_account_token(lab, CONTROLLER_ACCOUNT, day_long_token()).await?;
     let tokens = projected_service_account(lab, name, &token)?;
     let mut args = vec![
@@ -109,7 +109,7 @@ pub async fn start_controller_container(
 /// to that pod, and the lab's stand-ins for the node's watchdog, boot time, sysrq trigger and
 /// state directory (the lab directory, mounted at the same path).
 pub async fn start_agent_containers(lab: &Lab, image: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml_once(&chart_rbac())?;
     for node in lab.nodes() {
         let token = scenario::daemonset_pod_token(lab, &node).await?;
         let tokens = projected_service_account(lab, &format!("{node}/agent"), &token)?;

@@ -128,7 +128,7 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
 /// chart's controller ServiceAccount with exactly the permissions the chart grants it;
 /// metrics on `metrics_port`.
 pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, extra: &[&str], log: &str) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml_once(&chart_rbac())?;
     let kubeconfig = lab.kubeconfig_for(
         &format!("system:serviceaccount:{NS}:{CONTROLLER_ACCOUNT}"),
         &["system:serviceaccounts", &format!("system:serviceaccounts:{NS}")],
@@ -258,7 +258,7 @@ pub fn start_agents_with(
 /// `nodemedic-agent` ServiceAccount, with a token bound to the DaemonSet's pod on each node (the
 /// token names the node, which the peer-certificate signer checks), and only the chart's RBAC.
 pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
+    lab.apply_yaml_once(&chart_rbac())?;
     for node in lab.nodes() {
         let token = daemonset_pod_token(lab, &node).await?;
         let kubeconfig = lab.kubeconfig_with_token(&format!("agent-{node}"), &token)?;
@@ -343,8 +343,8 @@ pub fn start_node_agent(
     node: &str,
     watchdog: LabWatchdog,
 ) -> Result<()> {
-    lab.apply_yaml(&chart_rbac())?;
-    lab.apply_yaml(LAB_AGENTS_BINDING)?;
+    lab.apply_yaml_once(&chart_rbac())?;
+    lab.apply_yaml_once(LAB_AGENTS_BINDING)?;
     let kubeconfig = lab.kubeconfig_for(&format!("system:node:{node}"), &["nodemedic:agents"])?;
     start_agent_with(lab, exe, config, node, &kubeconfig, watchdog)
 }

@@ -1,7 +1,7 @@
 //! Starting and tearing down a lab.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::{
@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     pub resources: Resources,
     pub pki: LabPki,
     pub server: String,
+    /// Every manifest [`Lab::apply_yaml_once`] applied.
+    pub applied_once: Mutex<BTreeSet<String>>,
 }
 
 /// Everything that must be undone, owned from the first step of start-up on, so a failed start
@@ -335,6 +337,7 @@ impl Lab {
             resources,
             pki,
             server,
+            applied_once: Mutex::default(),
         });
         let mut tasks = observer::spawn(&client, &inner.timeline);
         if inner.config.storage {
@@ -470,6 +473,18 @@ impl Lab {
             ],
             Some(yaml),
         )
+    }
+
+    /// [`Lab::apply_yaml`] unless this lab already applied exactly this text through here: for
+    /// what every controller and agent a test starts needs in place (the chart's RBAC), where a
+    /// kubectl run per process would add seconds to each test.
+    pub fn apply_yaml_once(&self, yaml: &str) -> Result<()> {
+        let mut applied = self.inner.applied_once.lock().unwrap_or_else(PoisonError::into_inner);
+        if !applied.contains(yaml) {
+            self.apply_yaml(yaml)?;
+            applied.insert(yaml.to_owned());
+        }
+        Ok(())
     }
 
     /// Gives every control-plane node a kubeadm-style etcd mirror pod (see
