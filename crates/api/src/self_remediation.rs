@@ -243,6 +243,57 @@ pub struct SelfNodeRemediationConfigSpec {
     #[serde(default = "defaults::min_peers_for_remediation")]
     #[schemars(range(min = 0))]
     pub min_peers_for_remediation: i32,
+
+    /// nodemedic: the agents' peer failure detector (docs/peer-detection.md), which lets the
+    /// controller set a node's PeersReachable condition within seconds of the node going silent.
+    /// Unset: no detector runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_detection: Option<PeerDetection>,
+}
+
+/// How the agents probe each other: every `probePeriod` each agent probes one other member; a
+/// probe not answered within `probeRtt` is retried through `numIndirectProbes` other members; a
+/// member nobody reached is suspected, and declared unreachable unless it refutes the suspicion
+/// within `suspectToDownAfter`. The defaults detect a silent node in about two seconds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("duration(self.probeRtt) + duration(self.probeRtt) <= duration(self.probePeriod)")
+    .message("probeRtt must be at most half of probePeriod: the indirect probes need the rest of the period"))]
+#[x_kube(validation = Rule::new("duration(self.suspectToDownAfter) >= duration(self.probePeriod)")
+    .message("suspectToDownAfter must be at least probePeriod: a suspected node needs a period to refute the suspicion"))]
+pub struct PeerDetection {
+    /// How often each agent probes one other member.
+    #[serde(default = "defaults::probe_period")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('60s')")
+        .message("probePeriod must be between 100ms and 60s"))]
+    pub probe_period: GoDuration,
+
+    /// How long a direct probe may take before indirect probes are sent.
+    #[serde(default = "defaults::probe_rtt")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10ms')").message("probeRtt must be at least 10ms"))]
+    pub probe_rtt: GoDuration,
+
+    /// How many other members probe an unanswering member on the prober's behalf.
+    #[serde(default = "defaults::num_indirect_probes")]
+    #[schemars(range(min = 1, max = 10))]
+    pub num_indirect_probes: i32,
+
+    /// How long a suspected member has to refute the suspicion before it is declared
+    /// unreachable.
+    #[serde(default = "defaults::suspect_to_down_after")]
+    pub suspect_to_down_after: GoDuration,
+}
+
+impl Default for PeerDetection {
+    /// The CRD schema's defaults.
+    fn default() -> Self {
+        Self {
+            probe_period: defaults::probe_period(),
+            probe_rtt: defaults::probe_rtt(),
+            num_indirect_probes: defaults::num_indirect_probes(),
+            suspect_to_down_after: defaults::suspect_to_down_after(),
+        }
+    }
 }
 
 impl Default for SelfNodeRemediationConfigSpec {
@@ -265,6 +316,7 @@ impl Default for SelfNodeRemediationConfigSpec {
             custom_ds_tolerations: None,
             custom_ds_node_selector_requirements: None,
             min_peers_for_remediation: defaults::min_peers_for_remediation(),
+            peer_detection: None,
         }
     }
 }
@@ -326,5 +378,17 @@ mod defaults {
     }
     pub fn min_peers_for_remediation() -> i32 {
         1
+    }
+    pub fn probe_period() -> GoDuration {
+        GoDuration::from_duration(Duration::from_millis(400))
+    }
+    pub fn probe_rtt() -> GoDuration {
+        GoDuration::from_duration(Duration::from_millis(200))
+    }
+    pub fn num_indirect_probes() -> i32 {
+        3
+    }
+    pub fn suspect_to_down_after() -> GoDuration {
+        GoDuration::from_duration(Duration::from_secs(1))
     }
 }

@@ -1,6 +1,8 @@
 //! The real API server accepts every seed manifest and rejects, for each schema rule of the CRDs,
 //! an invalid variant with a message that names the field.
 
+use kube::Api;
+use nodemedic_api::self_remediation::{PeerDetection, SelfNodeRemediationConfig};
 use nodemedic_lab::{Lab, LabConfig, seeds};
 
 use crate::validation_descheduler as descheduler;
@@ -187,6 +189,29 @@ fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
             vec!["spec.hostPort", "greater than or equal to 1"],
         ),
         (
+            "peerDetection probePeriod",
+            snrc(CONFIG, "  peerDetection: {probePeriod: 50ms, probeRtt: 20ms}\n"),
+            vec!["spec.peerDetection.probePeriod", "between 100ms and 60s"],
+        ),
+        (
+            "peerDetection probeRtt",
+            snrc(CONFIG, "  peerDetection: {probePeriod: 400ms, probeRtt: 300ms}\n"),
+            vec!["spec.peerDetection", "at most half of probePeriod"],
+        ),
+        (
+            "peerDetection numIndirectProbes",
+            snrc(CONFIG, "  peerDetection: {numIndirectProbes: 0}\n"),
+            vec!["spec.peerDetection.numIndirectProbes", "greater than or equal to 1"],
+        ),
+        (
+            "peerDetection suspectToDownAfter",
+            snrc(
+                CONFIG,
+                "  peerDetection: {probePeriod: 2s, probeRtt: 200ms, suspectToDownAfter: 1s}\n",
+            ),
+            vec!["spec.peerDetection", "at least probePeriod"],
+        ),
+        (
             "toleration operator",
             snrc(CONFIG, "  customDsTolerations: [{key: a, operator: Maybe}]\n"),
             vec!["spec.customDsTolerations[0]", "operator must be Exists or Equal"],
@@ -330,4 +355,26 @@ async fn seed_manifests_are_accepted_and_each_schema_rule_rejects_its_invalid_va
         Err(e) => failures.push(format!("nodeName change rejected without naming the field: {e}")),
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // An empty peerDetection turns the detector on with the documented defaults.
+    lab.apply_yaml(&snrc(CONFIG, "  peerDetection: {}\n"))
+        .expect("an empty peerDetection is valid");
+    let config = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get(CONFIG)
+        .await
+        .expect("the config");
+    let detection = config.spec.peer_detection.expect("peerDetection kept");
+    let defaults = PeerDetection::default();
+    for (field, got, want) in [
+        ("probePeriod", &detection.probe_period, &defaults.probe_period),
+        ("probeRtt", &detection.probe_rtt, &defaults.probe_rtt),
+        (
+            "suspectToDownAfter",
+            &detection.suspect_to_down_after,
+            &defaults.suspect_to_down_after,
+        ),
+    ] {
+        assert_eq!(got.duration(), want.duration(), "{field}");
+    }
+    assert_eq!(detection.num_indirect_probes, defaults.num_indirect_probes);
 }
