@@ -9,9 +9,8 @@
 # or etcd: it runs from a build of its own (profile outage-test, quicker to build), and the build
 # every other lab test runs, the lints, the unit tests, the lab-free tests, the images and the Go
 # builds only later tests need are made meanwhile at the lowest priority (the lab's processes keep
-# theirs). Lab tests
-# always run one lab at a time: the lab's own tests, then the end-to-end tests, follow the outage
-# test.
+# theirs). Lab tests always run one lab at a time: the lab's own tests, then the end-to-end tests,
+# follow the outage test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n=== %s ===\n' "$*" >&2; }
