@@ -25,7 +25,7 @@ fi
 # Rust lint tools.
 packages() {
   local wanted=(fence-agents ipmitool openipmi nftables iproute2 procps psmisc python3-venv protobuf-compiler curl
-    openssl ca-certificates mmdebstrap umoci skopeo runc)
+    openssl ca-certificates mmdebstrap umoci skopeo runc iptables)
   local missing=() p component
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

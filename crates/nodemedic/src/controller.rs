@@ -71,6 +71,13 @@ pub struct ControllerArgs {
     /// The descheduler image is OpenShift's build, with its KubevirtMigrationAware plugin.
     #[arg(long)]
     pub descheduler_kubevirt_migration_aware: bool,
+    /// Where the agents' peer-detection reports are received (mutual TLS, leader only).
+    #[arg(long, default_value = "0.0.0.0:9444")]
+    pub peer_reports_bind: SocketAddr,
+    /// The address the agents send their reports to (the pod IP); unset, no reports are
+    /// received and the peer detector makes no node condition.
+    #[arg(long, env = "POD_IP")]
+    pub peer_reports_advertise: Option<std::net::IpAddr>,
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -217,6 +224,12 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         let settings = nodemedic_self_remediation::manager::Settings {
             namespace: args.namespace.clone(),
             agent_image: args.agent_image.clone(),
+            peer_reports: args.peer_reports_advertise.map(|advertise| {
+                nodemedic_self_remediation::manager::detection::Settings {
+                    bind: args.peer_reports_bind,
+                    advertise,
+                }
+            }),
         };
         let client = client.clone();
         let events = events.clone();

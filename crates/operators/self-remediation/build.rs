@@ -5,6 +5,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_protos(&["proto/peerhealth.proto", "proto/licence.proto"], &["proto"])?;
+        .compile_protos(
+            &["proto/peerhealth.proto", "proto/licence.proto", "proto/detection.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

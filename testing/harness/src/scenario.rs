@@ -143,6 +143,13 @@ pub fn start_controller(lab: &Lab, exe: &Path, name: &str, metrics_port: u16, ex
     if !extra.iter().any(|flag| flag.starts_with("--webhook-bind")) {
         args.push("--webhook-bind=".into());
     }
+    // The agents' peer-detection reports (used when the SelfNodeRemediationConfig turns the
+    // detector on), on a port of its own for each controller, on the nodes' bridge.
+    if !extra.iter().any(|flag| flag.starts_with("--peer-reports")) {
+        let ip = lab.api_ip();
+        args.push(format!("--peer-reports-bind={ip}:0"));
+        args.push(format!("--peer-reports-advertise={ip}"));
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-controller")?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())

@@ -203,6 +203,48 @@ impl Lab {
         Ok(())
     }
 
+    /// A slow, lossy network: every packet each of `nodes` sends is delayed by `delay` ±
+    /// `jitter`, and `loss_percent` of them are lost, until [`Lab::restore_links`].
+    pub async fn slow_links(&self, nodes: &[&str], delay: Duration, jitter: Duration, loss_percent: f64) -> Result<()> {
+        self.fault(
+            None,
+            &format!(
+                "slow links {} ({} ms ± {} ms, {loss_percent}% lost)",
+                nodes.join(","),
+                delay.as_millis(),
+                jitter.as_millis()
+            ),
+        )?;
+        let impairment = crate::slow_link::Impairment {
+            delay,
+            jitter,
+            loss_percent,
+        };
+        for node in nodes {
+            self.inner.index(node)?;
+            let link = crate::slow_link::SlowLink::start(&self.inner.resources.net.netns(node), impairment)?;
+            self.inner
+                .slow_links
+                .lock()
+                .map_err(|_| Error::Invalid("slow-link table poisoned".into()))?
+                .insert((*node).to_owned(), link);
+        }
+        Ok(())
+    }
+
+    pub async fn restore_links(&self, nodes: &[&str]) -> Result<()> {
+        self.fault(None, &format!("restore links {}", nodes.join(",")))?;
+        let mut links = self
+            .inner
+            .slow_links
+            .lock()
+            .map_err(|_| Error::Invalid("slow-link table poisoned".into()))?;
+        for node in nodes {
+            links.remove(*node);
+        }
+        Ok(())
+    }
+
     /// Undoes a partition or an API isolation of the node.
     pub async fn heal(&self, node: &str) -> Result<()> {
         self.fault(Some(node), "heal")?;

@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     /// Each node's watchdog socket and device servers, stopped when the node leaves.
     pub node_tasks: NodeTasks,
     pub conditions: Arc<Mutex<BTreeMap<String, NodeCondition>>>,
+    /// Nodes whose link is slowed ([`Lab::slow_links`]); dropped before the namespaces go.
+    pub slow_links: Mutex<BTreeMap<String, crate::slow_link::SlowLink>>,
     pub watchdogs: Watchdogs,
     pub timeline: Timeline,
     pub resources: Resources,
@@ -338,6 +340,7 @@ impl Lab {
             pki,
             server,
             applied_once: Mutex::default(),
+            slow_links: Mutex::default(),
         });
         let mut tasks = observer::spawn(&client, &inner.timeline);
         if inner.config.storage {

@@ -33,6 +33,7 @@ mod process;
 pub mod prometheus;
 mod readiness;
 pub mod seeds;
+mod slow_link;
 pub mod storage;
 mod sysrq;
 pub mod timeline;

@@ -8,6 +8,8 @@ pub enum Error {
     Watchdog(#[from] WatchdogError),
     #[error("peer certificate: {0}")]
     Certificate(String),
+    #[error("peer detection settings: {0}")]
+    InvalidDetector(String),
     #[error("peer server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("the agent's state lock was poisoned by a panic")]
@@ -31,7 +33,7 @@ impl Error {
             Self::Certificate(_) => "certificate",
             Self::Transport(_) => "transport",
             Self::Poisoned => "poisoned",
-            Self::InvalidConfig { .. } => "invalid_config",
+            Self::InvalidConfig { .. } | Self::InvalidDetector(_) => "invalid_config",
             Self::Unnamed(_) => "unnamed",
             Self::Unresolved(_) => "unresolved",
         }

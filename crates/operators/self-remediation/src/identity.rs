@@ -12,6 +12,11 @@ pub const CA_SECRET: &str = "nodemedic-peer-ca";
 /// ConfigMap publishing the CA certificate to the agents.
 pub const CA_CONFIGMAP: &str = "nodemedic-peer-ca";
 pub const CA_KEY: &str = "ca.crt";
+/// The key of [`CA_CONFIGMAP`] where the leading controller publishes the `ip:port` its agents
+/// send peer-detection reports to.
+pub const REPORTS_ENDPOINT_KEY: &str = "peer-reports";
+/// The name in the controller's report-server certificate (signed by the same CA).
+pub const REPORTS_SERVER_NAME: &str = "nodemedic-peer-reports";
 
 /// An agent's credentials for the peer protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,6 +18,7 @@ mod maintenance;
 mod membership;
 mod out_of_the_box;
 mod outages;
+mod peer_detection;
 mod selfremediation;
 mod status;
 pub mod support;

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
 use nodemedic_api::self_remediation::SelfNodeRemediation;
 use nodemedic_lab::{Lab, LabConfig, Timings};
 
@@ -12,6 +13,9 @@ use crate::{
     support::{NS, eventually, list, scenario},
 };
 use scenario::LabWatchdog;
+
+/// The seed's timings, and the peer failure detector at its defaults.
+const SEED_TIMINGS_WITH_DETECTOR: &str = r#"{"spec": {"peerDetection": {}}}"#;
 
 const OUTAGE: Duration = Duration::from_secs(600);
 /// After the control plane is back: longer than Kubernetes' default node-monitor grace (50 s)
@@ -64,6 +68,24 @@ async fn outage(lab: &Lab, kind: Outage) {
                 "a node fenced after the {kind:?} outage: {:?}",
                 fenced(lab)
             );
+            let lost: Vec<String> = kube::Api::<Node>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|all| all.iter().any(|c| c.type_ == "PeersReachable" && c.status == "False"))
+                })
+                .map(|n| n.metadata.name.unwrap_or_default())
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "nodes unreachable by peers after the {kind:?} outage: {lost:?}"
+            );
             let remediations = list::<SelfNodeRemediation>(&client, NS).await;
             assert!(
                 remediations.is_empty(),
@@ -84,14 +106,14 @@ async fn outage(lab: &Lab, kind: Outage) {
 }
 
 /// The seed's self-remediation timings (API checks every 15 s, so an agent with neither the API
-/// nor its peers fences after 72 s) on a cluster with Kubernetes' default failure detection (40 s
-/// kubelet leases, 50 s node-monitor grace): ten minutes without the API server, then ten without
-/// etcd.
+/// nor its peers fences after 72 s) with the peer failure detector on, on a cluster with
+/// Kubernetes' default failure detection (40 s kubelet leases, 50 s node-monitor grace): ten
+/// minutes without the API server, then ten without etcd; no node becomes unreachable by peers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
     let started = Instant::now();
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
-    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_CONFIG).await;
+    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, SEED_TIMINGS_WITH_DETECTOR).await;
     println!("cluster ready in {:?}", started.elapsed());
     outage(&lab, Outage::ApiServer).await;
     outage(&lab, Outage::Etcd).await;

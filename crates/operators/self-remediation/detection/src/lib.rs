@@ -17,6 +17,7 @@ pub mod observer;
 pub mod settings;
 #[cfg(test)]
 mod simulation;
+pub mod swim;
 pub mod verdict;
 
 pub use aggregate::{MemberFacts, Reports, verdicts};

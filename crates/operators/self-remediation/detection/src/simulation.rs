@@ -3,14 +3,9 @@
 //! (how soon a crashed member is declared down) and what they must not cause (live members
 //! declared down on a slow, lossy network), for clusters larger than a lab holds.
 
-use std::{
-    cmp::Reverse,
-    collections::BinaryHeap,
-    num::{NonZeroU8, NonZeroUsize},
-    time::Duration,
-};
+use std::{cmp::Reverse, collections::BinaryHeap, time::Duration};
 
-use foca::{AccumulatingRuntime, Config, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::{Deserialize, Serialize};
 
@@ -49,17 +44,6 @@ impl Network {
         jitter: Duration::from_micros(100),
         loss: 0.0,
     };
-}
-
-pub fn foca_config(settings: &DetectorSettings) -> Config {
-    let mut config = Config::simple();
-    config.probe_period = settings.probe_period;
-    config.probe_rtt = settings.probe_rtt;
-    config.num_indirect_probes =
-        NonZeroUsize::new(usize::from(settings.indirect_probes).max(1)).unwrap_or(NonZeroUsize::MIN);
-    config.suspect_to_down_after = settings.suspect_to_down_after;
-    config.max_transmissions = NonZeroU8::new(10).unwrap_or(NonZeroU8::MIN);
-    config
 }
 
 enum Event {
@@ -120,7 +104,7 @@ impl Simulation {
                 let id = Id(u16::try_from(i).unwrap_or(u16::MAX));
                 Foca::new(
                     id,
-                    foca_config(settings),
+                    crate::swim::config(settings),
                     StdRng::seed_from_u64(seed ^ (i as u64) << 32),
                     PostcardCodec,
                 )

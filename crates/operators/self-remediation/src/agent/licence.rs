@@ -97,6 +97,8 @@ pub struct Loop<'a> {
     /// The boot this process runs in, under which its licence is recorded for a successor.
     pub boot: Option<String>,
     pub publisher: &'a Publisher,
+    /// Every registered agent's address, for the peer failure detector.
+    pub addresses: tokio::sync::watch::Sender<BTreeMap<String, String>>,
 }
 
 impl Loop<'_> {
@@ -198,6 +200,13 @@ impl Loop<'_> {
                         self.publisher.rewrite(&self.published);
                     }
                     addresses = read.addresses;
+                    self.addresses.send_if_modified(|known| {
+                        let changed = *known != addresses;
+                        if changed {
+                            known.clone_from(&addresses);
+                        }
+                        changed
+                    });
                     if let Some(latest) = read.latest {
                         self.lock()?.on_configuration(&latest);
                         peers_due = false;

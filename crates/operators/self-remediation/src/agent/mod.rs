@@ -4,11 +4,12 @@
 //! in its registration.
 
 mod credentials;
+mod detector;
 mod endpoint;
 mod inherited;
 mod licence;
 mod metrics;
-mod peers;
+pub(crate) mod peers;
 mod publisher;
 mod register;
 mod settings;
@@ -37,6 +38,7 @@ use crate::{
 /// Runs the agent until the process is stopped.
 pub async fn run(args: AgentArgs) -> Result<()> {
     let settings = args.licence();
+    let detector_settings = args.detector().map_err(crate::Error::InvalidDetector)?;
     let config = nodemedic_kube::client::infer_config().await?;
     let client = nodemedic_kube::client::client(config.clone())?;
     let fast = nodemedic_kube::client::fail_fast_client(config.clone(), args.api_server_timeout)?;
@@ -111,9 +113,25 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let server_state = state.clone();
     let votes = metrics.clone();
     let server_identity = identity.clone();
+    let (addresses_sender, addresses) = tokio::sync::watch::channel(Default::default());
+    let (messages, inbound) = tokio::sync::mpsc::channel(256);
+    let inbound_end = detector::Inbound {
+        node: args.node.clone(),
+        messages: detector_settings.map(|_| messages),
+    };
+    if let Some(settings) = detector_settings {
+        let wiring = detector::Wiring {
+            identity: identity.clone(),
+            client: fast.clone(),
+            namespace: args.namespace.clone(),
+            addresses,
+            inbound,
+        };
+        tokio::spawn(detector::run(settings, wiring));
+    }
     tokio::spawn(async move {
         let on_vote = Arc::new(move |v: &crate::protocol::agent::Verdict| votes.vote_cast(v));
-        if let Err(error) = peers::serve(address, &server_identity, server_state, on_vote).await {
+        if let Err(error) = peers::serve(address, &server_identity, server_state, on_vote, inbound_end).await {
             tracing::error!(%error, %address, "peer server stopped");
         }
     });
@@ -134,6 +152,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             published,
             boot,
             publisher: &publisher,
+            addresses: addresses_sender,
         }
         .run(stopped);
         tokio::pin!(licence);

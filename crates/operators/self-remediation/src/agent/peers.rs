@@ -27,6 +27,9 @@ pub mod wire {
     pub mod licence {
         tonic::include_proto!("nodemedic.licence.v1");
     }
+    pub mod detection {
+        tonic::include_proto!("nodemedic.detection.v1");
+    }
 }
 
 use wire::{
@@ -72,7 +75,7 @@ fn from_wire(answer: VoteResponse) -> Option<Verdict> {
 }
 
 /// The node the caller's client certificate names.
-fn caller<T>(request: &Request<T>) -> Result<String, Status> {
+pub(crate) fn caller<T>(request: &Request<T>) -> Result<String, Status> {
     let certs = request
         .peer_certs()
         .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
@@ -126,12 +129,13 @@ impl peer_health_server::PeerHealth for Voter {
     }
 }
 
-/// Serves votes on `addr` until the process ends.
+/// Serves votes, and the detector's messages and probes, on `addr` until the process ends.
 pub async fn serve(
     addr: SocketAddr,
     identity: &PeerIdentity,
     state: Shared,
     on_vote: OnVote,
+    detector: super::detector::Inbound,
 ) -> Result<(), tonic::transport::Error> {
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(&identity.cert_pem, &identity.key_pem))
@@ -146,6 +150,7 @@ pub async fn serve(
         .timeout(Duration::from_secs(5))
         .add_service(licence_server::LicenceServer::from_arc(voter.clone()))
         .add_service(peer_health_server::PeerHealthServer::from_arc(voter))
+        .add_service(wire::detection::swim_server::SwimServer::new(detector))
         .serve(addr)
         .await
 }

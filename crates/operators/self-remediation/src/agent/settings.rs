@@ -5,6 +5,7 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 use nodemedic_api::GoDuration;
+use nodemedic_peer_detection::DetectorSettings;
 
 use crate::protocol::LicenceSettings;
 
@@ -74,11 +75,40 @@ pub struct AgentArgs {
     pub state_dir: PathBuf,
     #[arg(long)]
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// The peer failure detector (docs/peer-detection.md): runs when `--probe-period` is given.
+    #[arg(long, value_parser = duration)]
+    pub probe_period: Option<Duration>,
+    #[arg(long, default_value = "200ms", value_parser = duration)]
+    pub probe_rtt: Duration,
+    #[arg(long, default_value_t = 3)]
+    pub num_indirect_probes: u8,
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub suspect_to_down_after: Duration,
     #[arg(long)]
     pub log_json: bool,
 }
 
 impl AgentArgs {
+    /// The detector's settings, when it runs; settings it cannot work with are refused, each
+    /// with its fix.
+    pub fn detector(&self) -> Result<Option<DetectorSettings>, String> {
+        let Some(probe_period) = self.probe_period else {
+            return Ok(None);
+        };
+        let settings = DetectorSettings {
+            probe_period,
+            probe_rtt: self.probe_rtt,
+            indirect_probes: self.num_indirect_probes,
+            suspect_to_down_after: self.suspect_to_down_after,
+        };
+        let problems: Vec<String> = settings.validate().iter().map(ToString::to_string).collect();
+        if problems.is_empty() {
+            Ok(Some(settings))
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+
     pub fn licence(&self) -> LicenceSettings {
         LicenceSettings {
             api_check_interval: self.api_check_interval,

@@ -41,6 +41,18 @@ pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceS
     })
 }
 
+/// The peer detector's settings a configuration gives its agents.
+pub fn detector_settings(
+    detection: &nodemedic_api::self_remediation::PeerDetection,
+) -> Result<nodemedic_peer_detection::DetectorSettings> {
+    Ok(nodemedic_peer_detection::DetectorSettings {
+        probe_period: duration("peerDetection.probePeriod", &detection.probe_period)?,
+        probe_rtt: duration("peerDetection.probeRtt", &detection.probe_rtt)?,
+        indirect_probes: u8::try_from(detection.num_indirect_probes.clamp(0, 255)).unwrap_or(u8::MAX),
+        suspect_to_down_after: duration("peerDetection.suspectToDownAfter", &detection.suspect_to_down_after)?,
+    })
+}
+
 /// The agent flags a configuration implies (besides the node, its address and its watchdog,
 /// which come from where the agent runs).
 pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
@@ -61,6 +73,14 @@ pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
     if let Some(url) = spec.endpoint_health_check_url.as_deref().filter(|u| !u.is_empty()) {
         flags.push(format!("--endpoint-health-check-url={url}"));
     }
+    if let Some(detection) = &spec.peer_detection {
+        flags.extend([
+            format!("--probe-period={}", detection.probe_period),
+            format!("--probe-rtt={}", detection.probe_rtt),
+            format!("--num-indirect-probes={}", detection.num_indirect_probes),
+            format!("--suspect-to-down-after={}", detection.suspect_to_down_after),
+        ]);
+    }
     flags
 }
 
@@ -78,6 +98,11 @@ pub fn validate(spec: &SelfNodeRemediationConfigSpec) -> Result<Vec<String>> {
     duration("peerApiServerTimeout", &spec.peer_api_server_timeout)?;
     if let Some(timeout) = &spec.watchdog_timeout {
         duration("watchdogTimeout", timeout)?;
+    }
+    if let Some(detection) = &spec.peer_detection {
+        for problem in detector_settings(detection)?.validate() {
+            warnings.push(format!("peerDetection: {problem}"));
+        }
     }
     if let Some(url) = spec.endpoint_health_check_url.as_deref().filter(|u| !u.is_empty())
         && url
@@ -265,6 +290,32 @@ mod tests {
                 .expect("valid")
                 .iter()
                 .any(|w| w.contains("endpointHealthCheckUrl"))
+        );
+    }
+
+    #[test]
+    fn peer_detection_reaches_the_agents_and_a_bad_combination_is_warned_about() {
+        let mut spec = SelfNodeRemediationConfigSpec::default();
+        assert!(!agent_flags(&spec).iter().any(|f| f.starts_with("--probe-period")));
+        spec.peer_detection = Some(Default::default());
+        let flags = agent_flags(&spec);
+        for flag in [
+            "--probe-period=400ms",
+            "--probe-rtt=200ms",
+            "--num-indirect-probes=3",
+            "--suspect-to-down-after=1s",
+        ] {
+            assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
+        }
+        assert!(validate(&spec).expect("valid").is_empty());
+        spec.peer_detection = Some(nodemedic_api::self_remediation::PeerDetection {
+            probe_rtt: "300ms".parse().expect("duration"),
+            ..Default::default()
+        });
+        let warnings = validate(&spec).expect("valid");
+        assert!(
+            warnings.iter().any(|w| w.contains("more than half of probePeriod")),
+            "{warnings:?}"
         );
     }
 }

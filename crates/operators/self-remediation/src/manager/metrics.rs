@@ -30,6 +30,12 @@ pub struct Metrics {
     pub membership_changes: Family<ChangeLabels, Counter>,
     /// Registered agents by fencing means.
     pub means: Family<MeansLabels, Gauge>,
+    /// Peer-detection reports received, by kind (unreachable, withdrawn).
+    pub peer_reports: Family<ResultLabels, Counter>,
+    /// Nodes whose PeersReachable condition is False.
+    pub unreachable_by_peers: Gauge,
+    /// The controller's probes of suspected hosts, by result (answered, silent).
+    pub host_probes: Family<ResultLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -56,6 +62,9 @@ impl Metrics {
             proposal_pending: Gauge::default(),
             membership_changes: Family::default(),
             means: Family::default(),
+            peer_reports: Family::default(),
+            unreachable_by_peers: Gauge::default(),
+            host_probes: Family::default(),
         };
         registry.register(
             "nodemedic_self_remediation_steps",
@@ -112,7 +121,30 @@ impl Metrics {
             "Registered agents by fencing means (hardware-watchdog, softdog, software-reboot, none)",
             m.means.clone(),
         );
+        registry.register(
+            "nodemedic_peer_detection_reports",
+            "Reports from the agents' peer failure detectors, by kind (unreachable, withdrawn)",
+            m.peer_reports.clone(),
+        );
+        registry.register(
+            "nodemedic_peer_detection_unreachable_nodes",
+            "Nodes whose PeersReachable condition is False",
+            m.unreachable_by_peers.clone(),
+        );
+        registry.register(
+            "nodemedic_peer_detection_host_probes",
+            "The controller's probes of hosts its peers lost, by result (answered, silent)",
+            m.host_probes.clone(),
+        );
         m
+    }
+
+    pub fn count(family: &Family<ResultLabels, Counter>, result: &str) {
+        family
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
     }
 
     pub fn membership_change(&self, change: &'static str) {

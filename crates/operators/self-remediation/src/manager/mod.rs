@@ -4,6 +4,7 @@
 
 mod config;
 pub mod daemonset;
+pub mod detection;
 mod membership;
 mod metrics;
 mod poison_pill;
@@ -35,6 +36,9 @@ use crate::{Result, registration};
 pub struct Settings {
     pub namespace: String,
     pub agent_image: String,
+    /// Where the agents' peer-detection reports are received; `None`: nowhere, so the agents'
+    /// detectors make no node condition.
+    pub peer_reports: Option<detection::Settings>,
 }
 
 /// Runs until the process ends.
@@ -50,6 +54,21 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         .unwrap_or(true);
     tracing::info!(%namespace, out_of_service, "self remediation ready");
 
+    match settings.peer_reports {
+        Some(reports) => {
+            tokio::spawn(detection::run(
+                client.clone(),
+                namespace.clone(),
+                authority.clone(),
+                reports,
+                metrics.clone(),
+                events.clone(),
+            ));
+        }
+        None => {
+            tracing::info!("no peer-report address (--peer-reports-advertise): peer detection makes no node condition")
+        }
+    }
     let signer = tokio::spawn(signer::run(
         client.clone(),
         authority,

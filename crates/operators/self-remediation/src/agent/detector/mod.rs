@@ -1,0 +1,176 @@
+//! The peer failure detector (docs/peer-detection.md): foca (SWIM) among the agents, over their
+//! mutual-TLS channels, and the agent's side of the reports: it confirms a suspicion of the
+//! members it observes with its own probes, and reports only what those probes found.
+
+mod reporter;
+mod transport;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use foca::{AccumulatingRuntime, Foca, OwnedNotification, PostcardCodec, Timer};
+use jiff::Timestamp;
+use nodemedic_peer_detection::{
+    Cadence, DetectorSettings, DetectorState, Observer,
+    swim::{self, Peer},
+};
+use rand::{SeedableRng, rngs::StdRng};
+use tokio::sync::{mpsc, watch};
+
+use crate::identity::PeerIdentity;
+
+pub use transport::Inbound;
+
+/// Designated observers per member: the controller's 3, and 2 to spare.
+const OBSERVERS_PER_MEMBER: usize = 5;
+/// How often the members the detector does not know yet (registered, never heard from) are
+/// announced to.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+
+/// When an observer reports, and how recent the probe under a report must be.
+fn cadence(settings: &DetectorSettings) -> Cadence {
+    Cadence {
+        refresh: Duration::from_secs(1),
+        evidence_ttl: Duration::from_millis(1500),
+        probe_interval: settings.probe_period,
+    }
+}
+
+/// What the detector needs from the rest of the agent.
+pub struct Wiring {
+    pub identity: PeerIdentity,
+    pub client: kube::Client,
+    pub namespace: String,
+    /// Every registered agent's `ip:port`, by node, as the licence loop last read them.
+    pub addresses: watch::Receiver<BTreeMap<String, String>>,
+    pub inbound: mpsc::Receiver<Vec<u8>>,
+}
+
+/// Runs the detector until the process ends.
+pub async fn run(settings: DetectorSettings, wiring: Wiring) {
+    let Wiring {
+        identity,
+        client,
+        namespace,
+        mut addresses,
+        mut inbound,
+    } = wiring;
+    let node = identity.node.clone();
+    let generation = u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0);
+    let mut config = swim::config(&settings);
+    // A member wrongly declared down is told, and joins again under its next generation.
+    config.notify_down_members = true;
+    let me = Peer {
+        node: node.clone(),
+        generation,
+    };
+    let mut foca = Foca::new(me, config, StdRng::from_os_rng(), PostcardCodec);
+    let mut transport = transport::Transport::new(&identity, settings);
+    let reports = reporter::spawn(identity.clone(), client, namespace);
+    let (timer_sender, mut timers) = mpsc::unbounded_channel::<Timer<Peer>>();
+    let (probe_sender, mut probe_results) = mpsc::unbounded_channel::<(String, bool, Timestamp)>();
+    let mut observer = Observer::designated(&node, OBSERVERS_PER_MEMBER);
+    let cadence = cadence(&settings);
+    let mut runtime = AccumulatingRuntime::new();
+    let mut tick = tokio::time::interval(settings.probe_period / 4);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut announce = tokio::time::interval(ANNOUNCE_EVERY);
+    transport.set_addresses(addresses.borrow_and_update().clone());
+    tracing::info!(
+        probe_period = ?settings.probe_period,
+        probe_rtt = ?settings.probe_rtt,
+        indirect_probes = settings.indirect_probes,
+        suspect_to_down_after = ?settings.suspect_to_down_after,
+        "peer failure detector running"
+    );
+    loop {
+        tokio::select! {
+            Some(data) = inbound.recv() => {
+                if let Err(error) = foca.handle_data(&data, &mut runtime) {
+                    tracing::debug!(%error, "a detector message was not taken");
+                }
+            }
+            Some(timer) = timers.recv() => {
+                if let Err(error) = foca.handle_timer(timer, &mut runtime) {
+                    tracing::debug!(%error, "detector timer");
+                }
+            }
+            Some((member, reached, at)) = probe_results.recv() => observer.probed(&member, reached, at),
+            _ = announce.tick() => {
+                let known: BTreeSet<&str> = foca.iter_membership_state().map(|m| m.id().node.as_str()).collect();
+                let unknown: Vec<String> = transport
+                    .members()
+                    .filter(|m| *m != node && !known.contains(m.as_str()))
+                    .collect();
+                for member in unknown {
+                    let _ = foca.announce(Peer { node: member, generation: 0 }, &mut runtime);
+                }
+            }
+            _ = tick.tick() => {
+                let now = Timestamp::now();
+                for member in foca.iter_membership_state() {
+                    observer.detector_says(&member.id().node, swim::detector_state(member.state()));
+                }
+                // A registered member the detector does not know (never heard from, or forgotten)
+                // is unreachable as far as it can tell: only an own probe can make it a report.
+                let known: BTreeSet<String> = foca.iter_membership_state().map(|m| m.id().node.clone()).collect();
+                for member in transport.members().filter(|m| *m != node && !known.contains(m)) {
+                    observer.detector_says(&member, DetectorState::Down);
+                }
+                for member in observer.probes_due(now, &cadence) {
+                    transport.probe(&member, now, probe_sender.clone());
+                }
+                let due = observer.reports_due(now, &cadence);
+                if !due.is_empty() {
+                    for report in &due {
+                        tracing::info!(subject = %report.subject, since = ?report.since, "reporting a peer unreachable (or withdrawing)");
+                    }
+                    let _ = reports.send(due);
+                }
+            }
+            Ok(()) = addresses.changed() => {
+                let current = addresses.borrow_and_update().clone();
+                let gone: Vec<String> = transport.members().filter(|m| !current.contains_key(m)).collect();
+                for member in gone {
+                    observer.forget(&member);
+                }
+                transport.set_addresses(current);
+            }
+        }
+        drain(&mut runtime, &mut transport, &timer_sender);
+    }
+}
+
+/// Carries out what foca asked for: messages to send, timers to set, news to log.
+fn drain(
+    runtime: &mut AccumulatingRuntime<Peer>,
+    transport: &mut transport::Transport,
+    timers: &mpsc::UnboundedSender<Timer<Peer>>,
+) {
+    while let Some((to, bytes)) = runtime.to_send() {
+        transport.deliver(&to.node, bytes.to_vec());
+    }
+    while let Some((after, timer)) = runtime.to_schedule() {
+        let timers = timers.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = timers.send(timer);
+        });
+    }
+    while let Some(notification) = runtime.to_notify() {
+        match notification {
+            OwnedNotification::MemberUp(peer) => tracing::info!(member = %peer.node, "detector: member up"),
+            OwnedNotification::MemberDown(peer) => tracing::warn!(member = %peer.node, "detector: member down"),
+            OwnedNotification::Rejoin(peer) => {
+                tracing::warn!(
+                    generation = peer.generation,
+                    "detector: the others declared this agent down; joined again"
+                )
+            }
+            OwnedNotification::Defunct => tracing::warn!("detector: the others declared this agent down"),
+            _ => {}
+        }
+    }
+}
