@@ -36,7 +36,12 @@ pub fn breakdown(story: &[Reached]) -> Option<Breakdown> {
     let at = |m: Milestone| story.iter().find(|r| r.milestone == m).map(|r| r.at);
     let secs = |a: jiff::Timestamp, b: jiff::Timestamp| (b - a).total(jiff::Unit::Second).unwrap_or(0.0);
     let lost = at(Milestone::PowerLost)?;
-    let not_ready = at(Milestone::NotReady)?;
+    // Detection ends at the first sign of failure the health check acts on: NotReady, or, with
+    // the peer failure detector, the check finding the node unhealthy before it is NotReady.
+    let not_ready = [at(Milestone::NotReady), at(Milestone::Unhealthy)]
+        .into_iter()
+        .flatten()
+        .min()?;
     let created = at(Milestone::RemediationCreated)?;
     let fenced = at(Milestone::Fenced)?;
     let deleted = at(Milestone::WorkloadDeleted)?;

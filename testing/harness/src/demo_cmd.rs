@@ -21,7 +21,8 @@ use serde_json::json;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Fence through each node's Redfish BMC with the fence agents, instead of self remediation.
+    /// Fence through each node's Redfish BMC with the fence agents, instead of self remediation;
+    /// the agents' peer failure detector tells the health check a node is gone in seconds.
     #[arg(long)]
     pub fence_agents: bool,
     /// Kubernetes' default failure detection (node lease 40 s, grace 50 s) and the seed
@@ -37,14 +38,17 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     crate::interruptible::run(demo(&args))
 }
 
-/// The NodeHealthCheck's unhealthy durations: shortened, or the seed's.
+/// The NodeHealthCheck's `Ready` durations: shortened, or the check's own.
 fn durations(manifest: &mut serde_json::Value, seconds: Option<u32>) {
     if let (Some(s), Some(conditions)) = (seconds, manifest["spec"]["unhealthyConditions"].as_array_mut()) {
-        for c in conditions {
+        for c in conditions.iter_mut().filter(|c| c["type"] == "Ready") {
             c["duration"] = json!(format!("{s}s"));
         }
     }
 }
+
+/// Marks the example health check in the demo's choice of check.
+const PEER_DETECTION_CHECK: &str = "examples/peer-detection/nodehealthcheck.yaml";
 
 async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let exe = nodemedic_harness::product::nodemedic()?;
@@ -72,12 +76,17 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     scenario::create_namespace(&client, NS).await?;
     let metrics = scenario::free_port()?;
     let check = if args.fence_agents {
-        println!("==> installing nodemedic (controller) and the seed fence agents template (fence_redfish)");
-        scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
-        scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m))?;
-        scenario::start_fence_agents_controller(&lab, &exe, metrics)?;
+        let patch = if args.default_timings {
+            scenario::SEED_TIMINGS_WITH_DETECTOR
+        } else {
+            scenario::FAST_CONFIG_WITH_DETECTOR
+        };
+        println!(
+            "==> installing nodemedic (controller, an agent per node with the peer failure detector) and the seed fence agents template (fence_redfish)"
+        );
+        scenario::install_fence_agents_with_detection(&lab, &exe, patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
-        ("002-nhc-far-3node.yaml", "nhc-far-3node")
+        (PEER_DETECTION_CHECK, "peer-detection")
     } else {
         let patch = if args.default_timings {
             scenario::SEED_TIMINGS_CONFIG
@@ -99,12 +108,20 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     };
     let pod = scenario::running_pod(&client, &[], Duration::from_secs(180)).await?;
     let node = scenario::node_of(&pod);
-    scenario::apply_seed(&lab, check.0, |m| durations(m, shortened))?;
-    println!(
-        "==> NodeHealthCheck {} watches the control-plane nodes (unhealthy after {})",
-        check.1,
-        shortened.map_or("the seed's durations".into(), |s| format!("{s}s NotReady"))
-    );
+    let ready_after = shortened.map_or("the check's durations".into(), |s| format!("{s}s"));
+    if check.0 == PEER_DETECTION_CHECK {
+        scenario::apply_peer_detection_check(&lab, |m| durations(m, shortened))?;
+        println!(
+            "==> NodeHealthCheck {} (examples/peer-detection) watches the nodes: unhealthy as soon as PeersReachable is False, or NotReady for {ready_after}",
+            check.1
+        );
+    } else {
+        scenario::apply_seed(&lab, check.0, |m| durations(m, shortened))?;
+        println!(
+            "==> NodeHealthCheck {} watches the control-plane nodes (unhealthy after {ready_after} NotReady)",
+            check.1
+        );
+    }
     println!("==> the \"VM\" (StatefulSet db, pod db-0, ReadWriteOnce volume) runs on {node}");
 
     let subject = Subject {

@@ -30,6 +30,13 @@ pub const FAST_CONFIG: &str = r#"{"spec": {
     "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
     "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
 
+/// [`FAST_CONFIG`] with the peer failure detector on, at its defaults.
+pub const FAST_CONFIG_WITH_DETECTOR: &str = r#"{"spec": {
+    "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
+    "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
+    "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5,
+    "peerDetection": {}}}"#;
+
 /// The chart rendered with its defaults: its ServiceAccounts, ClusterRoles and bindings are what
 /// the lab's controller and agents run with.
 const RENDERED_CHART: &str = include_str!("../../../deploy/nodemedic.yaml");
@@ -418,6 +425,34 @@ pub fn adapt_far_template(lab: &Lab, manifest: &mut serde_json::Value) {
         shared.insert("--ssl-insecure".into(), serde_json::json!(""));
     }
     spec["nodeparameters"] = serde_json::json!({ "--ip": ips });
+}
+
+/// The shipped example health check on the peer failure detector's condition
+/// (examples/peer-detection): fences through the seed's fence-agents template.
+pub const PEER_DETECTION_CHECK: &str = include_str!("../../../examples/peer-detection/nodehealthcheck.yaml");
+
+/// The seed's self-remediation timings with the peer failure detector on, at its defaults.
+pub const SEED_TIMINGS_WITH_DETECTOR: &str = r#"{"spec": {"peerDetection": {}}}"#;
+
+/// Fence agents with failure detection in seconds: the SelfNodeRemediationConfig (the seed's with
+/// `patch`, which should turn `peerDetection` on), the controller with every operator (metrics on
+/// `metrics_port`), an agent in every node for the detector, the seed fence-agents credentials and
+/// template (Redfish, the lab's BMCs); returns once every agent is a member.
+pub async fn install_fence_agents_with_detection(lab: &Lab, exe: &Path, patch: &str, metrics_port: u16) -> Result<()> {
+    let config = configure_with(lab, patch).await?;
+    apply_seed(lab, "002-far-credentials-secret.yaml", |_| {})?;
+    apply_seed(lab, "002-far-template.yaml", |m| adapt_far_template(lab, m))?;
+    start_controller(lab, exe, "controller", metrics_port, &[], "info,kube=warn")?;
+    start_agents(lab, exe, &config)?;
+    agents_settled(lab).await
+}
+
+/// Applies the example health check on the detector's condition, with `edit`.
+pub fn apply_peer_detection_check(lab: &Lab, edit: impl FnOnce(&mut serde_json::Value)) -> Result<()> {
+    let mut manifest: serde_json::Value = serde_saphyr::from_str(PEER_DETECTION_CHECK)
+        .map_err(|e| nodemedic_lab::Error::Invalid(format!("examples/peer-detection/nodehealthcheck.yaml: {e}")))?;
+    edit(&mut manifest);
+    lab.apply_yaml(&seeds::yaml(&manifest)).map(|_| ())
 }
 
 /// A fence_ipmilan template for the lab's ipmi_sim BMCs (lanplus, cipher 3), as users write one.

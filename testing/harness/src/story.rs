@@ -36,7 +36,7 @@ impl Milestone {
     pub fn describe(self, node: &str, pod: &str) -> String {
         match self {
             Milestone::PowerLost => format!("{node} loses power"),
-            Milestone::NotReady => format!("{node} is NotReady (its kubelet went silent)"),
+            Milestone::NotReady => format!("{node} is seen failing (NotReady, or its peers lost it)"),
             Milestone::Unhealthy => format!("the NodeHealthCheck finds {node} unhealthy"),
             Milestone::RemediationCreated => format!("a remediation for {node} is created"),
             Milestone::Fenced => format!("{node} is fenced: nothing can still run there"),
@@ -69,6 +69,8 @@ fn matches(m: Milestone, s: &Subject, event: &Event) -> bool {
     match (m, event) {
         (Milestone::PowerLost, Event::Power { node, on: false, .. }) => *node == s.node,
         (Milestone::NotReady, Event::NodeReady { node, status, .. }) => *node == s.node && status != "True",
+        // The peer failure detector's condition: the node is seen failing before NotReady.
+        (Milestone::NotReady, Event::PeersReachable { node, status, .. }) => *node == s.node && status == "False",
         (
             Milestone::Unhealthy,
             Event::HealthCheck {
@@ -88,6 +90,7 @@ fn matches(m: Milestone, s: &Subject, event: &Event) -> bool {
             pod_is(pod) && phase == "Running" && node.as_deref().is_some_and(|n| n != s.node)
         }
         (Milestone::NodeBack, Event::NodeReady { node, status, .. }) => *node == s.node && status == "True",
+        (Milestone::NodeBack, Event::PeersReachable { node, status, .. }) => *node == s.node && status == "True",
         (Milestone::RemediationRemoved, Event::Remediation { node, change, .. }) => {
             *node == s.node && change == "removed"
         }

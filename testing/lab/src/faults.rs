@@ -32,7 +32,7 @@ impl Inner {
         Ok(after)
     }
 
-    /// Kills every process of the node, as pulling its power would. All under the process
+    /// Kills every process of the node and takes its link down, as pulling its power would. All under the process
     /// lock, so a boot under way sees the new epoch and stays off, and no boot can start a
     /// process or mark the node powered between the kill and the condition.
     pub fn power_off(&self, node: &str, cause: &str) -> Result<()> {
@@ -53,6 +53,9 @@ impl Inner {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         }
         self.watchdogs.power_lost(node);
+        if let Err(error) = self.resources.net.set_link(node, false) {
+            tracing::warn!(%error, node, "the powered-off node's link stays up");
+        }
         self.timeline.record(Event::Power {
             node: node.to_owned(),
             on: false,
@@ -98,6 +101,7 @@ impl Inner {
             return Ok(());
         }
         crate::lab::record_boot(&self.resources.dir, node)?;
+        self.resources.net.set_link(node, true)?;
         for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
             p.reap();
             p.start()?;

@@ -195,6 +195,14 @@ impl Network {
         Ok(())
     }
 
+    /// Brings the node's interface up or down: a machine without power answers nothing, not
+    /// even a refused connection.
+    pub fn set_link(&self, node: &str, up: bool) -> Result<()> {
+        let state = if up { "up" } else { "down" };
+        cmd::run("ip", &["-n", &self.netns(node), "link", "set", "eth0", state])?;
+        Ok(())
+    }
+
     /// Every process running in the node's namespace.
     pub fn pids(&self, node: &str) -> Vec<i32> {
         cmd::run("ip", &["netns", "pids", &self.netns(node)])

@@ -91,6 +91,7 @@ async fn health_checks(client: Client, timeline: Timeline) {
 
 async fn nodes(client: Client, timeline: Timeline) {
     let mut last: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    let mut peers: BTreeMap<String, String> = BTreeMap::new();
     let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -101,6 +102,7 @@ async fn nodes(client: Client, timeline: Timeline) {
             Ok(watcher::Event::Delete(node)) => {
                 if let Some(name) = node.metadata.name {
                     last.remove(&name);
+                    peers.remove(&name);
                 }
                 continue;
             }
@@ -132,6 +134,21 @@ async fn nodes(client: Client, timeline: Timeline) {
                     .collect()
             })
             .unwrap_or_default();
+        let peers_reachable = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PeersReachable"));
+        if let Some(c) = peers_reachable
+            && peers.get(&name) != Some(&c.status)
+        {
+            peers.insert(name.clone(), c.status.clone());
+            timeline.record(Event::PeersReachable {
+                node: name.clone(),
+                status: c.status.clone(),
+                reason: c.reason.clone().unwrap_or_default(),
+            });
+        }
         let previous = last.get(&name).cloned();
         if let Some((status, reason, since)) = &ready
             && previous.as_ref().is_none_or(|(s, _)| s != status)

@@ -88,6 +88,12 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         since: Option<Timestamp>,
     },
+    /// The node's PeersReachable condition (the peer failure detector's) as the API shows it.
+    PeersReachable {
+        node: String,
+        status: String,
+        reason: String,
+    },
     NodeTaint {
         node: String,
         taint: String,
@@ -198,6 +204,7 @@ pub fn describe(event: &Event) -> String {
         Event::NodeReady {
             node, status, reason, ..
         } => format!("node {node} Ready={status} ({reason})"),
+        Event::PeersReachable { node, status, reason } => format!("node {node} PeersReachable={status} ({reason})"),
         Event::NodeTaint { node, taint, added } => {
             format!("node {node} taint {taint} {}", if *added { "added" } else { "removed" })
         }

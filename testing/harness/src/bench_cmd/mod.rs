@@ -41,11 +41,15 @@ pub struct BenchArgs {
     /// Recovery trials per path and strategy with the seed profile.
     #[arg(long, default_value_t = 3)]
     pub seed_trials: usize,
+    /// Recovery trials of each series with Kubernetes' default timings (fence agents through
+    /// Redfish, with the peer failure detector and without).
+    #[arg(long, default_value_t = 10)]
+    pub defaults_trials: usize,
     #[arg(long = "path", value_enum)]
     pub paths: Vec<Path>,
     #[arg(long = "strategy", value_enum)]
     pub strategies: Vec<Strategy>,
-    /// Timing profiles (both by default).
+    /// Timing profiles (all by default).
     #[arg(long = "profile", value_enum)]
     pub profiles: Vec<Profile>,
     /// Fleet sizes for the scale suite.

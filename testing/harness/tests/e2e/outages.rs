@@ -14,9 +14,6 @@ use crate::{
 };
 use scenario::LabWatchdog;
 
-/// The seed's timings, and the peer failure detector at its defaults.
-const SEED_TIMINGS_WITH_DETECTOR: &str = r#"{"spec": {"peerDetection": {}}}"#;
-
 const OUTAGE: Duration = Duration::from_secs(600);
 /// After the control plane is back: longer than Kubernetes' default node-monitor grace (50 s)
 /// plus the seed check's 10 s durations, so a node wrongly seen unhealthy would be remediated,
@@ -113,7 +110,7 @@ async fn outage(lab: &Lab, kind: Outage) {
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
     let started = Instant::now();
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
-    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, SEED_TIMINGS_WITH_DETECTOR).await;
+    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_WITH_DETECTOR).await;
     println!("cluster ready in {:?}", started.elapsed());
     outage(&lab, Outage::ApiServer).await;
     outage(&lab, Outage::Etcd).await;

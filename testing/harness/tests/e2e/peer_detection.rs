@@ -1,26 +1,25 @@
 //! Peer failure detection (docs/peer-detection.md) in the lab: the agents' detectors over their
 //! mutual-TLS channels, their reports to the controller, and the `PeersReachable` condition the
-//! controller writes. The agents have no watchdog here, so a frozen agent stays frozen and
-//! nothing fences: this is about detection alone.
+//! controller writes, and the shipped example health check acting on it. The agents have no
+//! means of fencing here, so no fault makes a node reboot itself.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use nix::{sys::signal::Signal, unistd::Pid};
-use nodemedic_lab::LabConfig;
+use nodemedic_api::fence_agents::FenceAgentsRemediation;
+use nodemedic_lab::{BmcOptions, LabConfig, PowerDelays};
 
 use crate::{
     selfremediation::exe,
-    support::{eventually, lab, scenario, start_controller},
+    support::{NS, eventually, lab, scenario, start_controller},
 };
 
-/// The fast SelfNodeRemediationConfig with the detector on, at its defaults.
-const DETECTION_CONFIG: &str = r#"{"spec": {
-    "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
-    "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
-    "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5,
-    "peerDetection": {}}}"#;
+/// The seed's timings (5 s API timeouts: the slow links do not cost the agents their licences)
+/// with the detector on, and no means of fencing at all: with the lab's missing watchdog and
+/// software reboot off, nothing here reboots, whatever the faults.
+const DETECTION_ONLY: &str = r#"{"spec": {"isSoftwareRebootEnabled": false, "peerDetection": {}}}"#;
 
 async fn peers_reachable(client: &Client, node: &str) -> Option<NodeCondition> {
     Api::<Node>::all(client.clone())
@@ -84,9 +83,15 @@ async fn suspicion_refuted(client: &Client, node: &str, fault: &str) -> NodeCond
 /// API-isolated node, a minority partition, a frozen agent, a frozen node, then a dead node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_node_that_is_really_gone_is_unreachable_by_peers() {
-    let lab = lab(LabConfig::workers(4)).await;
+    let lab = lab(LabConfig::workers(4).with_bmcs(BmcOptions {
+        delays: PowerDelays::None,
+        ..BmcOptions::default()
+    }))
+    .await;
     let client = lab.client();
-    let config = scenario::configure_with(&lab, DETECTION_CONFIG).await.expect("config");
+    let config = scenario::configure_with(&lab, DETECTION_ONLY).await.expect("config");
+    scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {}).expect("credentials");
+    scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m)).expect("template");
     start_controller(&lab, "controller", &[]);
     scenario::start_agents_with(&lab, &exe(), &config, scenario::LabWatchdog::Missing).expect("agents");
     scenario::agents_settled(&lab).await.expect("agents settled");
@@ -164,9 +169,10 @@ async fn only_a_node_that_is_really_gone_is_unreachable_by_peers() {
     lab.thaw(&frozen).await.expect("thawed");
     condition_reason(&client, &frozen, "PeersReachable", Duration::from_secs(60)).await;
 
-    // A dead node (every process killed, its network silent): unreachable by peers.
+    // A dead node (every process killed, its link down): unreachable by peers, and fenced by
+    // the example health check.
+    scenario::apply_peer_detection_check(&lab, |_| {}).expect("the example health check");
     let dead = nodes[2].clone();
-    lab.partition(&[dead.as_str()]).await.expect("cut off");
     lab.crash(&dead).await.expect("crash");
     let crashed = Instant::now();
     let unreachable = eventually(
@@ -184,6 +190,24 @@ async fn only_a_node_that_is_really_gone_is_unreachable_by_peers() {
         unreachable.message.as_deref().unwrap_or_default()
     );
     assert_eq!(unreachable.reason.as_deref(), Some("UnreachableByPeers"));
+    // The example health check fences it through its BMC at once, long before Ready would say
+    // anything (its Ready conditions wait 300 s).
+    let fars = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
+    eventually(
+        "a FenceAgentsRemediation of the dead node",
+        Duration::from_secs(30),
+        || async {
+            let all = fars.list(&Default::default()).await.ok()?;
+            all.items
+                .into_iter()
+                .find(|far| far.name_any().starts_with(&format!("{dead}-")))
+        },
+    )
+    .await;
+    println!(
+        "fence agents remediation of {dead} {:.1} s after the crash",
+        crashed.elapsed().as_secs_f64()
+    );
     for node in others(&dead) {
         if let Some(c) = peers_reachable(&client, &node).await {
             assert_ne!(c.status, "False", "{node} is alive: {c:?}");

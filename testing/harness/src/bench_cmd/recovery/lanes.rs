@@ -18,7 +18,7 @@ use nodemedic_harness::{
     scenario::{self, NS},
     story::{self, Milestone, Subject},
 };
-use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, wait, workloads::STATEFULSET};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, Timings, wait, workloads::STATEFULSET};
 use serde_json::{Map, Value, json};
 
 use super::{Path, Profile, Strategy};
@@ -74,7 +74,7 @@ fn lane_selector(lane: &str) -> Value {
     Value::Object(labels)
 }
 
-fn config(path: Path, lanes: &[Lane]) -> LabConfig {
+fn config(path: Path, profile: Profile, lanes: &[Lane]) -> LabConfig {
     let mut config = if lanes.len() == 1 {
         LabConfig::seed()
     } else {
@@ -93,6 +93,9 @@ fn config(path: Path, lanes: &[Lane]) -> LabConfig {
             .collect();
         LabConfig::new(nodes)
     };
+    if profile == Profile::Defaults {
+        config = config.with_timings(Timings::kubernetes_defaults());
+    }
     if path != Path::SelfRemediation {
         config = config.with_bmcs(BmcOptions {
             delays: PowerDelays::None,
@@ -102,17 +105,35 @@ fn config(path: Path, lanes: &[Lane]) -> LabConfig {
     config
 }
 
-/// A lab with nodemedic, each lane's template, workload and health check.
-pub async fn start(path: Path, profile: Profile, lanes: &[Lane]) -> anyhow::Result<Lab> {
+/// A lab with nodemedic, each lane's template, workload and health check; with `detector`, the
+/// agents' peer failure detector and the example health check on its condition (fence agents
+/// through Redfish, one lane).
+pub async fn start(path: Path, profile: Profile, detector: bool, lanes: &[Lane]) -> anyhow::Result<Lab> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let lab = Lab::start(config(path, lanes)).await.context("starting the lab")?;
+    let lab = Lab::start(config(path, profile, lanes))
+        .await
+        .context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
     let metrics = scenario::free_port()?;
+    if detector {
+        scenario::install_fence_agents_with_detection(&lab, &exe, scenario::SEED_TIMINGS_WITH_DETECTOR, metrics)
+            .await?;
+        deploy_workloads(&lab, lanes).await?;
+        scenario::apply_peer_detection_check(&lab, |m| {
+            // The seed check's Ready durations, as the baseline's.
+            if let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut() {
+                for c in conditions.iter_mut().filter(|c| c["type"] == "Ready") {
+                    c["duration"] = json!("10s");
+                }
+            }
+        })?;
+        return Ok(lab);
+    }
     let nhc = match path {
         Path::SelfRemediation => {
             let patch = match profile {
                 Profile::Fast => scenario::FAST_CONFIG,
-                Profile::Seed => scenario::SEED_TIMINGS_CONFIG,
+                Profile::Seed | Profile::Defaults => scenario::SEED_TIMINGS_CONFIG,
             };
             for lane in lanes {
                 lab.apply_yaml(

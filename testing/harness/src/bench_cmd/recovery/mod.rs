@@ -48,6 +48,10 @@ pub enum Profile {
     /// The seed manifests' own: health-check durations 10 s, the seed SelfNodeRemediationConfig
     /// (safe time 180 s).
     Seed,
+    /// Kubernetes' default node-monitor timings (40 s leases, 50 s grace) and the seed's own
+    /// durations; fence agents through Redfish only, with the agents' peer failure detector and
+    /// the example health check on its condition, and without it (the baseline).
+    Defaults,
 }
 
 #[derive(serde::Serialize)]
@@ -59,6 +63,9 @@ struct Series {
     nodes: usize,
     /// Whether another strategy's series ran in the same lab at the same time.
     side_by_side: bool,
+    /// Whether the agents' peer failure detector ran, and the health check acted on its
+    /// condition.
+    detector: bool,
     /// Self remediation: the safe time the manager used (seconds).
     safe_time: Option<f64>,
     trials: Vec<Breakdown>,
@@ -88,13 +95,32 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
         &args.strategies,
         vec![Strategy::ResourceDeletion, Strategy::OutOfServiceTaint],
     );
-    let profiles = or_all(&args.profiles, vec![Profile::Fast, Profile::Seed]);
+    let profiles = or_all(&args.profiles, vec![Profile::Fast, Profile::Seed, Profile::Defaults]);
     let mut all = Vec::new();
     for profile in &profiles {
         let trials = match profile {
             Profile::Fast => args.trials,
             Profile::Seed => args.seed_trials,
+            Profile::Defaults => args.defaults_trials,
         };
+        if *profile == Profile::Defaults {
+            if paths.contains(&Path::FenceRedfish) {
+                for detector in [false, true] {
+                    println!("==> FenceRedfish / ResourceDeletion / Defaults, detector {detector}: {trials} trials");
+                    all.extend(
+                        series(
+                            Path::FenceRedfish,
+                            &[Strategy::ResourceDeletion],
+                            *profile,
+                            detector,
+                            trials,
+                        )
+                        .await?,
+                    );
+                }
+            }
+            continue;
+        }
         for path in &paths {
             let labs: Vec<Vec<Strategy>> = if *path == Path::SelfRemediation && strategies.len() > 1 {
                 vec![strategies.clone()]
@@ -103,7 +129,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
             };
             for shared in labs {
                 println!("==> {path:?} / {shared:?} / {profile:?}: {trials} trials");
-                all.extend(series(*path, &shared, *profile, trials).await?);
+                all.extend(series(*path, &shared, *profile, false, trials).await?);
             }
         }
     }
@@ -119,9 +145,11 @@ fn markdown(all: &[Series]) -> String {
         "## Time to safe recovery
 
 Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
-         Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig).\n\n\
+         Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig); \
+         *defaults* = Kubernetes' default node-monitor timings (node leases 40 s, grace 50 s) and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable (detector: yes) and without (the baseline). \
+         With the detector, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
          Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
-         | path | strategy | profile | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | path | strategy | profile | detector | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in all {
         let col = |f: fn(&Breakdown) -> f64| {
@@ -129,10 +157,11 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             bench::summary(&values).map_or("-".into(), |v| format!("{:.1} / {:.1} / {:.1}", v.p50, v.p90, v.p99))
         };
         out.push_str(&format!(
-            "| {:?} | {:?} | {:?} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {:?} | {:?} | {:?} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.path,
             s.strategy,
             s.profile,
+            if s.detector { "yes" } else { "no" },
             s.trials.len(),
             if s.failures.is_empty() {
                 String::new()
@@ -162,6 +191,9 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             out.push_str(&format!("- {line}\n"));
         }
     }
+    if let Some(line) = detector_ratio(all) {
+        out.push_str(&format!("- {line}\n"));
+    }
     for s in all.iter().filter(|s| !s.failures.is_empty()) {
         out.push_str(&format!(
             "\nFailures ({:?} / {:?} / {:?}):\n",
@@ -179,6 +211,14 @@ fn target(s: &Series) -> Option<String> {
     let p = |f: fn(&Breakdown) -> f64, q: f64| bench::percentile(&s.trials.iter().map(f).collect::<Vec<_>>(), q);
     let name = format!("{:?} / {:?} / {:?}", s.path, s.strategy, s.profile);
     match (s.path, s.profile) {
+        (Path::FenceRedfish, Profile::Defaults) if s.detector => {
+            let (p50, p99) = (p(|b| b.total, 50.0)?, p(|b| b.total, 99.0)?);
+            Some(format!(
+                "{name} with the peer failure detector: crash to Running p50 {p50:.1} s <= 10 s, p99 {p99:.1} s <= 15 s: {}",
+                verdict(p50 <= 10.0 && p99 <= 15.0)
+            ))
+        }
+        (_, Profile::Defaults) => None,
         (Path::FenceRedfish | Path::FenceIpmi, Profile::Fast) => {
             let p99 = p(|b| b.controlled, 99.0)?;
             Some(format!(
@@ -205,10 +245,32 @@ fn target(s: &Series) -> Option<String> {
     }
 }
 
+/// How much sooner the workload is back with the detector than without, on Kubernetes' default
+/// timings (both series of the same run).
+fn detector_ratio(all: &[Series]) -> Option<String> {
+    let p50 = |detector: bool| {
+        let s = all
+            .iter()
+            .find(|s| s.profile == Profile::Defaults && s.detector == detector)?;
+        bench::percentile(&s.trials.iter().map(|b| b.total).collect::<Vec<_>>(), 50.0)
+    };
+    let (without, with) = (p50(false)?, p50(true)?);
+    Some(format!(
+        "Kubernetes' default timings, crash to Running p50: {without:.1} s without the detector, {with:.1} s with it: {:.1}x sooner",
+        without / with.max(0.001)
+    ))
+}
+
 /// One lab, one lane per strategy; every trial crashes each lane's node at once.
-async fn series(path: Path, strategies: &[Strategy], profile: Profile, trials: usize) -> anyhow::Result<Vec<Series>> {
+async fn series(
+    path: Path,
+    strategies: &[Strategy],
+    profile: Profile,
+    detector: bool,
+    trials: usize,
+) -> anyhow::Result<Vec<Series>> {
     let lanes = Lane::for_strategies(strategies);
-    let lab = lanes::start(path, profile, &lanes).await?;
+    let lab = lanes::start(path, profile, detector, &lanes).await?;
     let mut out: Vec<Series> = lanes
         .iter()
         .map(|lane| Series {
@@ -217,6 +279,7 @@ async fn series(path: Path, strategies: &[Strategy], profile: Profile, trials: u
             profile,
             nodes: lab.nodes().len(),
             side_by_side: lanes.len() > 1,
+            detector,
             safe_time: None,
             trials: Vec::new(),
             failures: Vec::new(),

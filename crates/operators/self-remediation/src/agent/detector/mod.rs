@@ -25,8 +25,8 @@ pub use transport::Inbound;
 
 /// Designated observers per member: the controller's 3, and 2 to spare.
 const OBSERVERS_PER_MEMBER: usize = 5;
-/// How often the members the detector does not know yet (registered, never heard from) are
-/// announced to.
+/// How often the registered members the detector does not count as active (never heard from, or
+/// declared down) are announced to.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 
 /// When an observer reports, and how recent the probe under a report must be.
@@ -99,12 +99,20 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
             }
             Some((member, reached, at)) = probe_results.recv() => observer.probed(&member, reached, at),
             _ = announce.tick() => {
-                let known: BTreeSet<&str> = foca.iter_membership_state().map(|m| m.id().node.as_str()).collect();
-                let unknown: Vec<String> = transport
-                    .members()
-                    .filter(|m| *m != node && !known.contains(m.as_str()))
+                // Members it has not heard from, or that it declared down: a node that was cut off
+                // has every other member down and probes no one, and the others have it down too,
+                // so neither side would ever speak first. An announce gets an answer (or, from a
+                // member that declared this one down, the news, and this one joins again).
+                let active: BTreeSet<&str> = foca
+                    .iter_membership_state()
+                    .filter(|m| m.state() != foca::State::Down)
+                    .map(|m| m.id().node.as_str())
                     .collect();
-                for member in unknown {
+                let silent: Vec<String> = transport
+                    .members()
+                    .filter(|m| *m != node && !active.contains(m.as_str()))
+                    .collect();
+                for member in silent {
                     let _ = foca.announce(Peer { node: member, generation: 0 }, &mut runtime);
                 }
             }

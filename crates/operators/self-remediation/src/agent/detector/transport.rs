@@ -119,10 +119,11 @@ impl Transport {
         });
     }
 
-    /// Probes `node` itself, sent at `at`; the outcome goes to `results`. It has as long as the
-    /// detector gives a suspect to refute.
+    /// Probes `node` itself, sent at `at`; the outcome goes to `results`. It has two round
+    /// trips, and at least a probe period: a live agent answers within that, and a failure alone
+    /// makes no condition (the controller still needs the lease and the host to agree).
     pub fn probe(&mut self, node: &str, at: Timestamp, results: mpsc::UnboundedSender<(String, bool, Timestamp)>) {
-        let within = self.settings.suspect_to_down_after;
+        let within = (self.settings.probe_rtt * 2).max(self.settings.probe_period);
         let client = self.client(node);
         let node = node.to_owned();
         tokio::spawn(async move {

@@ -38,6 +38,7 @@ pub struct Settings {
 const PASS_EVERY: Duration = Duration::from_millis(200);
 /// How long the controller waits for a suspected host to answer.
 const HOST_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+const HOST_PROBE_SPACING: Duration = Duration::from_millis(300);
 const KUBELET_LEASES: &str = "kube-node-lease";
 
 /// Runs until the process ends.
@@ -154,16 +155,26 @@ fn store(api: Api<Lease>, config: watcher::Config) -> reflector::Store<Lease> {
 }
 
 /// Whether the host at `address` (the agent's `ip:port`) answers a connection attempt: an
-/// accepted or a refused connection both come from a live kernel.
+/// accepted or a refused connection both come from a live kernel. Three attempts, 300 ms apart,
+/// within [`HOST_PROBE_TIMEOUT`]: one lost packet does not make a live host silent.
 fn spawn_host_probe(node: String, address: String, results: mpsc::UnboundedSender<(String, bool, Timestamp)>) {
     tokio::spawn(async move {
         let sent = Timestamp::now();
-        let attempt = tokio::time::timeout(HOST_PROBE_TIMEOUT, tokio::net::TcpStream::connect(&address)).await;
-        let answered = match attempt {
-            Ok(Ok(_)) => true,
-            Ok(Err(error)) => error.kind() == std::io::ErrorKind::ConnectionRefused,
-            Err(_) => false,
-        };
+        let attempts = (0..3u32).map(|i| {
+            let address = address.clone();
+            Box::pin(async move {
+                tokio::time::sleep(HOST_PROBE_SPACING * i).await;
+                match tokio::net::TcpStream::connect(&address).await {
+                    Ok(_) => Ok(()),
+                    Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+                    Err(error) => Err(error),
+                }
+            })
+        });
+        let answered = matches!(
+            tokio::time::timeout(HOST_PROBE_TIMEOUT, futures::future::select_ok(attempts)).await,
+            Ok(Ok(_))
+        );
         let _ = results.send((node, answered, sent));
     });
 }
