@@ -35,6 +35,10 @@ pub struct ChaosArgs {
     /// Print the trials' plans (JSON lines) and run nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// The agents' peer failure detector on in every lab (self remediation's agents, and agents
+    /// beside fence agents), and every health check acting on its PeersReachable condition.
+    #[arg(long)]
+    pub peer_detection: bool,
 }
 
 fn lab_size(s: &str) -> Result<usize, String> {
@@ -68,7 +72,7 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         eprintln!("{} plans: {}", plans.len(), summary::counts(&plans));
         return Ok(());
     }
-    let mut runner = Runner::new(&exe, args.nodes);
+    let mut runner = Runner::new(&exe, args.nodes, args.peer_detection);
     let mut results = Vec::new();
     std::fs::create_dir_all(&args.out)?;
     let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
@@ -127,6 +131,7 @@ fn write_report(
     let report = json!({
         "seed": args.seed,
         "nodes": args.nodes,
+        "peerDetection": args.peer_detection,
         "machine": machine,
         "planned": planned,
         "trials": results,
@@ -134,6 +139,11 @@ fn write_report(
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     let md_path = args.out.join(format!("chaos-{stamp}.md"));
     let mut md = markdown(args.seed, machine, results);
+    if args.peer_detection {
+        md.push_str(
+            "\nWith the peer failure detector on in every lab, and every health check also unhealthy on PeersReachable=False at once.\n",
+        );
+    }
     if results.len() < planned {
         md.push_str(&format!(
             "\n**Incomplete**: {} of the {planned} planned trials have run so far.\n",

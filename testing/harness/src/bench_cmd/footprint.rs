@@ -1,5 +1,6 @@
 //! The agent's footprint: memory and CPU of every agent of an 8-node lab at rest, and during a
-//! peer storm: the API server stopped, so every agent loses it at once and asks all its peers.
+//! peer storm: the API server stopped, so every agent loses it at once and asks all its peers;
+//! then, in a lab of its own, at rest with the peer failure detector on.
 
 use std::time::Duration;
 
@@ -33,21 +34,7 @@ struct Window {
 
 pub async fn run() -> anyhow::Result<Section> {
     println!("==> footprint: {NODES} agents");
-    let exe = nodemedic_harness::product::nodemedic()?;
-    let lab = Lab::start(LabConfig::workers(NODES))
-        .await
-        .context("starting the lab")?;
-    scenario::create_namespace(&lab.client(), NS).await?;
-    let metrics = scenario::free_port()?;
-    scenario::install_self_remediation(&lab, &exe, scenario::FAST_CONFIG, metrics).await?;
-    scenario::agents_settled(&lab).await?;
-    let pids: Vec<u32> = lab
-        .nodes()
-        .iter()
-        .filter_map(|n| lab.process_pid(&format!("{n}/agent")))
-        .collect();
-    anyhow::ensure!(pids.len() == NODES, "only {} of {NODES} agents run", pids.len());
-
+    let (lab, pids) = agents(scenario::FAST_CONFIG).await?;
     let rest = window(&pids, REST).await?;
     let since = jiff::Timestamp::now();
     lab.stop_apiserver().await?;
@@ -60,11 +47,36 @@ pub async fn run() -> anyhow::Result<Section> {
         .iter()
         .filter(|e| e.at >= since && matches!(e.event, Event::WatchdogExpired { .. } | Event::Power { on: false, .. }))
         .count();
+    drop(lab);
+    println!("==> footprint: {NODES} agents with the peer failure detector");
+    let (lab, pids) = agents(scenario::FAST_CONFIG_WITH_DETECTOR).await?;
+    let detector = window(&pids, REST).await?;
+    drop(lab);
     Ok(Section {
         name: "footprint",
-        markdown: markdown(&rest, &storm, fenced),
-        json: json!({"agents": NODES, "rest": rest, "storm": storm, "fencedDuringStorm": fenced}),
+        markdown: markdown(&rest, &storm, &detector, fenced),
+        json: json!({"agents": NODES, "rest": rest, "storm": storm, "restWithDetector": detector, "fencedDuringStorm": fenced}),
     })
+}
+
+/// A lab of [`NODES`] with nodemedic and its agents (SelfNodeRemediationConfig `patch`), every
+/// agent a member; the agents' pids.
+async fn agents(patch: &str) -> anyhow::Result<(Lab, Vec<u32>)> {
+    let exe = nodemedic_harness::product::nodemedic()?;
+    let lab = Lab::start(LabConfig::workers(NODES))
+        .await
+        .context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    let metrics = scenario::free_port()?;
+    scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
+    scenario::agents_settled(&lab).await?;
+    let pids: Vec<u32> = lab
+        .nodes()
+        .iter()
+        .filter_map(|n| lab.process_pid(&format!("{n}/agent")))
+        .collect();
+    anyhow::ensure!(pids.len() == NODES, "only {} of {NODES} agents run", pids.len());
+    Ok((lab, pids))
 }
 
 async fn window(pids: &[u32], length: Duration) -> anyhow::Result<Window> {
@@ -94,7 +106,7 @@ fn samples(pids: &[u32]) -> anyhow::Result<Vec<Usage>> {
         .collect()
 }
 
-fn markdown(rest: &Window, storm: &Window, fenced: usize) -> String {
+fn markdown(rest: &Window, storm: &Window, detector: &Window, fenced: usize) -> String {
     let row = |name: &str, w: &Window| {
         format!(
             "| {name} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
@@ -104,15 +116,21 @@ fn markdown(rest: &Window, storm: &Window, fenced: usize) -> String {
     format!(
         "## Agent footprint\n\n{NODES} agents (the lab's fast SelfNodeRemediationConfig). *Peer storm*: the API server stopped, every agent asks all its peers at once. \
          RSS counts the pages of the binary the agent has mapped as well as what it allocated (*anon*).\n\n\
-         | window | seconds | max RSS (MiB) | max anon (MiB) | max peak RSS (MiB) | mean CPU (mCPU) | max CPU (mCPU) |\n|---|---|---|---|---|---|---|\n{}{}\n\
+         *Detector*: another lab, the same configuration with `peerDetection: {{}}` (a probe every 400 ms per agent, each SWIM message a call on the agents' mutual-TLS channels).\n\n\
+         | window | seconds | max RSS (MiB) | max anon (MiB) | max peak RSS (MiB) | mean CPU (mCPU) | max CPU (mCPU) |\n|---|---|---|---|---|---|---|\n{}{}{}\n\
          Nodes fenced during the storm (there must be none: every peer saw the API go too): {fenced}.\n\n\
-         Targets:\n- RSS {:.1} MiB <= 15 MiB (storm peak {:.1} MiB): {}\n- CPU at rest {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n",
+         Targets:\n- RSS {:.1} MiB <= 15 MiB (storm peak {:.1} MiB): {}\n- CPU at rest {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n\
+         - with the detector at rest: RSS {:.1} MiB <= 15 MiB, CPU {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n",
         row("at rest", rest),
         row("peer storm", storm),
+        row("at rest, detector on", detector),
         rest.max_rss_mib,
         storm.max_peak_rss_mib,
         verdict(rest.max_rss_mib <= 15.0 && storm.max_peak_rss_mib <= 15.0),
         rest.max_millicores,
         verdict(rest.max_millicores <= 5.0),
+        detector.max_rss_mib,
+        detector.max_millicores,
+        verdict(detector.max_rss_mib <= 15.0 && detector.max_millicores <= 5.0),
     )
 }

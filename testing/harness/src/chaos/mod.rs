@@ -17,10 +17,11 @@ pub use plan::{Action, Options, PathKind, Shape, Step, Strategy, TrialPlan, plan
 pub use verdict::{Snapshot, Violation, ViolationKind};
 
 /// The command that replays one trial, printed with every violation.
-pub fn replay(seed: u64, index: usize, nodes: Option<usize>) -> String {
+pub fn replay(seed: u64, index: usize, nodes: Option<usize>, peer_detection: bool) -> String {
     let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
+    let detection = if peer_detection { " --peer-detection" } else { "" };
     format!(
-        "make chaos SEED={seed} TRIALS={} ARGS=\"--only-trial {index}{nodes}\"",
+        "make chaos SEED={seed} TRIALS={} ARGS=\"--only-trial {index}{nodes}{detection}\"",
         index + 1
     )
 }

@@ -112,7 +112,7 @@ async fn fixed_chaos_trials_find_no_violation() {
     for p in &plans {
         assert_eq!(validate(p), Ok(()), "{p:?}");
     }
-    let mut runner = Runner::new(&crate::nodemedic_exe(), None);
+    let mut runner = Runner::new(&crate::nodemedic_exe(), None, false);
     let mut failed = Vec::new();
     for p in &plans {
         let result = runner.trial(p).await;

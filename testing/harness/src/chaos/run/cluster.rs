@@ -109,8 +109,9 @@ pub async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> 
 }
 
 /// A lab of the shape with nodemedic installed (as the bench installs it), the workload
-/// running and the seed health check for the path watching every node.
-pub async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
+/// running and the seed health check for the path watching every node; with `peer_detection`,
+/// the agents' detector on and the health check also unhealthy on its condition at once.
+pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool) -> anyhow::Result<Lab> {
     // Every node control-plane and worker, as in the seed topology, so the seed health checks'
     // selector takes them all, also with five.
     let nodes = (1..=shape.nodes)
@@ -134,15 +135,25 @@ pub async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
     let nhc = match shape.path {
         PathKind::SelfRemediation => {
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
-            scenario::install_self_remediation(&lab, exe, scenario::FAST_CONFIG, metrics).await?;
+            let config = if peer_detection {
+                scenario::FAST_CONFIG_WITH_DETECTOR
+            } else {
+                scenario::FAST_CONFIG
+            };
+            scenario::install_self_remediation(&lab, exe, config, metrics).await?;
             scenario::deploy_workload(&lab).await?;
             scenario::agents_settled(&lab).await?;
             "002-nhc-snr-3node.yaml"
         }
         PathKind::FenceRedfish => {
-            scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+            if peer_detection {
+                scenario::install_fence_agents_with_detection(&lab, exe, scenario::FAST_CONFIG_WITH_DETECTOR, metrics)
+                    .await?;
+            } else {
+                scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+                scenario::start_fence_agents_controller(&lab, exe, metrics)?;
+            }
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
-            scenario::start_fence_agents_controller(&lab, exe, metrics)?;
             scenario::deploy_workload(&lab).await?;
             "002-nhc-far-3node.yaml"
         }
@@ -150,8 +161,11 @@ pub async fn setup(exe: &Path, shape: Shape) -> anyhow::Result<Lab> {
     scenario::apply_seed(&lab, nhc, |m| {
         m["spec"]["remediationTemplate"]["name"] = json!(TEMPLATE);
         if let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut() {
-            for c in conditions {
+            for c in conditions.iter_mut() {
                 c["duration"] = json!(format!("{}s", UNHEALTHY_FOR.as_secs()));
+            }
+            if peer_detection {
+                conditions.push(json!({"type": "PeersReachable", "status": "False", "duration": "0s"}));
             }
         }
     })?;

@@ -67,15 +67,18 @@ pub struct Runner {
     lab: Option<(Shape, Lab)>,
     /// The `--nodes` restriction, repeated in replay commands.
     nodes_option: Option<usize>,
+    /// `--peer-detection`: every lab runs the peer failure detector.
+    peer_detection: bool,
 }
 
 impl Runner {
     /// `exe`: the nodemedic binary the lab's controller and agents run.
-    pub fn new(exe: &Path, nodes_option: Option<usize>) -> Self {
+    pub fn new(exe: &Path, nodes_option: Option<usize>, peer_detection: bool) -> Self {
         Self {
             exe: exe.to_owned(),
             lab: None,
             nodes_option,
+            peer_detection,
         }
     }
 
@@ -88,7 +91,7 @@ impl Runner {
             workload_back_seconds: None,
             all_healthy_seconds: None,
             error: None,
-            replay: super::replay(plan.seed, plan.index, self.nodes_option),
+            replay: super::replay(plan.seed, plan.index, self.nodes_option, self.peer_detection),
             logs: None,
         };
         if let Err(e) = self.run(plan, &mut result).await {
@@ -110,7 +113,7 @@ impl Runner {
         }
         if self.lab.is_none() {
             println!("    starting a lab: {shape:?}");
-            self.lab = Some((shape, cluster::setup(&self.exe, shape).await?));
+            self.lab = Some((shape, cluster::setup(&self.exe, shape, self.peer_detection).await?));
         }
         self.lab.as_ref().map(|(_, lab)| lab).context("no lab")
     }
