@@ -36,7 +36,7 @@ impl Milestone {
     pub fn describe(self, node: &str, pod: &str) -> String {
         match self {
             Milestone::PowerLost => format!("{node} loses power"),
-            Milestone::NotReady => format!("{node} is seen failing (NotReady, or its peers lost it)"),
+            Milestone::NotReady => format!("{node} is NotReady, or unreachable by its peers"),
             Milestone::Unhealthy => format!("the NodeHealthCheck finds {node} unhealthy"),
             Milestone::RemediationCreated => format!("a remediation for {node} is created"),
             Milestone::Fenced => format!("{node} is fenced: nothing can still run there"),
