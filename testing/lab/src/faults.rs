@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, api::DeleteParams};
 use nix::sys::signal::Signal;
 
 use crate::{
@@ -87,6 +89,7 @@ impl Inner {
             power.epoch
         };
         tokio::time::sleep(self.config.timings.boot_delay).await;
+        self.release_kubelet_lease(node).await;
         let mut procs = self
             .resources
             .processes
@@ -113,6 +116,20 @@ impl Inner {
         });
         self.set_condition(node, |c| c.powered = true)?;
         Ok(())
+    }
+
+    /// A kubelet that boots renews its node's lease at once: its holder identity is its node's
+    /// name. kwok's is a new random one per process, so a kwok started again would wait for the
+    /// lease its previous process held to expire (40 s on Kubernetes' default timings), then for
+    /// its next renewal period, before it plays any pod of the node, while the node still reads
+    /// Ready. Deleting the lease lets the new kwok create and hold it at once; the node lifecycle
+    /// controller reads a missing lease as one not renewed. Best effort: without it the node only
+    /// comes back later.
+    async fn release_kubelet_lease(&self, node: &str) {
+        let leases = Api::<Lease>::namespaced(self.client.clone(), "kube-node-lease");
+        if let Err(error) = leases.delete(node, &DeleteParams::default()).await {
+            tracing::debug!(%node, %error, "could not release the node's lease before its boot");
+        }
     }
 
     fn signal_node(&self, node: &str, signal: Signal) {
