@@ -10,6 +10,13 @@ pub enum Error {
     Certificate(String),
     #[error("peer detection settings: {0}")]
     InvalidDetector(String),
+    #[error("{what} cannot listen on {address}: {source} (choose another address or port with its flag)")]
+    Listen {
+        what: &'static str,
+        address: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("peer server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("the agent's state lock was poisoned by a panic")]
@@ -32,6 +39,7 @@ impl Error {
             Self::Watchdog(_) => "watchdog",
             Self::Certificate(_) => "certificate",
             Self::Transport(_) => "transport",
+            Self::Listen { .. } => "listen",
             Self::Poisoned => "poisoned",
             Self::InvalidConfig { .. } | Self::InvalidDetector(_) => "invalid_config",
             Self::Unnamed(_) => "unnamed",

@@ -40,8 +40,10 @@ struct Member {
     detector: DetectorState,
     /// Start of the current run of own failed probes.
     failing_since: Option<Timestamp>,
-    /// When the agent last probed the member itself.
+    /// When the agent last probed the member itself (sent a probe whose outcome came back).
     last_probe: Option<Timestamp>,
+    /// When the agent last sent a probe of the member, answered or not yet.
+    last_attempt: Option<Timestamp>,
     last_sent: Option<Sent>,
 }
 
@@ -107,6 +109,13 @@ impl Observer {
         };
     }
 
+    /// The agent sent its own probe of `member` at `at`: the next one is due a probe interval
+    /// later even while this one is still out (a confirming probe can take a whole period).
+    pub fn probe_sent(&mut self, member: &str, at: Timestamp) {
+        let entry = self.entry(member);
+        entry.last_attempt = Some(entry.last_attempt.map_or(at, |last| last.max(at)));
+    }
+
     /// Members to probe now: those the detector calls suspect or down that the agent has not
     /// probed itself within `cadence.probe_interval`, and, with a designation, observes.
     pub fn probes_due(&self, now: Timestamp, cadence: &Cadence) -> Vec<String> {
@@ -123,7 +132,11 @@ impl Observer {
         self.members
             .iter()
             .filter(|(_, m)| m.detector != DetectorState::Alive)
-            .filter(|(_, m)| m.last_probe.is_none_or(|last| now.duration_since(last) >= interval))
+            .filter(|(_, m)| {
+                m.last_probe
+                    .max(m.last_attempt)
+                    .is_none_or(|last| now.duration_since(last) >= interval)
+            })
             .filter(|(name, _)| {
                 self.designation.as_ref().is_none_or(|d| {
                     crate::designation::observes(&d.me, name, alive.iter().copied(), d.observers_per_member)
@@ -184,6 +197,7 @@ impl Observer {
             detector: DetectorState::Alive,
             failing_since: None,
             last_probe: None,
+            last_attempt: None,
             last_sent: None,
         })
     }

@@ -115,6 +115,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let server_identity = identity.clone();
     let (addresses_sender, addresses) = tokio::sync::watch::channel(Default::default());
     let (messages, inbound) = tokio::sync::mpsc::channel(256);
+    let loopback = messages.clone();
     let inbound_end = detector::Inbound {
         node: args.node.clone(),
         messages: detector_settings.map(|_| messages),
@@ -126,6 +127,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             namespace: args.namespace.clone(),
             addresses,
             inbound,
+            loopback,
         };
         tokio::spawn(detector::run(settings, wiring));
     }

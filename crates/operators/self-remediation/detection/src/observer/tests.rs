@@ -35,6 +35,27 @@ fn gossip_alone_makes_a_probe_not_a_report() {
 }
 
 #[test]
+fn a_probe_still_out_is_not_sent_again_within_the_interval() {
+    let mut o = Observer::default();
+    o.detector_says("node-2", DetectorState::Suspect);
+    assert_eq!(o.probes_due(t(0), &CADENCE), vec!["node-2".to_owned()]);
+    o.probe_sent("node-2", t(0));
+    for ms in [100, 200, 300] {
+        assert_eq!(
+            o.probes_due(t(ms), &CADENCE),
+            Vec::<String>::new(),
+            "in flight at {ms} ms"
+        );
+    }
+    assert_eq!(
+        o.probes_due(t(400), &CADENCE),
+        vec!["node-2".to_owned()],
+        "one interval later"
+    );
+    assert_eq!(o.reports_due(t(400), &CADENCE), vec![], "a probe sent is no evidence");
+}
+
+#[test]
 fn a_report_needs_a_recent_failure_of_its_own() {
     let mut o = Observer::default();
     o.detector_says("node-2", DetectorState::Down);

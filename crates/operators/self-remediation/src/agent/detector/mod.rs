@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::identity::PeerIdentity;
 
-pub use transport::Inbound;
+pub use transport::{Inbound, Received};
 
 /// Designated observers per member: the controller's 3, and 2 to spare.
 const OBSERVERS_PER_MEMBER: usize = 5;
@@ -45,7 +45,9 @@ pub struct Wiring {
     pub namespace: String,
     /// Every registered agent's `ip:port`, by node, as the licence loop last read them.
     pub addresses: watch::Receiver<BTreeMap<String, String>>,
-    pub inbound: mpsc::Receiver<Vec<u8>>,
+    pub inbound: mpsc::Receiver<Received>,
+    /// The sending end of `inbound`, for the answers that come back in responses.
+    pub loopback: mpsc::Sender<Received>,
 }
 
 /// Runs the detector until the process ends.
@@ -56,6 +58,7 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
         namespace,
         mut addresses,
         mut inbound,
+        loopback,
     } = wiring;
     let node = identity.node.clone();
     let generation = u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0);
@@ -67,7 +70,7 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
         generation,
     };
     let mut foca = Foca::new(me, config, StdRng::from_os_rng(), PostcardCodec);
-    let mut transport = transport::Transport::new(&identity, settings);
+    let mut transport = transport::Transport::new(&identity, settings, loopback);
     let reports = reporter::spawn(identity.clone(), client, namespace);
     let (timer_sender, mut timers) = mpsc::unbounded_channel::<Timer<Peer>>();
     let (probe_sender, mut probe_results) = mpsc::unbounded_channel::<(String, bool, Timestamp)>();
@@ -87,9 +90,12 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
     );
     loop {
         tokio::select! {
-            Some(data) = inbound.recv() => {
-                if let Err(error) = foca.handle_data(&data, &mut runtime) {
+            Some(received) = inbound.recv() => {
+                if let Err(error) = foca.handle_data(&received.data, &mut runtime) {
                     tracing::debug!(%error, "a detector message was not taken");
+                }
+                if let Some(reply) = received.replies {
+                    answer(&mut runtime, &received.from, reply, &mut transport);
                 }
             }
             Some(timer) = timers.recv() => {
@@ -128,6 +134,7 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
                     observer.detector_says(&member, DetectorState::Down);
                 }
                 for member in observer.probes_due(now, &cadence) {
+                    observer.probe_sent(&member, now);
                     transport.probe(&member, now, probe_sender.clone());
                 }
                 let due = observer.reports_due(now, &cadence);
@@ -148,6 +155,33 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
             }
         }
         drain(&mut runtime, &mut transport, &timer_sender);
+    }
+}
+
+/// Sends `from` what foca has for it in the response to its call; if that call has gone, by calls
+/// of their own.
+fn answer(
+    runtime: &mut AccumulatingRuntime<Peer>,
+    from: &str,
+    reply: tokio::sync::oneshot::Sender<Vec<Vec<u8>>>,
+    transport: &mut transport::Transport,
+) {
+    let mut answers = Vec::new();
+    let mut others = Vec::new();
+    while let Some((to, bytes)) = runtime.to_send() {
+        if to.node == from {
+            answers.push(bytes.to_vec());
+        } else {
+            others.push((to.node, bytes.to_vec()));
+        }
+    }
+    if let Err(answers) = reply.send(answers) {
+        for bytes in answers {
+            transport.deliver(from, bytes);
+        }
+    }
+    for (to, bytes) in others {
+        transport.deliver(&to, bytes);
     }
 }
 

@@ -1,5 +1,7 @@
 //! The detector's wire: each SWIM message is one unary call on the agents' mutual-TLS channel,
-//! so only cluster members can speak, and a message must come from the node that sends it.
+//! so only cluster members can speak, and a message must come from the node that sends it. The
+//! receiver's answers to the caller (a ping's ack) ride back in the call's response: half the
+//! calls at rest.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -9,7 +11,7 @@ use std::{
 use foca::Codec;
 use jiff::Timestamp;
 use nodemedic_peer_detection::{DetectorSettings, swim::Peer};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tonic::{
     Request, Response, Status,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
@@ -23,11 +25,32 @@ use crate::{
     identity::PeerIdentity,
 };
 
+/// How long a delivery waits for the detector's answers to its caller before it returns
+/// without them (they then go by their own calls).
+const REPLIES_WITHIN: Duration = Duration::from_millis(100);
+
+/// A SWIM message received from `from`, and where the detector's answers to `from` go (`None`:
+/// by their own calls).
+pub struct Received {
+    pub data: Vec<u8>,
+    pub from: String,
+    pub replies: Option<oneshot::Sender<Vec<Vec<u8>>>>,
+}
+
 /// The agent's end of the detector's messages (its peer server's `Swim` service).
 pub struct Inbound {
     pub node: String,
     /// Where messages go; `None` when the detector is off (probes are still answered).
-    pub messages: Option<mpsc::Sender<Vec<u8>>>,
+    pub messages: Option<mpsc::Sender<Received>>,
+}
+
+/// The sending node named in a SWIM message's header.
+fn sender_of(data: &[u8]) -> Result<String, Status> {
+    let header = foca::PostcardCodec
+        .decode_header(data)
+        .map_err(|e| Status::invalid_argument(format!("not a detector message: {e}")))?;
+    let sender: Peer = header.src;
+    Ok(sender.node)
 }
 
 #[tonic::async_trait]
@@ -35,21 +58,28 @@ impl swim_server::Swim for Inbound {
     async fn deliver(&self, request: Request<Datagram>) -> Result<Response<Delivered>, Status> {
         let certified = caller(&request)?;
         let data = request.into_inner().data;
-        let header = foca::PostcardCodec
-            .decode_header(&data[..])
-            .map_err(|e| Status::invalid_argument(format!("not a detector message: {e}")))?;
-        let sender: Peer = header.src;
-        if sender.node != certified {
+        let sender = sender_of(&data)?;
+        if sender != certified {
             return Err(Status::permission_denied(format!(
-                "the client certificate names {certified}, the message {}",
-                sender.node
+                "the client certificate names {certified}, the message {sender}"
             )));
         }
+        let mut replies = Vec::new();
         if let Some(messages) = &self.messages {
+            let (reply, answers) = oneshot::channel();
+            let received = Received {
+                data,
+                from: sender,
+                replies: Some(reply),
+            };
             // A full queue drops the message, as a congested network would.
-            let _ = messages.try_send(data);
+            if messages.try_send(received).is_ok()
+                && let Ok(Ok(answers)) = tokio::time::timeout(REPLIES_WITHIN, answers).await
+            {
+                replies = answers;
+            }
         }
-        Ok(Response::new(Delivered {}))
+        Ok(Response::new(Delivered { replies }))
     }
 
     async fn probe(&self, request: Request<ProbeRequest>) -> Result<Response<ProbeReply>, Status> {
@@ -62,6 +92,8 @@ impl swim_server::Swim for Inbound {
 
 /// Clients to the other agents, one kept-alive channel each.
 pub struct Transport {
+    /// The detector's own inbound queue, for the answers that come back in responses.
+    local: mpsc::Sender<Received>,
     tls: ClientTlsConfig,
     settings: DetectorSettings,
     addresses: BTreeMap<String, String>,
@@ -69,8 +101,9 @@ pub struct Transport {
 }
 
 impl Transport {
-    pub fn new(me: &PeerIdentity, settings: DetectorSettings) -> Self {
+    pub fn new(me: &PeerIdentity, settings: DetectorSettings, local: mpsc::Sender<Received>) -> Self {
         Self {
+            local,
             tls: ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&me.ca_pem))
                 .identity(Identity::from_pem(&me.cert_pem, &me.key_pem)),
@@ -109,13 +142,27 @@ impl Transport {
     }
 
     /// Sends one SWIM message; a message that does not arrive within a probe period is lost.
+    /// The answers in the response are taken as messages from `node` (whose server certificate
+    /// the channel checked) that say so themselves.
     pub fn deliver(&mut self, node: &str, data: Vec<u8>) {
         let Some(mut client) = self.client(node) else {
             return;
         };
         let within = self.settings.probe_period;
+        let (local, node) = (self.local.clone(), node.to_owned());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(within, client.deliver(Datagram { data })).await;
+            let Ok(Ok(response)) = tokio::time::timeout(within, client.deliver(Datagram { data })).await else {
+                return;
+            };
+            for reply in response.into_inner().replies {
+                if sender_of(&reply).is_ok_and(|sender| sender == node) {
+                    let _ = local.try_send(Received {
+                        data: reply,
+                        from: node.clone(),
+                        replies: None,
+                    });
+                }
+            }
         });
     }
 

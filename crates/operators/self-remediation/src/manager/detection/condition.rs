@@ -23,6 +23,21 @@ struct Written {
     transition: String,
 }
 
+impl Written {
+    /// What a node no peer reports carries, and what is left as it is.
+    fn plain(&self) -> bool {
+        self.status == "True" && self.reason == "PeersReachable"
+    }
+}
+
+/// The verdict on a member no peer reports, among `members` members.
+fn unreported(members: usize) -> Verdict {
+    Verdict::Reachable {
+        observers: 0,
+        needed: usize::from(members > 1),
+    }
+}
+
 pub struct Writer {
     nodes: Api<Node>,
     events: Events,
@@ -79,15 +94,11 @@ impl Writer {
             .iter()
             .filter_map(|(node, verdict)| condition(verdict).map(|c| (node.clone(), c)))
             .collect();
-        let unreported = Verdict::Reachable {
-            observers: 0,
-            needed: usize::from(members.len() > 1),
-        };
+        let unreported = unreported(members.len());
         for (node, written) in &self.written {
             let reported = decided.iter().any(|(n, _)| n == node);
-            let plain = written.status == "True" && written.reason == "PeersReachable";
             if !reported
-                && !plain
+                && !written.plain()
                 && let Some(c) = condition(&unreported)
             {
                 wanted.insert(node.clone(), c);
@@ -102,6 +113,18 @@ impl Writer {
                 self.patch(&node, &c).await;
             }
         }
+    }
+
+    /// Whether a pass with no report held would write nothing: every node carries the
+    /// condition of a member no peer reports (or none), among `members` members.
+    pub fn settled(&self, members: usize) -> bool {
+        let unreported = condition(&unreported(members));
+        self.written.values().all(|w| {
+            w.plain()
+                || unreported
+                    .as_ref()
+                    .is_some_and(|c| w.status == c.status && w.reason == c.reason)
+        })
     }
 
     async fn patch(&mut self, node: &str, c: &Condition) {

@@ -90,10 +90,10 @@ pub async fn serve(
         .client_ca_root(Certificate::from_pem(&authority.pem().cert));
     let listener = tokio::net::TcpListener::bind(bind)
         .await
-        .map_err(|e| Error::Certificate(format!("binding the peer-report server to {bind}: {e}")))?;
+        .map_err(|source| listen_error(bind, source))?;
     let port = listener
         .local_addr()
-        .map_err(|e| Error::Certificate(format!("peer-report server address: {e}")))?
+        .map_err(|source| listen_error(bind, source))?
         .port();
     let endpoint = SocketAddr::new(advertise, port).to_string();
     let patch = json!({"data": {REPORTS_ENDPOINT_KEY: endpoint}});
@@ -108,4 +108,12 @@ pub async fn serve(
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
         .await?;
     Ok(())
+}
+
+fn listen_error(address: SocketAddr, source: std::io::Error) -> Error {
+    Error::Listen {
+        what: "the peer-report server (--peer-reports-bind)",
+        address,
+        source,
+    }
 }
