@@ -76,15 +76,15 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     scenario::create_namespace(&client, NS).await?;
     let metrics = scenario::free_port()?;
     let check = if args.fence_agents {
-        let patch = if args.default_timings {
-            scenario::SEED_TIMINGS_WITH_DETECTOR
+        let patch = scenario::with_detector(if args.default_timings {
+            scenario::SEED_TIMINGS_CONFIG
         } else {
-            scenario::FAST_CONFIG_WITH_DETECTOR
-        };
+            scenario::FAST_CONFIG
+        });
         println!(
             "==> installing nodemedic (controller, an agent per node with the peer failure detector) and the seed fence agents template (fence_redfish)"
         );
-        scenario::install_fence_agents_with_detection(&lab, &exe, patch, metrics).await?;
+        scenario::install_fence_agents_with_detection(&lab, &exe, &patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
         (PEER_DETECTION_CHECK, "peer-detection")
     } else {

@@ -30,12 +30,18 @@ pub const FAST_CONFIG: &str = r#"{"spec": {
     "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
     "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
 
-/// [`FAST_CONFIG`] with the peer failure detector on, at its defaults.
-pub const FAST_CONFIG_WITH_DETECTOR: &str = r#"{"spec": {
-    "apiCheckInterval": "1s", "apiServerTimeout": "500ms", "maxApiErrorThreshold": 2,
-    "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
-    "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5,
-    "peerDetection": {}}}"#;
+/// A SelfNodeRemediationConfig patch (such as [`FAST_CONFIG`]) with the peer failure detector
+/// on, at its defaults.
+/// A patch that is not JSON is returned as it is, for the apply to reject with its reason.
+pub fn with_detector(config: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(config) {
+        Ok(mut patch) => {
+            patch["spec"]["peerDetection"] = serde_json::json!({});
+            patch.to_string()
+        }
+        Err(_) => config.to_owned(),
+    }
+}
 
 /// The chart rendered with its defaults: its ServiceAccounts, ClusterRoles and bindings are what
 /// the lab's controller and agents run with.
@@ -431,9 +437,6 @@ pub fn adapt_far_template(lab: &Lab, manifest: &mut serde_json::Value) {
 /// (examples/peer-detection): fences through the seed's fence-agents template.
 pub const PEER_DETECTION_CHECK: &str = include_str!("../../../examples/peer-detection/nodehealthcheck.yaml");
 
-/// The seed's self-remediation timings with the peer failure detector on, at its defaults.
-pub const SEED_TIMINGS_WITH_DETECTOR: &str = r#"{"spec": {"peerDetection": {}}}"#;
-
 /// Fence agents with failure detection in seconds: the SelfNodeRemediationConfig (the seed's with
 /// `patch`, which should turn `peerDetection` on), the controller with every operator (metrics on
 /// `metrics_port`), an agent in every node for the detector, the seed fence-agents credentials and
@@ -555,4 +558,18 @@ pub fn metrics(port: u16) -> Option<String> {
     let mut body = String::new();
     stream.read_to_string(&mut body).ok()?;
     body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_detector_keeps_the_patch_and_turns_the_detector_on() {
+        let fast: serde_json::Value = serde_json::from_str(&with_detector(FAST_CONFIG)).expect("json");
+        assert_eq!(fast["spec"]["peerDetection"], serde_json::json!({}));
+        assert_eq!(fast["spec"]["apiCheckInterval"], "1s");
+        assert_eq!(with_detector(SEED_TIMINGS_CONFIG), r#"{"spec":{"peerDetection":{}}}"#);
+        assert_eq!(with_detector("not json"), "not json");
+    }
 }

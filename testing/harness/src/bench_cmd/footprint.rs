@@ -49,7 +49,7 @@ pub async fn run() -> anyhow::Result<Section> {
         .count();
     drop(lab);
     println!("==> footprint: {NODES} agents with the peer failure detector");
-    let (lab, pids) = agents(scenario::FAST_CONFIG_WITH_DETECTOR).await?;
+    let (lab, pids) = agents(&scenario::with_detector(scenario::FAST_CONFIG)).await?;
     let detector = window(&pids, REST).await?;
     drop(lab);
     Ok(Section {

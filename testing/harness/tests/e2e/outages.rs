@@ -110,7 +110,12 @@ async fn outage(lab: &Lab, kind: Outage) {
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
     let started = Instant::now();
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
-    let (lab, _) = cluster_with_seed_durations(config, LabWatchdog::Socket, scenario::SEED_TIMINGS_WITH_DETECTOR).await;
+    let (lab, _) = cluster_with_seed_durations(
+        config,
+        LabWatchdog::Socket,
+        &scenario::with_detector(scenario::SEED_TIMINGS_CONFIG),
+    )
+    .await;
     println!("cluster ready in {:?}", started.elapsed());
     outage(&lab, Outage::ApiServer).await;
     outage(&lab, Outage::Etcd).await;

@@ -116,8 +116,13 @@ pub async fn start(path: Path, profile: Profile, detector: bool, lanes: &[Lane])
     scenario::create_namespace(&lab.client(), NS).await?;
     let metrics = scenario::free_port()?;
     if detector {
-        scenario::install_fence_agents_with_detection(&lab, &exe, scenario::SEED_TIMINGS_WITH_DETECTOR, metrics)
-            .await?;
+        scenario::install_fence_agents_with_detection(
+            &lab,
+            &exe,
+            &scenario::with_detector(scenario::SEED_TIMINGS_CONFIG),
+            metrics,
+        )
+        .await?;
         deploy_workloads(&lab, lanes).await?;
         scenario::apply_peer_detection_check(&lab, |m| {
             // The seed check's Ready durations, as the baseline's.

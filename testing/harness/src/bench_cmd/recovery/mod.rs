@@ -295,6 +295,14 @@ async fn series(
                                 "    trial {trial} ({:?}): total {:.1}s, controlled {:.1}s",
                                 series.strategy, b.total, b.controlled
                             );
+                            if detector && profile == Profile::Defaults && b.total > 15.0 {
+                                // An outlier to explain: its lab's logs stay on disk after the run.
+                                let logs = lab.keep_logs();
+                                println!(
+                                    "      over the 15 s target: the lab's logs are kept in {}",
+                                    logs.display()
+                                );
+                            }
                             series.trials.push(b);
                         }
                         Err(e) => {

@@ -136,19 +136,24 @@ pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool) -> anyhow::Re
         PathKind::SelfRemediation => {
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
             let config = if peer_detection {
-                scenario::FAST_CONFIG_WITH_DETECTOR
+                scenario::with_detector(scenario::FAST_CONFIG)
             } else {
-                scenario::FAST_CONFIG
+                scenario::FAST_CONFIG.to_owned()
             };
-            scenario::install_self_remediation(&lab, exe, config, metrics).await?;
+            scenario::install_self_remediation(&lab, exe, &config, metrics).await?;
             scenario::deploy_workload(&lab).await?;
             scenario::agents_settled(&lab).await?;
             "002-nhc-snr-3node.yaml"
         }
         PathKind::FenceRedfish => {
             if peer_detection {
-                scenario::install_fence_agents_with_detection(&lab, exe, scenario::FAST_CONFIG_WITH_DETECTOR, metrics)
-                    .await?;
+                scenario::install_fence_agents_with_detection(
+                    &lab,
+                    exe,
+                    &scenario::with_detector(scenario::FAST_CONFIG),
+                    metrics,
+                )
+                .await?;
             } else {
                 scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
                 scenario::start_fence_agents_controller(&lab, exe, metrics)?;
