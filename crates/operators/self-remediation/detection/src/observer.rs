@@ -146,6 +146,16 @@ impl Observer {
             .collect()
     }
 
+    /// Whether anything is under way: a member the detector distrusts, a report the controller
+    /// holds, or a withdrawal to send. Otherwise nothing is due until the detector's view changes.
+    pub fn attentive(&self) -> bool {
+        !self.withdrawals.is_empty()
+            || self
+                .members
+                .values()
+                .any(|m| m.detector != DetectorState::Alive || m.last_sent.is_some())
+    }
+
     /// A member left the cluster: nothing more to say about it, and a report the controller
     /// holds is withdrawn.
     pub fn forget(&mut self, member: &str) {

@@ -35,6 +35,21 @@ fn gossip_alone_makes_a_probe_not_a_report() {
 }
 
 #[test]
+fn attentive_while_a_member_is_distrusted_or_a_report_stands() {
+    let mut o = Observer::default();
+    o.detector_says("node-2", DetectorState::Alive);
+    assert!(!o.attentive(), "everyone alive, nothing reported");
+    o.detector_says("node-2", DetectorState::Down);
+    assert!(o.attentive());
+    o.probed("node-2", false, t(0));
+    assert_eq!(o.reports_due(t(100), &CADENCE).len(), 1);
+    o.detector_says("node-2", DetectorState::Alive);
+    assert!(o.attentive(), "the report still stands: its withdrawal is due");
+    assert_eq!(o.reports_due(t(200), &CADENCE), vec![report("node-2", None)]);
+    assert!(!o.attentive());
+}
+
+#[test]
 fn a_probe_still_out_is_not_sent_again_within_the_interval() {
     let mut o = Observer::default();
     o.detector_says("node-2", DetectorState::Suspect);

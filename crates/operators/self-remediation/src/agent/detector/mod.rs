@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use foca::{AccumulatingRuntime, Foca, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
 use jiff::Timestamp;
 use nodemedic_peer_detection::{
     Cadence, DetectorSettings, DetectorState, Observer,
@@ -25,6 +25,9 @@ pub use transport::{Inbound, Received};
 
 /// Designated observers per member: the controller's 3, and 2 to spare.
 const OBSERVERS_PER_MEMBER: usize = 5;
+/// How often the observer looks at the detector's view while every member is alive and nothing
+/// is reported; a change of that view (a message or a timer) brings its next look forward.
+const CALM_LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often the registered members the detector does not count as active (never heard from, or
 /// declared down) are announced to.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
@@ -77,8 +80,11 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
     let mut observer = Observer::designated(&node, OBSERVERS_PER_MEMBER);
     let cadence = cadence(&settings);
     let mut runtime = AccumulatingRuntime::new();
-    let mut tick = tokio::time::interval(settings.probe_period / 4);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every quarter period while something is under way, else every CALM_LOOK_EVERY: an
+    // agent at rest wakes for the protocol's own messages and timers, not to find nothing due.
+    let attentive_look = settings.probe_period / 4;
+    let look = tokio::time::sleep(attentive_look);
+    tokio::pin!(look);
     let mut announce = tokio::time::interval(ANNOUNCE_EVERY);
     transport.set_addresses(addresses.borrow_and_update().clone());
     tracing::info!(
@@ -97,11 +103,13 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
                 if let Some(reply) = received.replies {
                     answer(&mut runtime, &received.from, reply, &mut transport);
                 }
+                look_soon_if_unsettled(&foca, look.as_mut(), attentive_look);
             }
             Some(timer) = timers.recv() => {
                 if let Err(error) = foca.handle_timer(timer, &mut runtime) {
                     tracing::debug!(%error, "detector timer");
                 }
+                look_soon_if_unsettled(&foca, look.as_mut(), attentive_look);
             }
             Some((member, reached, at)) = probe_results.recv() => observer.probed(&member, reached, at),
             _ = announce.tick() => {
@@ -122,7 +130,7 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
                     let _ = foca.announce(Peer { node: member, generation: 0 }, &mut runtime);
                 }
             }
-            _ = tick.tick() => {
+            _ = &mut look => {
                 let now = Timestamp::now();
                 for member in foca.iter_membership_state() {
                     observer.detector_says(&member.id().node, swim::detector_state(member.state()));
@@ -144,6 +152,9 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
                     }
                     let _ = reports.send(due);
                 }
+                let unsettled = observer.attentive() || !settled(&foca);
+                let next = if unsettled { attentive_look } else { CALM_LOOK_EVERY };
+                look.as_mut().reset(tokio::time::Instant::now() + next);
             }
             Ok(()) = addresses.changed() => {
                 let current = addresses.borrow_and_update().clone();
@@ -155,6 +166,24 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
             }
         }
         drain(&mut runtime, &mut transport, &timer_sender);
+    }
+}
+
+/// Whether foca calls every member it knows alive.
+fn settled(foca: &Foca<Peer, PostcardCodec, StdRng, NoCustomBroadcast>) -> bool {
+    foca.iter_membership_state().all(|m| m.state() == foca::State::Alive)
+}
+
+/// Brings the observer's next look forward to within `attentive_look` when foca distrusts a
+/// member: a suspicion must be confirmed within the period, not at the next calm look.
+fn look_soon_if_unsettled(
+    foca: &Foca<Peer, PostcardCodec, StdRng, NoCustomBroadcast>,
+    look: std::pin::Pin<&mut tokio::time::Sleep>,
+    attentive_look: Duration,
+) {
+    let soon = tokio::time::Instant::now() + attentive_look;
+    if look.deadline() > soon && !settled(foca) {
+        look.reset(soon);
     }
 }
 
