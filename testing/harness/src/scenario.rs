@@ -9,6 +9,7 @@ use std::{
 
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+    coordination::v1::Lease,
     core::v1::{Namespace, Pod, ServiceAccount},
 };
 use kube::{
@@ -16,6 +17,7 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
+use nodemedic_self_remediation::registration;
 use nodemedic_lab::{Lab, ProcessSpec, Result, seeds, wait, workloads::STATEFULSET};
 
 /// The namespace nodemedic runs in (the seed documents' own, rewritten into).
@@ -485,12 +487,49 @@ pub fn bmc_ips(lab: &Lab) -> serde_json::Map<String, serde_json::Value> {
         .collect()
 }
 
-/// Waits until every agent is registered and the committed membership has every node: from
-/// then on a remediation of any of them can gather its acceptances (seconds after the agents
-/// start; nothing has to age).
+/// Waits until every agent is registered, the committed membership has every node, and every
+/// agent has acknowledged that membership: from then on a remediation of any of them can gather
+/// its acceptances, and every agent knows its peers, so it can ask them when the API goes away
+/// (an agent that lost the API before its first read of the peers has no one to ask, and fences
+/// when its licence ends). Seconds after the agents start; nothing has to age.
 pub async fn agents_settled(lab: &Lab) -> Result<()> {
     let nodes: Vec<String> = lab.nodes();
-    members_are(lab, &nodes).await
+    members_are(lab, &nodes).await?;
+    every_agent_acknowledged(lab, &nodes).await
+}
+
+/// Waits until the registration of every one of `nodes` acknowledges the committed membership
+/// epoch: each agent has read its peers and the membership since it registered.
+async fn every_agent_acknowledged(lab: &Lab, nodes: &[String]) -> Result<()> {
+    let configs = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS);
+    let leases = Api::<Lease>::namespaced(lab.client(), NS);
+    let registrations = ListParams::default().labels(&registration::registrations_selector());
+    wait::until(
+        &format!("the agents of {nodes:?} to acknowledge the committed membership"),
+        Duration::from_secs(60),
+        || {
+            let (configs, leases, registrations) = (configs.clone(), leases.clone(), registrations.clone());
+            async move {
+                let committed = configs
+                    .get_opt(CONFIG_NAME)
+                    .await?
+                    .and_then(|c| c.status?.membership_epoch)
+                    .and_then(|e| u64::try_from(e).ok());
+                let Some(committed) = committed else { return Ok(None) };
+                let acknowledged: Vec<String> = leases
+                    .list(&registrations)
+                    .await?
+                    .items
+                    .iter()
+                    .filter_map(registration::Published::from_lease)
+                    .filter(|p| p.epoch >= committed)
+                    .map(|p| p.node)
+                    .collect();
+                Ok(nodes.iter().all(|n| acknowledged.contains(n)).then_some(()))
+            }
+        },
+    )
+    .await
 }
 
 /// Waits until the committed membership is exactly `nodes`, with no change pending.
