@@ -10,11 +10,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p nodemedic --bins \
- && strip target/release/nodemedic target/release/nodemedic-controller target/release/nodemedic-agent \
+# The agent is built for size (cargo profile `agent`): every node runs one.
+RUN cargo build --release --locked -p nodemedic --bin nodemedic --bin nodemedic-controller \
+ && cargo build --profile agent --locked -p nodemedic --bin nodemedic-agent \
+ && strip target/release/nodemedic target/release/nodemedic-controller target/agent/nodemedic-agent \
  && mkdir -p /agent/usr/local/bin /agent/tmp /agent/etc \
- && cp target/release/nodemedic-agent /agent/usr/local/bin/ \
- && for lib in $(ldd target/release/nodemedic-agent | grep -oE '/[^ ]+'); do \
+ && cp target/agent/nodemedic-agent /agent/usr/local/bin/ \
+ && for lib in $(ldd target/agent/nodemedic-agent | grep -oE '/[^ ]+'); do \
       install -D -m 0755 "$(readlink -f "$lib")" "/agent$lib"; \
     done \
  && echo 'root:x:0:0:root:/:/usr/local/bin/nodemedic-agent' > /agent/etc/passwd

@@ -4,8 +4,11 @@
 # The product's executables (`nodemedic`, `nodemedic-controller`, `nodemedic-agent`) and the
 # test tooling's `nodemedic-lab` (lab, demo, bench, chaos), which runs the product's next to it.
 NODEMEDIC_LAB = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic-lab
+# The agent also in its size-optimised build (cargo profile `agent`), which the images ship and
+# the labs run (every node runs one, so its resident memory counts many times over).
 build: setup
 	cargo build --release --locked -p nodemedic -p nodemedic-harness --bins
+	cargo build --profile agent --locked -p nodemedic --bin nodemedic-agent
 
 setup:
 	@bash scripts/setup.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds nodemedic's two OCI images without a container engine, from Debian packages and the
-# release binaries (`make image` builds those first):
+# release binaries and the agent's size-optimised build (`make image` builds those first):
 #   nodemedic-controller  Debian bookworm (essential) + the ClusterLabs fence agents + ipmitool +
 #                         CA certificates, and nodemedic, nodemedic-controller on top
 #   nodemedic-agent       the agent executable and the shared libraries it loads, nothing else
@@ -15,6 +15,13 @@ target=${CARGO_TARGET_DIR:-$root/target}
 # The tests build them from the debug executables they test, into a folder of their own.
 out=${NODEMEDIC_IMAGE_OUT:-$target/images}
 bins=${NODEMEDIC_IMAGE_BINARIES:-$target/release}
+# The agent ships built for size (cargo profile `agent`, which `make image` builds: every node
+# runs one); the tests pass their debug executables in NODEMEDIC_IMAGE_BINARIES and get those.
+if [ -n "${NODEMEDIC_IMAGE_BINARIES:-}" ]; then
+  agent_exe=$bins/nodemedic-agent
+else
+  agent_exe=$target/agent/nodemedic-agent
+fi
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
 registry=${NODEMEDIC_IMAGE_REGISTRY:-ghcr.io/nodemedic}
 log() { printf '[build-images] %s\n' "$*" >&2; }
@@ -22,9 +29,10 @@ log() { printf '[build-images] %s\n' "$*" >&2; }
 for tool in mmdebstrap umoci skopeo; do
   command -v "$tool" >/dev/null || { log "ERROR: $tool is missing: run scripts/setup.sh"; exit 1; }
 done
-for exe in nodemedic nodemedic-controller nodemedic-agent; do
+for exe in nodemedic nodemedic-controller; do
   [ -x "$bins/$exe" ] || { log "ERROR: $bins/$exe is missing: cargo build --release -p nodemedic --bins"; exit 1; }
 done
+[ -x "$agent_exe" ] || { log "ERROR: $agent_exe is missing: cargo build --profile agent -p nodemedic --bin nodemedic-agent"; exit 1; }
 mkdir -p "$cache" "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -91,8 +99,8 @@ image nodemedic-controller "$controller" /usr/local/bin/nodemedic-controller 655
 
 # The agent: its executable and exactly the libraries the dynamic loader resolves for it.
 agent=$work/agent-rootfs
-install -D -m 0755 -s "$bins/nodemedic-agent" "$agent/usr/local/bin/nodemedic-agent"
-ldd "$bins/nodemedic-agent" | grep -oE '/[^ ]+' | while read -r lib; do
+install -D -m 0755 -s "$agent_exe" "$agent/usr/local/bin/nodemedic-agent"
+ldd "$agent_exe" | grep -oE '/[^ ]+' | while read -r lib; do
   install -D -m 0755 "$(readlink -f "$lib")" "$agent$lib"
 done
 mkdir -p "$agent/tmp" "$agent/etc"

@@ -17,8 +17,8 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
-use nodemedic_self_remediation::registration;
 use nodemedic_lab::{Lab, ProcessSpec, Result, seeds, wait, workloads::STATEFULSET};
+use nodemedic_self_remediation::registration;
 
 /// The namespace nodemedic runs in (the seed documents' own, rewritten into).
 pub const NS: &str = nodemedic_api::names::DEFAULT_NAMESPACE;
@@ -333,11 +333,12 @@ pub async fn service_account_token(lab: &Lab, account: &str, request: TokenReque
 }
 
 /// One of the single-role executables (`nodemedic-controller`, `nodemedic-agent`), which are
-/// built next to `exe`: the labs run what a cluster runs.
+/// built next to `exe` (the agent's size-optimised build preferred: see
+/// [`crate::product::shipped_build`]): the labs run what a cluster runs.
 pub fn sibling_executable(exe: &Path, name: &str) -> Result<PathBuf> {
     let sibling = exe.with_file_name(name);
     if sibling.is_file() {
-        Ok(sibling)
+        Ok(crate::product::shipped_build(&sibling))
     } else {
         Err(nodemedic_lab::Error::Invalid(format!(
             "the executable {} is missing: build it with the nodemedic binary (cargo build -p nodemedic --bins)",

@@ -19,6 +19,14 @@ const NODES: usize = 8;
 const REST: Duration = Duration::from_secs(60);
 const STORM: Duration = Duration::from_secs(30);
 
+/// The agent executable measured: the cargo profile it was built with and its size.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Executable {
+    build: String,
+    mib: f64,
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Window {
@@ -33,6 +41,19 @@ struct Window {
 }
 
 pub async fn run() -> anyhow::Result<Section> {
+    let agent = scenario::sibling_executable(&nodemedic_harness::product::nodemedic()?, "nodemedic-agent")?;
+    let agent_mib = std::fs::metadata(&agent)
+        .with_context(|| format!("reading {}", agent.display()))?
+        .len() as f64
+        / (1024.0 * 1024.0);
+    let executable = Executable {
+        build: agent
+            .parent()
+            .and_then(|dir| dir.file_name())
+            .map(|profile| profile.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        mib: agent_mib,
+    };
     println!("==> footprint: {NODES} agents");
     let (lab, pids) = agents(scenario::FAST_CONFIG).await?;
     let rest = window(&pids, REST).await?;
@@ -54,8 +75,8 @@ pub async fn run() -> anyhow::Result<Section> {
     drop(lab);
     Ok(Section {
         name: "footprint",
-        markdown: markdown(&rest, &storm, &detector, fenced),
-        json: json!({"agents": NODES, "rest": rest, "storm": storm, "restWithDetector": detector, "fencedDuringStorm": fenced}),
+        markdown: markdown(&executable, &rest, &storm, &detector, fenced),
+        json: json!({"agents": NODES, "executable": executable, "rest": rest, "storm": storm, "restWithDetector": detector, "fencedDuringStorm": fenced}),
     })
 }
 
@@ -106,7 +127,7 @@ fn samples(pids: &[u32]) -> anyhow::Result<Vec<Usage>> {
         .collect()
 }
 
-fn markdown(rest: &Window, storm: &Window, detector: &Window, fenced: usize) -> String {
+fn markdown(executable: &Executable, rest: &Window, storm: &Window, detector: &Window, fenced: usize) -> String {
     let row = |name: &str, w: &Window| {
         format!(
             "| {name} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
@@ -114,13 +135,15 @@ fn markdown(rest: &Window, storm: &Window, detector: &Window, fenced: usize) -> 
         )
     };
     format!(
-        "## Agent footprint\n\n{NODES} agents (the lab's fast SelfNodeRemediationConfig). *Peer storm*: the API server stopped, every agent asks all its peers at once. \
+        "## Agent footprint\n\n{NODES} agents (the lab's fast SelfNodeRemediationConfig), the `{}` build of `nodemedic-agent` ({:.1} MiB). *Peer storm*: the API server stopped, every agent asks all its peers at once. \
          RSS counts the pages of the binary the agent has mapped as well as what it allocated (*anon*).\n\n\
          *Detector*: another lab, the same configuration with `peerDetection: {{}}` (a probe every 400 ms per agent, each SWIM message a call on the agents' mutual-TLS channels).\n\n\
          | window | seconds | max RSS (MiB) | max anon (MiB) | max peak RSS (MiB) | mean CPU (mCPU) | max CPU (mCPU) |\n|---|---|---|---|---|---|---|\n{}{}{}\n\
          Nodes fenced during the storm (there must be none: every peer saw the API go too): {fenced}.\n\n\
          Targets:\n- RSS {:.1} MiB <= 15 MiB (storm peak {:.1} MiB): {}\n- CPU at rest {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n\
          - with the detector at rest: RSS {:.1} MiB <= 15 MiB, CPU {:.1} mCPU (the busiest agent) <= 5 mCPU: {}\n",
+        executable.build,
+        executable.mib,
         row("at rest", rest),
         row("peer storm", storm),
         row("at rest, detector on", detector),

@@ -95,14 +95,13 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
         "peer failure detector running"
     );
     loop {
+        let mut caller = None;
         tokio::select! {
             Some(received) = inbound.recv() => {
                 if let Err(error) = foca.handle_data(&received.data, &mut runtime) {
                     tracing::debug!(%error, "a detector message was not taken");
                 }
-                if let Some(reply) = received.replies {
-                    answer(&mut runtime, &received.from, reply, &mut transport);
-                }
+                caller = received.replies.map(|reply| (received.from, reply));
                 look_soon_if_unsettled(&foca, look.as_mut(), attentive_look);
             }
             Some(timer) = timers.recv() => {
@@ -165,7 +164,7 @@ pub async fn run(settings: DetectorSettings, wiring: Wiring) {
                 transport.set_addresses(current);
             }
         }
-        drain(&mut runtime, &mut transport, &timer_sender);
+        drain(&mut runtime, &mut transport, &timer_sender, caller);
     }
 }
 
@@ -187,41 +186,30 @@ fn look_soon_if_unsettled(
     }
 }
 
-/// Sends `from` what foca has for it in the response to its call; if that call has gone, by calls
-/// of their own.
-fn answer(
-    runtime: &mut AccumulatingRuntime<Peer>,
-    from: &str,
-    reply: tokio::sync::oneshot::Sender<Vec<Vec<u8>>>,
-    transport: &mut transport::Transport,
-) {
-    let mut answers = Vec::new();
-    let mut others = Vec::new();
-    while let Some((to, bytes)) = runtime.to_send() {
-        if to.node == from {
-            answers.push(bytes.to_vec());
-        } else {
-            others.push((to.node, bytes.to_vec()));
-        }
-    }
-    if let Err(answers) = reply.send(answers) {
-        for bytes in answers {
-            transport.deliver(from, bytes);
-        }
-    }
-    for (to, bytes) in others {
-        transport.deliver(&to, bytes);
-    }
-}
+/// A member whose call is waiting for its answers, and where they go.
+type Caller = (String, tokio::sync::oneshot::Sender<Vec<Vec<u8>>>);
 
-/// Carries out what foca asked for: messages to send, timers to set, news to log.
+/// Carries out what foca asked for: messages to send (those for `caller` in the response to its
+/// call, or by calls of their own if that call has gone), timers to set, news to log.
 fn drain(
     runtime: &mut AccumulatingRuntime<Peer>,
     transport: &mut transport::Transport,
     timers: &mpsc::UnboundedSender<Timer<Peer>>,
+    caller: Option<Caller>,
 ) {
+    let mut answers = Vec::new();
     while let Some((to, bytes)) = runtime.to_send() {
-        transport.deliver(&to.node, bytes.to_vec());
+        match &caller {
+            Some((from, _)) if to.node == *from => answers.push(bytes.to_vec()),
+            _ => transport.deliver(&to.node, bytes.to_vec()),
+        }
+    }
+    if let Some((from, reply)) = caller
+        && let Err(answers) = reply.send(answers)
+    {
+        for bytes in answers {
+            transport.deliver(&from, bytes);
+        }
     }
     while let Some((after, timer)) = runtime.to_schedule() {
         let timers = timers.clone();
