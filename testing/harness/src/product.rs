@@ -32,26 +32,40 @@ pub const AGENT_PROFILE: &str = "agent";
 
 /// The build of the single-role executable `sibling` (a file next to the all-in-one `nodemedic`)
 /// that a cluster would run: for the agent next to a release build, the [`AGENT_PROFILE`] build
-/// when it is at least as new as the release one (a release build made after it means the
-/// sources changed since); otherwise `sibling` itself.
+/// when it was built from the sources as they are; otherwise `sibling` itself.
 pub fn shipped_build(sibling: &Path) -> PathBuf {
     let in_release = sibling.parent().and_then(Path::file_name) == Some("release".as_ref());
     let agent = sibling.file_name() == Some("nodemedic-agent".as_ref());
-    let Some(sized) = sibling
+    sibling
         .parent()
         .and_then(Path::parent)
         .zip(sibling.file_name())
         .filter(|_| in_release && agent)
         .map(|(target, name)| target.join(AGENT_PROFILE).join(name))
-    else {
-        return sibling.to_path_buf();
-    };
+        .filter(|sized| built_from_current_sources(sized))
+        .unwrap_or_else(|| sibling.to_path_buf())
+}
+
+/// Whether `exe` was built from the sources as they are: no file its dep-info (`<exe>.d`, which
+/// cargo writes next to it) names changed since it was linked, cargo's own test of local
+/// sources. Not the binary's age: cargo leaves a build that is still fresh untouched, so an
+/// up-to-date agent build can be older than a release build made after it.
+fn built_from_current_sources(exe: &Path) -> bool {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    match (modified(&sized), modified(sibling)) {
-        (Some(size_built), Some(release_built)) if size_built >= release_built => sized,
-        (Some(_), None) => sized,
-        _ => sibling.to_path_buf(),
-    }
+    let Some(built) = modified(exe) else { return false };
+    let Ok(dep_info) = std::fs::read_to_string(exe.with_extension("d")) else {
+        return false;
+    };
+    let Some((_, sources)) = dep_info.lines().next().and_then(|line| line.split_once(": ")) else {
+        return false;
+    };
+    // Spaces inside a path are escaped (`\ `); the separators are the others.
+    let sources = sources.replace("\\ ", "\0");
+    sources
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .map(|s| PathBuf::from(s.replace('\0', " ")))
+        .all(|source| modified(&source).is_some_and(|changed| changed <= built))
 }
 
 #[cfg(test)]
@@ -66,30 +80,54 @@ mod tests {
         file.set_modified(at).expect("mtime set");
     }
 
+    fn dep_info(exe: &Path, sources: &[&Path]) {
+        let names: Vec<String> = sources
+            .iter()
+            .map(|s| s.display().to_string().replace(' ', "\\ "))
+            .collect();
+        std::fs::write(
+            exe.with_extension("d"),
+            format!("{}: {}\n", exe.display(), names.join(" ")),
+        )
+        .expect("dep-info written");
+    }
+
     #[test]
-    fn the_agent_profile_build_is_run_unless_a_release_build_is_newer() {
+    fn the_agent_profile_build_is_run_while_its_sources_are_unchanged() {
         let target = tempfile::tempdir().expect("temp dir");
         let release = target.path().join("release/nodemedic-agent");
         let sized = target.path().join("agent/nodemedic-agent");
+        let source = target.path().join("src dir/agent.rs");
         let then = SystemTime::now() - Duration::from_secs(60);
-        touch(&release, then);
+        touch(&release, then + Duration::from_secs(30));
         assert_eq!(
             shipped_build(&release),
             release,
             "no agent-profile build: the release one"
         );
-        touch(&sized, then + Duration::from_secs(1));
-        assert_eq!(shipped_build(&release), sized);
-        touch(&release, then + Duration::from_secs(2));
-        assert_eq!(shipped_build(&release), release, "sources changed since the size build");
+        touch(&source, then);
+        touch(&sized, then + Duration::from_secs(10));
+        dep_info(&sized, &[&source]);
+        assert_eq!(
+            shipped_build(&release),
+            sized,
+            "fresh, though older than the release build"
+        );
+        touch(&source, then + Duration::from_secs(20));
+        assert_eq!(shipped_build(&release), release, "a source changed since");
+        std::fs::remove_file(sized.with_extension("d")).expect("dep-info removed");
+        assert_eq!(shipped_build(&release), release, "without dep-info nothing is known");
     }
 
     #[test]
     fn debug_builds_and_other_executables_are_run_as_they_are() {
         let target = tempfile::tempdir().expect("temp dir");
         let now = SystemTime::now();
-        touch(&target.path().join("agent/nodemedic-agent"), now);
-        touch(&target.path().join("agent/nodemedic-controller"), now);
+        for name in ["nodemedic-agent", "nodemedic-controller"] {
+            let sized = target.path().join("agent").join(name);
+            touch(&sized, now);
+            dep_info(&sized, &[]);
+        }
         let debug = target.path().join("debug/nodemedic-agent");
         assert_eq!(shipped_build(&debug), debug);
         let controller = target.path().join("release/nodemedic-controller");
