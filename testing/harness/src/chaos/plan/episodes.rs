@@ -19,6 +19,16 @@ pub const LONG_OUTAGE_MS: (u64, u64) = (90_000, 300_000);
 pub const AFTERMATH_MS: u64 = 60_000;
 /// The longest control-plane outage drawn while a node fault holds.
 pub const SHORT_OUTAGE_MAX_MS: u64 = 8_000;
+/// A slow lossy network: the delay each way (its jitter half of it), the loss, how long it
+/// lasts. Within what the lab's fast timings allow (500 ms API and peer timeouts: the
+/// agents' own settings, not the detector's, bound how slow a network they stay licensed on);
+/// `peer_detection`'s lab test holds 200 ms ± 100 ms and 5 % loss with the seed's timings.
+pub const SLOW_DELAY_MS: (u64, u64) = (30, 120);
+pub const SLOW_LOSS_PERMILLE_MAX: u32 = 30;
+const SLOW_HOLD_MS: (u64, u64) = (30_000, 60_000);
+/// Watched after the links are restored: a suspicion raised while they were slow that led to
+/// a remediation would show by then (the lab's health check waits 25 s at most).
+pub const SLOW_AFTERMATH_MS: u64 = 30_000;
 /// How often the first episode of a self-remediation trial is membership churn.
 const CHURN: f64 = 0.3;
 
@@ -74,7 +84,7 @@ impl Builder {
             return;
         }
         // Only a fault held steadily gets disturbances on top (a flapping node has gaps).
-        let (targets, end) = match self.rng.random_range(0..17) {
+        let (targets, end) = match self.rng.random_range(0..19) {
             0..=2 => self.simple(start, |n| Action::Crash { node: n }, |n| Action::PowerOn { node: n }),
             3..=4 => self.simple(start, |n| Action::Freeze { node: n }, |n| Action::Thaw { node: n }),
             5..=7 => self.partition(start),
@@ -86,6 +96,7 @@ impl Builder {
             10 => (Vec::new(), self.flap(start)),
             11 => (Vec::new(), self.control_plane(start)),
             12..=14 => (Vec::new(), self.long_outage(start)),
+            15..=16 => (Vec::new(), self.slow_network(start)),
             _ => (Vec::new(), self.restart_loop(start)),
         };
         if !targets.is_empty() && end - start >= LONG_HOLD_MS.0 {
@@ -171,6 +182,24 @@ impl Builder {
         self.push(start, stop);
         self.push(start + lasts, back);
         start + lasts + AFTERMATH_MS
+    }
+
+    /// Every link slow and lossy for a while, every node healthy: nobody may be fenced or
+    /// remediated, and the peer failure detector may not call a live node unreachable.
+    fn slow_network(&mut self, start: u64) -> u64 {
+        let delay_ms = self.rng.random_range(SLOW_DELAY_MS.0..=SLOW_DELAY_MS.1);
+        let loss_permille = self.rng.random_range(0..=SLOW_LOSS_PERMILLE_MAX);
+        let lasts = self.rng.random_range(SLOW_HOLD_MS.0..=SLOW_HOLD_MS.1);
+        self.push(
+            start,
+            Action::SlowLinks {
+                delay_ms,
+                jitter_ms: delay_ms / 2,
+                loss_permille,
+            },
+        );
+        self.push(start + lasts, Action::RestoreLinks);
+        start + lasts + SLOW_AFTERMATH_MS
     }
 
     /// The workload's node crashes and, once its remediation is in flight, the controller is

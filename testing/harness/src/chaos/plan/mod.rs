@@ -12,7 +12,7 @@ mod validate;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
-pub use episodes::{AFTERMATH_MS, LONG_OUTAGE_MS};
+pub use episodes::{AFTERMATH_MS, LONG_OUTAGE_MS, SLOW_AFTERMATH_MS};
 pub use summary::kind;
 pub use validate::validate;
 
@@ -115,6 +115,15 @@ pub enum Action {
     ResumeBmc {
         node: Slot,
     },
+    /// Every link of every node in the lab slowed and made lossy (`tc netem` on the nodes'
+    /// interfaces: each way to a peer, the one way to the API server): each packet delayed by
+    /// `delay_ms` ± `jitter_ms`, `loss_permille` in a thousand dropped.
+    SlowLinks {
+        delay_ms: u64,
+        jitter_ms: u64,
+        loss_permille: u32,
+    },
+    RestoreLinks,
     /// Takes the node out of the cluster for good: its machine off, its Node deleted (its
     /// registration goes with it), as when a machine is decommissioned.
     RemoveNode {

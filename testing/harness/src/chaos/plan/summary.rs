@@ -10,6 +10,7 @@ pub const NODE_REJOINS: &str = "node leaves and rejoins";
 pub const EXTRA_NODE: &str = "extra node joins and leaves";
 pub const CHURN_DURING_CRASH: &str = "membership change during a crash";
 pub const CONTROLLER_RESTART_LOOP: &str = "controller restart loop";
+pub const SLOW_NETWORK: &str = "slow lossy network";
 
 /// The action's kebab-case name, as in the JSON plan.
 pub fn kind(action: &Action) -> String {
@@ -19,8 +20,8 @@ pub fn kind(action: &Action) -> String {
         .unwrap_or_default()
 }
 
-/// The episodes of the kinds the membership work added, read back from the steps: one entry per
-/// occurrence.
+/// The episodes of the kinds the membership and peer-detection work added, read back from the
+/// steps: one entry per occurrence.
 pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
     let mut out = Vec::new();
     let mut stopped: Option<(&Action, u64)> = None;
@@ -46,6 +47,7 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
             Action::RemoveNode { node } if *node < plan.shape.nodes => out.push(NODE_REJOINS),
             Action::AddNode { node } if *node == plan.shape.extra_slot() => out.push(EXTRA_NODE),
             Action::RestartControllerLoop { .. } => out.push(CONTROLLER_RESTART_LOOP),
+            Action::SlowLinks { .. } => out.push(SLOW_NETWORK),
             _ => {}
         }
         if matches!(step.action, Action::AddNode { .. } | Action::RemoveNode { .. }) {

@@ -1,7 +1,10 @@
 //! What makes a plan sound: every step applies to the state the steps before it leave, and the
 //! last one leaves the lab as the trial found it (trials of a block share a lab).
 
-use super::{Action, PathKind, Slot, Step, TrialPlan, episodes::SHORT_OUTAGE_MAX_MS};
+use super::{
+    Action, PathKind, Slot, Step, TrialPlan,
+    episodes::{SHORT_OUTAGE_MAX_MS, SLOW_DELAY_MS, SLOW_LOSS_PERMILLE_MAX},
+};
 
 /// What a plan leaves each node in, step by step.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +55,7 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
         nodes: vec![NodeState::default(); n + 1],
         outage: None,
         looping_until: None,
+        slow: false,
     };
     state.nodes[plan.shape.extra_slot()].gone = true;
     if plan.steps.windows(2).any(|w| w[0].at_ms > w[1].at_ms) {
@@ -68,6 +72,9 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
     if state.outage.is_some() {
         return Err("the control plane is left stopped at the end".into());
     }
+    if state.slow {
+        return Err("the links are left slow at the end".into());
+    }
     if state.nodes[..n].iter().any(|s| *s != NodeState::default()) || !state.nodes[n].gone {
         return Err("a fault is left in place, or the lab's nodes changed, at the end".into());
     }
@@ -80,6 +87,8 @@ struct State {
     outage: Option<Outage>,
     /// When a controller restart loop's last restart is due.
     looping_until: Option<u64>,
+    /// The links are slowed.
+    slow: bool,
 }
 
 impl State {
@@ -159,6 +168,20 @@ impl State {
             Action::AddNode { node: s } if churns && up && nodes.get(*s).is_some_and(|st| st.gone) => {
                 nodes[*s] = NodeState::default();
             }
+            Action::SlowLinks {
+                delay_ms,
+                jitter_ms,
+                loss_permille,
+            } if up && !self.slow && nodes.iter().all(|s| s.gone || !s.faulted()) => {
+                if !(SLOW_DELAY_MS.0..=SLOW_DELAY_MS.1).contains(delay_ms)
+                    || *jitter_ms > *delay_ms
+                    || *loss_permille > SLOW_LOSS_PERMILLE_MAX
+                {
+                    return Err("slower or lossier than the lab's timings allow".into());
+                }
+                self.slow = true;
+            }
+            Action::RestoreLinks if self.slow => self.slow = false,
             _ => return Err("does not apply to the state before it".into()),
         }
         let removed = nodes[..n].iter().filter(|s| s.gone).count();

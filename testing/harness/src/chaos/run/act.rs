@@ -43,6 +43,8 @@ pub struct Faults {
     bmcs_hung: BTreeSet<String>,
     api_stopped: bool,
     etcd_stopped: bool,
+    /// The nodes whose links were slowed.
+    slowed: Vec<String>,
 }
 
 pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow::Result<String> {
@@ -132,6 +134,32 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             let n = node(s)?;
             lab.resume_bmc(&n).await?;
             faults.bmcs_hung.remove(&n);
+        }
+        Action::SlowLinks {
+            delay_ms,
+            jitter_ms,
+            loss_permille,
+        } => {
+            let nodes = lab.nodes();
+            let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            faults.slowed.clone_from(&nodes);
+            lab.slow_links(
+                &names,
+                Duration::from_millis(*delay_ms),
+                Duration::from_millis(*jitter_ms),
+                f64::from(*loss_permille) / 10.0,
+            )
+            .await?;
+            return Ok(format!(
+                "slow-links {} ({delay_ms} ms ± {jitter_ms} ms, {:.1}% lost)",
+                nodes.join(","),
+                f64::from(*loss_permille) / 10.0
+            ));
+        }
+        Action::RestoreLinks => {
+            let names: Vec<&str> = faults.slowed.iter().map(String::as_str).collect();
+            lab.restore_links(&names).await?;
+            faults.slowed.clear();
         }
         Action::RemoveNode { node: s } => remove_node(ctx, &node(s)?).await?,
         Action::AddNode { node: s } => add_node(ctx, &node(s)?).await?,
@@ -262,6 +290,13 @@ pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, sta
     }
     for n in &faults.bmcs_hung {
         done.push((format!("resume-bmc {n}"), lab.resume_bmc(n).await.map_err(Into::into)));
+    }
+    if !faults.slowed.is_empty() {
+        let names: Vec<&str> = faults.slowed.iter().map(String::as_str).collect();
+        done.push((
+            "restore-links".to_owned(),
+            lab.restore_links(&names).await.map_err(Into::into),
+        ));
     }
     for n in lab.nodes() {
         let Ok(c) = lab.condition(&n) else { continue };
