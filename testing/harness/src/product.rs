@@ -2,7 +2,11 @@
 //! puts them in the same target directory as this tooling: next to the `nodemedic-lab`
 //! executable, and one folder up from a test executable, which cargo keeps in `deps/`.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Mutex, OnceLock},
+};
 
 use nodemedic_lab::{Error, Result};
 
@@ -32,8 +36,20 @@ pub const AGENT_PROFILE: &str = "agent";
 
 /// The build of the single-role executable `sibling` (a file next to the all-in-one `nodemedic`)
 /// that a cluster would run: for the agent next to a release build, the [`AGENT_PROFILE`] build
-/// when it was built from the sources as they are; otherwise `sibling` itself.
+/// when it was built from the sources as they are; otherwise `sibling` itself. Chosen once per
+/// process: a campaign starts agents hundreds of times, and keeps running the build it began with.
 pub fn shipped_build(sibling: &Path) -> PathBuf {
+    static CHOSEN: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+    let Ok(mut chosen) = CHOSEN.get_or_init(Mutex::default).lock() else {
+        return choose_build(sibling);
+    };
+    chosen
+        .entry(sibling.to_path_buf())
+        .or_insert_with(|| choose_build(sibling))
+        .clone()
+}
+
+fn choose_build(sibling: &Path) -> PathBuf {
     let in_release = sibling.parent().and_then(Path::file_name) == Some("release".as_ref());
     let agent = sibling.file_name() == Some("nodemedic-agent".as_ref());
     sibling
@@ -101,7 +117,7 @@ mod tests {
         let then = SystemTime::now() - Duration::from_secs(60);
         touch(&release, then + Duration::from_secs(30));
         assert_eq!(
-            shipped_build(&release),
+            choose_build(&release),
             release,
             "no agent-profile build: the release one"
         );
@@ -109,14 +125,14 @@ mod tests {
         touch(&sized, then + Duration::from_secs(10));
         dep_info(&sized, &[&source]);
         assert_eq!(
-            shipped_build(&release),
+            choose_build(&release),
             sized,
             "fresh, though older than the release build"
         );
         touch(&source, then + Duration::from_secs(20));
-        assert_eq!(shipped_build(&release), release, "a source changed since");
+        assert_eq!(choose_build(&release), release, "a source changed since");
         std::fs::remove_file(sized.with_extension("d")).expect("dep-info removed");
-        assert_eq!(shipped_build(&release), release, "without dep-info nothing is known");
+        assert_eq!(choose_build(&release), release, "without dep-info nothing is known");
     }
 
     #[test]
@@ -129,8 +145,8 @@ mod tests {
             dep_info(&sized, &[]);
         }
         let debug = target.path().join("debug/nodemedic-agent");
-        assert_eq!(shipped_build(&debug), debug);
+        assert_eq!(choose_build(&debug), debug);
         let controller = target.path().join("release/nodemedic-controller");
-        assert_eq!(shipped_build(&controller), controller);
+        assert_eq!(choose_build(&controller), controller);
     }
 }

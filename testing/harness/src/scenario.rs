@@ -9,7 +9,6 @@ use std::{
 
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    coordination::v1::Lease,
     core::v1::{Namespace, Pod, ServiceAccount},
 };
 use kube::{
@@ -502,28 +501,22 @@ pub async fn agents_settled(lab: &Lab) -> Result<()> {
 /// Waits until the registration of every one of `nodes` acknowledges the committed membership
 /// epoch: each agent has read its peers and the membership since it registered.
 async fn every_agent_acknowledged(lab: &Lab, nodes: &[String]) -> Result<()> {
-    let configs = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS);
-    let leases = Api::<Lease>::namespaced(lab.client(), NS);
-    let registrations = ListParams::default().labels(&registration::registrations_selector());
+    let client = lab.client();
     wait::until(
         &format!("the agents of {nodes:?} to acknowledge the committed membership"),
         Duration::from_secs(60),
         || {
-            let (configs, leases, registrations) = (configs.clone(), leases.clone(), registrations.clone());
+            let client = client.clone();
             async move {
-                let committed = configs
-                    .get_opt(CONFIG_NAME)
-                    .await?
-                    .and_then(|c| c.status?.membership_epoch)
-                    .and_then(|e| u64::try_from(e).ok());
-                let Some(committed) = committed else { return Ok(None) };
+                // The registrations and the membership come from one list: one request per poll.
+                let leases = registration::list(&client, NS).await?;
+                let Some(committed) = leases.iter().find_map(registration::membership) else {
+                    return Ok(None);
+                };
                 let acknowledged: Vec<String> = leases
-                    .list(&registrations)
-                    .await?
-                    .items
                     .iter()
                     .filter_map(registration::Published::from_lease)
-                    .filter(|p| p.epoch >= committed)
+                    .filter(|p| p.epoch >= committed.committed.epoch)
                     .map(|p| p.node)
                     .collect();
                 Ok(nodes.iter().all(|n| acknowledged.contains(n)).then_some(()))

@@ -3,13 +3,20 @@
 //! space, where a thread of the lab, in that namespace, holds each for the delay (uniform in
 //! `delay ± jitter`) or drops it. With `--queue-bypass`, packets pass untouched once the thread
 //! is gone.
+//!
+//! Queue numbers are per namespace, and a queue stays bound while any process holds the socket
+//! that bound it. The `nfq` crate opens that socket without close-on-exec and does not expose
+//! it, so a process the lab starts in a slow window (an agent after a power cycle) inherits it
+//! and keeps the queue bound long after the link is restored. Each slowed link therefore takes
+//! a queue number this process has not used before: a stale binding neither blocks the next
+//! slow link nor receives its packets.
 
 use std::{
     cmp::Reverse,
     collections::BinaryHeap,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU16, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -19,8 +26,8 @@ use rand::Rng;
 
 use crate::{Error, Result, cmd};
 
-/// The packet queue each node's namespace uses (queues are per namespace).
-const QUEUE: u16 = 0;
+/// The next packet queue number to hand out (wrapping: 65,536 slow links per lab process).
+static NEXT_QUEUE: AtomicU16 = AtomicU16::new(0);
 
 /// How the link misbehaves.
 #[derive(Clone, Copy, Debug)]
@@ -33,12 +40,13 @@ pub struct Impairment {
 /// One node's slowed link; dropping it restores the link.
 pub struct SlowLink {
     netns: String,
+    queue: u16,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn rule(netns: &str, action: &str) -> Result<String> {
-    let queue = QUEUE.to_string();
+fn rule(netns: &str, queue: u16, action: &str) -> Result<String> {
+    let queue = queue.to_string();
     cmd::run(
         "ip",
         &[
@@ -62,17 +70,19 @@ fn rule(netns: &str, action: &str) -> Result<String> {
 impl SlowLink {
     pub fn start(netns: &str, impairment: Impairment) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
+        let queue = NEXT_QUEUE.fetch_add(1, Ordering::Relaxed);
         let (ready, bound) = std::sync::mpsc::channel();
         let thread = {
             let (netns, stop) = (netns.to_owned(), stop.clone());
             std::thread::spawn(move || {
-                if let Err(error) = hold_packets(&netns, impairment, &stop, &ready) {
+                if let Err(error) = hold_packets(&netns, queue, impairment, &stop, &ready) {
                     let _ = ready.send(Err(error));
                 }
             })
         };
         let link = Self {
             netns: netns.to_owned(),
+            queue,
             stop,
             thread: Some(thread),
         };
@@ -80,14 +90,14 @@ impl SlowLink {
             .recv_timeout(Duration::from_secs(5))
             .map_err(|_| Error::Invalid(format!("{netns}: the slow link's queue did not start")))?
             .map_err(Error::Invalid)?;
-        rule(netns, "-A")?;
+        rule(netns, queue, "-A")?;
         Ok(link)
     }
 }
 
 impl Drop for SlowLink {
     fn drop(&mut self) {
-        let _ = rule(&self.netns, "-D");
+        let _ = rule(&self.netns, self.queue, "-D");
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -98,6 +108,7 @@ impl Drop for SlowLink {
 /// Runs in the node's namespace: binds the queue, then releases each packet when it is due.
 fn hold_packets(
     netns: &str,
+    queue_number: u16,
     impairment: Impairment,
     stop: &AtomicBool,
     ready: &std::sync::mpsc::Sender<std::result::Result<(), String>>,
@@ -106,8 +117,8 @@ fn hold_packets(
     nix::sched::setns(namespace, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {netns}: {e}"))?;
     let mut queue = nfq::Queue::open().map_err(|e| format!("opening the packet queue: {e}"))?;
     queue
-        .bind(QUEUE)
-        .map_err(|e| format!("binding packet queue {QUEUE}: {e}"))?;
+        .bind(queue_number)
+        .map_err(|e| format!("binding packet queue {queue_number}: {e}"))?;
     queue.set_nonblocking(true);
     let _ = ready.send(Ok(()));
     let mut rng = rand::rng();

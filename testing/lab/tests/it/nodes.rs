@@ -1,7 +1,7 @@
 //! Nodes: crash, power, partitions, freeze, API isolation, each checked from inside the node's
 //! namespace and from the API.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nodemedic_lab::{Event, Lab, LabConfig};
 
@@ -129,7 +129,7 @@ async fn partitions_of_one_and_of_two_nodes_cut_exactly_what_they_promise() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn freeze_stops_every_process_and_api_isolation_keeps_peers_reachable() {
+async fn freeze_stops_every_process_api_isolation_keeps_peers_reachable_and_a_link_slows_again_after_a_restart() {
     logs();
     let lab = Lab::start(LabConfig::seed()).await.expect("lab starts");
     for node in lab.nodes() {
@@ -184,4 +184,27 @@ async fn freeze_stops_every_process_and_api_isolation_keeps_peers_reachable() {
     lab.wait_ready_status("node-1", "True", Duration::from_secs(30))
         .await
         .expect("back");
+
+    // A slow link holds what the node sends for the delay. A process the lab starts while the
+    // link is slow (as it starts an agent after a power cycle) must not keep the next slow link
+    // from starting once this one is restored.
+    let node_2 = lab.node_ip("node-2").expect("ip");
+    let delay = Duration::from_millis(300);
+    lab.slow_links(&["node-1"], delay, Duration::ZERO, 0.0)
+        .await
+        .expect("slow");
+    let probe_started = Instant::now();
+    assert!(
+        lab.node_can_reach("node-1", node_2, 9000).expect("probe"),
+        "a slow link still carries packets"
+    );
+    assert!(probe_started.elapsed() >= delay, "the connection waited for the delay");
+    lab.restart_process("node-1/listener")
+        .expect("a process restarted while the link is slow");
+    lab.restore_links(&["node-1"]).await.expect("restore");
+    lab.slow_links(&["node-1"], delay, Duration::ZERO, 0.0)
+        .await
+        .expect("the link slows again while the process started in the last slow window lives");
+    lab.restore_links(&["node-1"]).await.expect("restore");
+    wait_reachable(&lab, "node-1", "node-2").await;
 }

@@ -11,7 +11,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, ObjectMeta, PostParams},
 };
-use nodemedic_lab::{Event, Lab, LabConfig, Timings, wait};
+use nodemedic_lab::{Event, Lab, LabConfig, Timings, timeline::Entry, wait};
 
 use crate::support::{has_taint, logs, unknown_within};
 
@@ -33,6 +33,26 @@ pub async fn running_pod(client: &Client, name: &str, not_on: Option<&str>) -> P
     })
     .await
     .expect("pod running")
+}
+
+/// The timeline's entry for `pod` turning Running. The timeline learns it from its own watch,
+/// which may lag behind the read that just saw the pod Running.
+async fn recorded_running(lab: &Lab, pod: &Pod) -> Entry {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    wait::until(
+        "the timeline to record the pod Running",
+        Duration::from_secs(15),
+        || {
+            let uid = uid.clone();
+            async move {
+                Ok(lab.timeline().entries().into_iter().find(
+                    |e| matches!(&e.event, Event::PodPhase { pod, phase, .. } if pod.uid == uid && phase == "Running"),
+                ))
+            }
+        },
+    )
+    .await
+    .expect("recorded")
 }
 
 pub fn node_of(pod: &Pod) -> String {
@@ -145,10 +165,7 @@ async fn a_statefulset_pod_moves_only_once_its_old_attachment_is_gone_and_the_wi
         .expect("delete the old attachment");
     let second = running_pod(&client, "db-0", Some(&a)).await;
     let b = node_of(&second);
-    let running = lab
-        .timeline()
-        .find_after(deleted_at, |e| matches!(e, Event::PodPhase { pod, phase, .. } if pod.uid == second.metadata.uid.clone().unwrap_or_default() && phase == "Running"))
-        .expect("recorded");
+    let running = recorded_running(&lab, &second).await;
     assert!(
         running.at > deleted_at,
         "Running only after the old attachment was deleted"
@@ -176,6 +193,7 @@ async fn a_statefulset_pod_moves_only_once_its_old_attachment_is_gone_and_the_wi
         .await
         .expect("delete");
     let third = running_pod(&client, "db-0", Some(&b)).await;
+    recorded_running(&lab, &third).await;
     let violations = nodemedic_lab::witness::check(&lab.timeline().entries());
     assert!(
         violations

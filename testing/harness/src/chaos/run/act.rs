@@ -69,8 +69,7 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
         }
         Action::Partition { nodes: set } => {
             let names = set.iter().map(node).collect::<anyhow::Result<Vec<_>>>()?;
-            lab.partition(&names.iter().map(String::as_str).collect::<Vec<_>>())
-                .await?;
+            lab.partition(&as_strs(&names)).await?;
         }
         Action::IsolateFromApi { node: s } => lab.isolate_from_api(&node(s)?).await?,
         Action::Heal { node: s } => lab.heal(&node(s)?).await?,
@@ -141,10 +140,9 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             loss_permille,
         } => {
             let nodes = lab.nodes();
-            let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
             faults.slowed.clone_from(&nodes);
             lab.slow_links(
-                &names,
+                &as_strs(&nodes),
                 Duration::from_millis(*delay_ms),
                 Duration::from_millis(*jitter_ms),
                 f64::from(*loss_permille) / 10.0,
@@ -157,14 +155,18 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
             ));
         }
         Action::RestoreLinks => {
-            let names: Vec<&str> = faults.slowed.iter().map(String::as_str).collect();
-            lab.restore_links(&names).await?;
+            lab.restore_links(&as_strs(&faults.slowed)).await?;
             faults.slowed.clear();
         }
         Action::RemoveNode { node: s } => remove_node(ctx, &node(s)?).await?,
         Action::AddNode { node: s } => add_node(ctx, &node(s)?).await?,
     }
     Ok(describe(action, ctx.nodes))
+}
+
+/// The lab's fault calls take node names as `&[&str]`.
+fn as_strs(names: &[String]) -> Vec<&str> {
+    names.iter().map(String::as_str).collect()
 }
 
 fn describe(action: &Action, nodes: &[String]) -> String {
@@ -292,10 +294,9 @@ pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, sta
         done.push((format!("resume-bmc {n}"), lab.resume_bmc(n).await.map_err(Into::into)));
     }
     if !faults.slowed.is_empty() {
-        let names: Vec<&str> = faults.slowed.iter().map(String::as_str).collect();
         done.push((
             "restore-links".to_owned(),
-            lab.restore_links(&names).await.map_err(Into::into),
+            lab.restore_links(&as_strs(&faults.slowed)).await.map_err(Into::into),
         ));
     }
     for n in lab.nodes() {
