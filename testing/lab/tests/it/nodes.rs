@@ -30,11 +30,20 @@ async fn a_crashed_node_turns_unknown_and_unreachable_while_the_others_stay_read
     })
     .await
     .expect("node-1 gets the unreachable taint");
-    let unknown_at = lab.timeline().find_after(
-        crashed_at,
-        |e| matches!(e, Event::NodeReady { node, status, .. } if node == "node-1" && status == "Unknown"),
-    );
-    let after = unknown_at.expect("recorded").at - crashed_at;
+    // The timeline learns the status from its own watch, which may lag behind the read above.
+    let unknown_at = nodemedic_lab::wait::until(
+        "the timeline to record node-1 Unknown",
+        Duration::from_secs(15),
+        || async {
+            Ok(lab.timeline().find_after(
+                crashed_at,
+                |e| matches!(e, Event::NodeReady { node, status, .. } if node == "node-1" && status == "Unknown"),
+            ))
+        },
+    )
+    .await
+    .expect("recorded");
+    let after = unknown_at.at - crashed_at;
     assert!(
         after.total(jiff::Unit::Second).expect("seconds") <= unknown_within(&lab).as_secs_f64(),
         "Unknown after {after:?}"
