@@ -29,6 +29,10 @@ pub struct ChaosArgs {
     /// Replay one trial (its index, as a violation names it).
     #[arg(long)]
     pub only_trial: Option<usize>,
+    /// Run the trials from this index to `--trials` (e.g. to resume a campaign cut short, or to
+    /// replay a run of trials in the lab they shared).
+    #[arg(long, conflicts_with = "only_trial")]
+    pub from_trial: Option<usize>,
     /// Where the JSON and markdown reports go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
@@ -49,6 +53,20 @@ fn lab_size(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Which trials of the seed's sequence to run.
+fn trial_indices(args: &ChaosArgs) -> anyhow::Result<Vec<usize>> {
+    Ok(match (args.only_trial, args.from_trial) {
+        (Some(i), _) => vec![i],
+        (None, Some(from)) if from >= args.trials => {
+            bail!(
+                "--from-trial {from} is past the last trial ({}): give --trials more than {from}",
+                args.trials.saturating_sub(1)
+            )
+        }
+        (None, from) => (from.unwrap_or(0)..args.trials).collect(),
+    })
+}
+
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
     crate::interruptible::run(campaign(args))
 }
@@ -56,10 +74,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
 async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     let exe = nodemedic_harness::product::nodemedic()?;
     let options = Options { nodes: args.nodes };
-    let indices: Vec<usize> = match args.only_trial {
-        Some(i) => vec![i],
-        None => (0..args.trials).collect(),
-    };
+    let indices = trial_indices(&args)?;
     if args.dry_run {
         let plans: Vec<_> = indices
             .iter()
@@ -214,4 +229,42 @@ fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        chaos: ChaosArgs,
+    }
+
+    fn indices(args: &[&str]) -> anyhow::Result<Vec<usize>> {
+        let cli = Cli::try_parse_from(std::iter::once("chaos").chain(args.iter().copied()))?;
+        trial_indices(&cli.chaos)
+    }
+
+    #[test]
+    fn the_campaign_runs_every_trial_one_trial_or_the_trials_from_one_on() {
+        assert_eq!(indices(&["--trials", "3"]).expect("all"), vec![0, 1, 2]);
+        assert_eq!(
+            indices(&["--trials", "50", "--only-trial", "29"]).expect("one"),
+            vec![29]
+        );
+        assert_eq!(
+            indices(&["--trials", "30", "--from-trial", "27"]).expect("from"),
+            vec![27, 28, 29]
+        );
+    }
+
+    #[test]
+    fn a_start_past_the_last_trial_or_beside_only_trial_is_refused() {
+        let past = indices(&["--trials", "30", "--from-trial", "30"]).expect_err("past the end");
+        assert!(past.to_string().contains("give --trials more than 30"), "{past}");
+        assert!(indices(&["--only-trial", "3", "--from-trial", "2"]).is_err());
+    }
 }
