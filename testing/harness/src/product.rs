@@ -37,7 +37,7 @@ pub const AGENT_PROFILE: &str = "agent";
 /// The build of the single-role executable `sibling` (a file next to the all-in-one `nodemedic`)
 /// that a cluster would run: for the agent next to a release build, the [`AGENT_PROFILE`] build
 /// when it was built from the sources as they are; otherwise `sibling` itself. Chosen once per
-/// process: a campaign starts agents hundreds of times, and keeps running the build it began with.
+/// process: a campaign starts agents hundreds of times, and keeps the path it chose first.
 pub fn shipped_build(sibling: &Path) -> PathBuf {
     static CHOSEN: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
     let Ok(mut chosen) = CHOSEN.get_or_init(Mutex::default).lock() else {

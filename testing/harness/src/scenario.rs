@@ -508,7 +508,7 @@ async fn every_agent_acknowledged(lab: &Lab, nodes: &[String]) -> Result<()> {
         || {
             let client = client.clone();
             async move {
-                // The registrations and the membership come from one list: one request per poll.
+                // One list: a consistent snapshot of the registrations and the membership.
                 let leases = registration::list(&client, NS).await?;
                 let Some(committed) = leases.iter().find_map(registration::membership) else {
                     return Ok(None);
