@@ -14,6 +14,7 @@ pub mod machines;
 pub mod merge_patch;
 pub mod metrics_server;
 pub mod node_lease;
+pub mod paged;
 pub mod pki;
 pub mod shutdown;
 pub mod taints;

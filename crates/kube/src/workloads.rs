@@ -1,6 +1,7 @@
 //! A fenced node's workloads: the pods bound to it and the volume attachments naming it, and their
 //! release once the node is provably off. Shared by every remediator.
 
+use futures::StreamExt;
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
     storage::v1::VolumeAttachment,
@@ -11,7 +12,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{CallContext, Result};
+use crate::{CallContext, Result, paged};
 
 /// Pods bound to the node, except DaemonSet pods (their controller puts them straight back and
 /// they belong to the node, not to a workload that could run twice).
@@ -27,12 +28,17 @@ pub async fn pods(client: &Client, node: &str) -> Result<Vec<Pod>> {
         .collect())
 }
 
+/// The volume attachments naming the node. They cannot be selected by node, so every one is
+/// read, a page at a time, and only the node's kept.
 pub async fn attachments(client: &Client, node: &str) -> Result<Vec<VolumeAttachment>> {
-    let all = Api::<VolumeAttachment>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing VolumeAttachments")?;
-    Ok(all.items.into_iter().filter(|va| va.spec.node_name == node).collect())
+    let api = Api::<VolumeAttachment>::all(client.clone());
+    let mut pages = std::pin::pin!(paged::pages(&api, &ListParams::default()));
+    let mut named = Vec::new();
+    while let Some(page) = pages.next().await {
+        let page = page.context("listing VolumeAttachments")?;
+        named.extend(page.into_iter().filter(|va| va.spec.node_name == node));
+    }
+    Ok(named)
 }
 
 /// Force-deletes the pods (grace 0: the node that would honour a grace period is off).

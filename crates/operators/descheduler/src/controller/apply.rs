@@ -1,6 +1,7 @@
 //! Carrying the decision out: server-side apply of the descheduler's objects, stopping or
 //! removing them, and the KubeDescheduler's status.
 
+use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, Node, ServiceAccount},
@@ -11,7 +12,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use nodemedic_api::descheduler::KubeDescheduler;
-use nodemedic_kube::{CallContext, taints};
+use nodemedic_kube::{CallContext, paged, taints};
 use serde_json::json;
 
 use super::{Context, objects};
@@ -130,15 +131,12 @@ pub async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool)
     remove_soft_taints(ctx).await
 }
 
-/// Takes every soft taint off every node. Nodes are read a page at a time: at thousands of
-/// nodes, the whole list at once would be the controller's largest allocation.
+/// Takes every soft taint off every node (read a page at a time: see nodemedic_kube::paged).
 pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
-    const PAGE: u32 = 500;
     let nodes = Api::<Node>::all(ctx.tainter.clone());
-    let mut params = ListParams::default().limit(PAGE);
-    loop {
-        let page = nodes.list(&params).await.context("listing nodes")?;
-        for node in &page.items {
+    let mut pages = std::pin::pin!(paged::pages(&nodes, &ListParams::default()));
+    while let Some(page) = pages.next().await {
+        for node in &page.context("listing nodes")? {
             let carried: Vec<&str> = soft_taints::KEYS
                 .into_iter()
                 .filter(|key| {
@@ -167,11 +165,8 @@ pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
             }
             tracing::info!(node = %name, "soft taints removed");
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(()),
-        }
     }
+    Ok(())
 }
 
 pub async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &Outcome) -> Result<()> {

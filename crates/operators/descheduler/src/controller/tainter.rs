@@ -17,7 +17,7 @@ use kube::{
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use nodemedic_api::descheduler::{KubeDescheduler, Mode, SoftTaintedNode};
-use nodemedic_kube::{CallContext, taints};
+use nodemedic_kube::{CallContext, paged, taints};
 use serde_json::json;
 
 use super::{Context, observe, prometheus::Prometheus};
@@ -118,7 +118,6 @@ async fn round(
         return Ok(Some("inactive"));
     };
     *clean = false;
-    let listed = nodes.list(&ListParams::default()).await.context("listing nodes")?.items;
     let Some(kd) = in_charge else {
         return Ok(Some("inactive"));
     };
@@ -132,13 +131,13 @@ async fn round(
         }
     };
     let samples = client.per_instance(&settings.query).await?;
-    let node_facts = facts(&listed, Some(&settings), &samples);
+    let observed = observe_nodes(&nodes, &settings, &samples).await?;
     let active = kd.spec.mode == Mode::Automatic;
-    let plan = soft_taints::plan(&node_facts, settings.thresholds, active);
-    for node in &listed {
-        match samples.get(&node.name_any()) {
-            Some(value) => ctx.metrics.utilization(&node.name_any(), *value),
-            None => ctx.metrics.forget_node(&node.name_any()),
+    let plan = soft_taints::plan(&observed.facts, settings.thresholds, active);
+    for node in &observed.facts {
+        match node.utilization {
+            Some(value) => ctx.metrics.utilization(&node.name, value),
+            None => ctx.metrics.forget_node(&node.name),
         }
     }
     if let Some(held) = &plan.held {
@@ -146,9 +145,41 @@ async fn round(
     } else {
         tracing::debug!(low = ?plan.low, high = ?plan.high, classes = ?plan.classes, "soft tainter classified the nodes");
     }
-    apply(ctx, &nodes, &plan, &listed).await?;
+    apply(ctx, &nodes, &plan, &observed).await?;
     report(ctx, kd, &plan, &samples, active).await?;
     Ok(Some(if plan.held.is_some() { "held" } else { "applied" }))
+}
+
+/// What a round needs of the nodes.
+struct Observed {
+    facts: Vec<NodeFacts>,
+    /// The nodes carrying a soft taint key with another effect, to be replaced or removed.
+    repair: Vec<String>,
+}
+
+/// Every node, read a page at a time and kept only as what the round needs of it: at thousands
+/// of nodes, the whole list of Nodes every interval would be the controller's largest allocation
+/// (see nodemedic_kube::paged).
+async fn observe_nodes(
+    nodes: &Api<Node>,
+    settings: &TainterSettings,
+    samples: &BTreeMap<String, f64>,
+) -> Result<Observed> {
+    let mut observed = Observed {
+        facts: Vec::new(),
+        repair: Vec::new(),
+    };
+    let mut pages = std::pin::pin!(paged::pages(nodes, &ListParams::default()));
+    while let Some(page) = pages.next().await {
+        for node in page.context("listing nodes")? {
+            let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+            if taints.is_some_and(|t| t.iter().any(misplaced)) {
+                observed.repair.push(node.name_any());
+            }
+            observed.facts.push(facts(&node, settings, samples));
+        }
+    }
+    Ok(observed)
 }
 
 fn ready(node: &Node) -> bool {
@@ -158,25 +189,19 @@ fn ready(node: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn facts(nodes: &[Node], settings: Option<&TainterSettings>, samples: &BTreeMap<String, f64>) -> Vec<NodeFacts> {
-    nodes
-        .iter()
-        .map(|node| {
-            let name = node.name_any();
-            let selected = settings.is_some_and(|s| {
-                s.node_selector
-                    .as_ref()
-                    .is_none_or(|(key, value)| node.labels().get(key) == Some(value))
-            });
-            NodeFacts {
-                in_scope: selected && ready(node),
-                schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-                taints: current(node),
-                utilization: samples.get(&name).copied(),
-                name,
-            }
-        })
-        .collect()
+fn facts(node: &Node, settings: &TainterSettings, samples: &BTreeMap<String, f64>) -> NodeFacts {
+    let name = node.name_any();
+    let selected = settings
+        .node_selector
+        .as_ref()
+        .is_none_or(|(key, value)| node.labels().get(key) == Some(value));
+    NodeFacts {
+        in_scope: selected && ready(node),
+        schedulable: !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+        taints: current(node),
+        utilization: samples.get(&name).copied(),
+        name,
+    }
 }
 
 fn current(node: &Node) -> BTreeSet<String> {
@@ -198,21 +223,15 @@ fn misplaced(taint: &Taint) -> bool {
 
 /// Carries the plan out node by node (one node's failure does not stop the others; the first
 /// error is returned), and takes off soft taint keys someone set with another effect.
-async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan, listed: &[Node]) -> Result<()> {
+async fn apply(ctx: &Context, nodes: &Api<Node>, plan: &Plan, observed: &Observed) -> Result<()> {
     let mut changes: Vec<(String, Vec<&'static str>, Vec<&'static str>)> = plan
         .changes
         .iter()
         .map(|c| (c.node.clone(), c.add.clone(), c.remove.clone()))
         .collect();
-    for node in listed {
-        let name = node.name_any();
-        let repair = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(misplaced));
-        if repair && !changes.iter().any(|(n, _, _)| *n == name) {
-            changes.push((name, Vec::new(), Vec::new()));
+    for node in &observed.repair {
+        if !changes.iter().any(|(n, _, _)| n == node) {
+            changes.push((node.clone(), Vec::new(), Vec::new()));
         }
     }
     let mut first_error = None;

@@ -26,8 +26,8 @@ use crate::{
     decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, Severity, TemplateRef},
 };
 
-/// API writes in flight at once while carrying a decision out.
-const PARALLEL_WRITES: usize = 32;
+/// API requests in flight at once while carrying a decision out.
+pub(crate) const PARALLEL_WRITES: usize = 32;
 
 /// What every write of one decision needs to know.
 pub struct Apply<'a> {

@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
@@ -18,7 +19,7 @@ use nodemedic_kube::{CallContext, events::Events, node_lease::NodeLeases};
 use serde_json::json;
 
 use super::{
-    apply::Apply,
+    apply::{self, Apply},
     index::{self, Index},
     kinds::{Kinds, Role},
     status,
@@ -218,36 +219,53 @@ async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) 
 /// the index holds; where it does not, the index takes the fresh facts.
 async fn cache_agrees(ctx: &Context, decision: &Decision) -> Result<bool> {
     let api = Api::<Node>::all(ctx.client.clone());
+    // Read side by side: when hundreds of nodes fail at once, one read after another would
+    // delay the last remediation by hundreds of round trips. The futures are built first (a
+    // closure borrowing the decision inside the stream would not be Send for every lifetime).
+    let reads: Vec<_> = decision
+        .create
+        .iter()
+        .map(|new| fresh_facts(api.clone(), new.node.clone()))
+        .collect();
+    let reads: Vec<(String, nodemedic_kube::Result<Option<NodeFacts>>)> = stream::iter(reads)
+        .buffer_unordered(apply::PARALLEL_WRITES)
+        .collect()
+        .await;
     let mut agrees = true;
-    for new in &decision.create {
-        // No resourceVersion: read from etcd, not from the API server's watch cache.
-        let fresh = api
-            .get_opt(&new.node)
-            .await
-            .with_context(|| format!("reading Node {} before remediating it", new.node))?;
+    for (node, fresh) in reads {
+        let fresh = fresh?;
         let cached = ctx
             .index
             .nodes
             .read()
             .map_err(|_| Error::Poisoned("node index"))?
-            .get(&new.node)
+            .get(&node)
             .cloned();
-        let fresh = fresh.as_ref().and_then(index::node_facts);
         if fresh == cached {
             continue;
         }
         agrees = false;
-        tracing::info!(node = %new.node, "the node's facts in the API differ from the health check's cache: deciding again before remediating it");
+        tracing::info!(%node, "the node's facts in the API differ from the health check's cache: deciding again before remediating it");
         match fresh {
             Some(facts) => {
                 ctx.index.upsert_node(facts);
             }
             None => {
-                ctx.index.remove_node(&new.node);
+                ctx.index.remove_node(&node);
             }
         }
     }
     Ok(agrees)
+}
+
+/// The node's facts as etcd has them now: no resourceVersion, so not from the API server's
+/// watch cache.
+async fn fresh_facts(api: Api<Node>, node: String) -> (String, nodemedic_kube::Result<Option<NodeFacts>>) {
+    let fresh = api
+        .get_opt(&node)
+        .await
+        .with_context(|| format!("reading Node {node} before remediating it"));
+    (node, fresh.map(|n| n.as_ref().and_then(index::node_facts)))
 }
 
 /// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.

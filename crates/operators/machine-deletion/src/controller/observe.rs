@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -17,7 +18,7 @@ use nodemedic_api::{
 use nodemedic_kube::{
     CallContext,
     machines::{api_resource, get_machine, machine_api},
-    workloads,
+    paged, workloads,
 };
 use serde_json::Value;
 
@@ -243,32 +244,40 @@ async fn owner_state(
         .and_then(Value::as_i64)
         .unwrap_or(1);
     let owner_uid = owner.metadata.uid.clone().unwrap_or_default();
-    let listed = machine_api(&ctx.client, machine)
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("listing {} Machines in {}", machine.api.group(), machine.namespace))?;
-    let nodes: BTreeMap<String, bool> = Api::<Node>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing nodes")?
-        .into_iter()
-        .map(|n| (n.name_any(), is_ready(&n)))
-        .collect();
-    let owned = listed
-        .items
-        .iter()
-        .filter(|m| controller_owner(m).is_some_and(|o| o.uid == owner_uid))
-        .map(|m| {
-            let node = serde_json::to_value(m).ok().as_ref().and_then(machines::node_ref);
-            let ready = node.as_ref().and_then(|n| nodes.get(n));
-            OwnedMachine {
-                created: m.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                deleting: m.metadata.deletion_timestamp.is_some(),
-                node_exists: ready.is_some(),
-                node_ready: ready.copied().unwrap_or(false),
-            }
-        })
-        .collect();
+    // Both a page at a time, keeping only what the decision reads: a MachineSet of thousands
+    // of machines, or thousands of nodes, would otherwise be read whole (see nodemedic_kube::paged).
+    let mut nodes: BTreeMap<String, bool> = BTreeMap::new();
+    let mut pages = std::pin::pin!(paged::pages(
+        &Api::<Node>::all(ctx.client.clone()),
+        &ListParams::default()
+    ));
+    while let Some(page) = pages.next().await {
+        nodes.extend(
+            page.context("listing nodes")?
+                .iter()
+                .map(|n| (n.name_any(), is_ready(n))),
+        );
+    }
+    let mut owned = Vec::new();
+    let mut pages = std::pin::pin!(paged::pages(&machine_api(&ctx.client, machine), &ListParams::default()));
+    while let Some(page) = pages.next().await {
+        let page =
+            page.with_context(|| format!("listing {} Machines in {}", machine.api.group(), machine.namespace))?;
+        owned.extend(
+            page.iter()
+                .filter(|m| controller_owner(m).is_some_and(|o| o.uid == owner_uid))
+                .map(|m| {
+                    let node = serde_json::to_value(m).ok().as_ref().and_then(machines::node_ref);
+                    let ready = node.as_ref().and_then(|n| nodes.get(n));
+                    OwnedMachine {
+                        created: m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                        deleting: m.metadata.deletion_timestamp.is_some(),
+                        node_exists: ready.is_some(),
+                        node_ready: ready.copied().unwrap_or(false),
+                    }
+                }),
+        );
+    }
     Ok((Some(replicas), owned))
 }
 

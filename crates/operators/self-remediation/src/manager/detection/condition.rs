@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams},
 };
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{events::Events, paged};
 use nodemedic_peer_detection::{CONDITION, Condition, MemberFacts, Verdict, condition};
 use serde_json::json;
 
@@ -28,6 +29,26 @@ impl Written {
     fn plain(&self) -> bool {
         self.status == "True" && self.reason == "PeersReachable"
     }
+}
+
+/// The condition as `node` carries it.
+fn found(node: &Node) -> Option<Written> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION)?;
+    Some(Written {
+        status: c.status.clone(),
+        reason: c.reason.clone().unwrap_or_default(),
+        transition: c
+            .last_transition_time
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+    })
 }
 
 /// The verdict on a member no peer reports, among `members` members.
@@ -51,31 +72,16 @@ impl Writer {
     pub async fn start(client: Client, events: Events, metrics: Metrics) -> Self {
         let nodes = Api::<Node>::all(client);
         let mut written = BTreeMap::new();
-        match nodes.list(&ListParams::default()).await {
-            Ok(list) => {
-                for node in list {
-                    let found = node
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .and_then(|all| all.iter().find(|c| c.type_ == CONDITION));
-                    if let Some(c) = found {
-                        written.insert(
-                            node.name_any(),
-                            Written {
-                                status: c.status.clone(),
-                                reason: c.reason.clone().unwrap_or_default(),
-                                transition: c
-                                    .last_transition_time
-                                    .as_ref()
-                                    .map(|t| t.0.to_string())
-                                    .unwrap_or_default(),
-                            },
-                        );
-                    }
+        // A page at a time: only the condition of each node is kept.
+        let mut pages = std::pin::pin!(paged::pages(&nodes, &ListParams::default()));
+        while let Some(page) = pages.next().await {
+            match page {
+                Ok(page) => written.extend(page.iter().filter_map(|node| Some((node.name_any(), found(node)?)))),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot list the nodes' PeersReachable conditions");
+                    break;
                 }
             }
-            Err(error) => tracing::warn!(%error, "cannot list the nodes' PeersReachable conditions"),
         }
         let writer = Self {
             nodes,

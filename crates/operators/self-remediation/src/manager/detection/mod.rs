@@ -14,14 +14,10 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{
-    Api, Client, ResourceExt,
-    runtime::{WatchStreamExt, reflector, watcher},
-};
-use nodemedic_kube::{events::Events, pki::Authority};
+use kube::{Api, Client, runtime::watcher};
+use nodemedic_kube::{events::Events, paged::Projection, pki::Authority};
 use nodemedic_peer_detection::{HostProbes, MemberFacts, Policy, Reports, Verdict, verdicts};
 use tokio::sync::mpsc;
 
@@ -67,13 +63,18 @@ pub async fn run(
             tracing::error!(%error, "the peer-report server stopped: no PeersReachable conditions");
         }
     });
-    let registrations = store(
+    // Each agent's address, by registration Lease name.
+    let agent_addresses = Projection::spawn(
         Api::<Lease>::namespaced(client.clone(), &namespace),
         watcher::Config::default().labels(&registration::registrations_selector()),
+        |lease| registration::Published::from_lease(lease).map(|p| (p.node, p.address)),
     );
-    let kubelet_leases = store(
+    // Each kubelet's last renewal, by node: not the Leases (a lease per node, each several
+    // times larger than its renewal time).
+    let kubelet_renewals = Projection::spawn(
         Api::<Lease>::namespaced(client.clone(), KUBELET_LEASES),
         watcher::Config::default(),
+        |lease: &Lease| Some(lease.spec.as_ref()?.renew_time.as_ref()?.0),
     );
     let mut writer = condition::Writer::start(client, events, metrics.clone()).await;
     let policy = Policy::default();
@@ -108,31 +109,23 @@ pub async fn run(
                 reports.expire(now, policy.report_ttl);
                 // At rest nothing is reported and every condition is written: no need to read
                 // thousands of leases five times a second to decide nothing.
-                if reports.is_empty() && probing.is_empty() && writer.settled(registrations.len()) {
+                if reports.is_empty() && probing.is_empty() && writer.settled(agent_addresses.len()) {
                     continue;
                 }
-                let addresses: BTreeMap<String, String> = registrations
-                    .state()
-                    .iter()
-                    .filter_map(|lease| registration::Published::from_lease(lease))
-                    .map(|p| (p.node, p.address))
-                    .collect();
+                let addresses: BTreeMap<String, String> = agent_addresses.snapshot().into_values().collect();
                 hosts.retain(|node, _| addresses.contains_key(node));
-                let renewals: BTreeMap<String, Timestamp> = kubelet_leases
-                    .state()
-                    .iter()
-                    .filter_map(|lease| Some((lease.name_any(), lease.spec.as_ref()?.renew_time.as_ref()?.0)))
-                    .collect();
-                let members: BTreeMap<String, MemberFacts> = addresses
-                    .keys()
-                    .map(|node| {
-                        let facts = MemberFacts {
-                            lease_renewed: renewals.get(node).copied(),
-                            host: hosts.get(node).copied().unwrap_or_default(),
-                        };
-                        (node.clone(), facts)
-                    })
-                    .collect();
+                let members: BTreeMap<String, MemberFacts> = kubelet_renewals.read(|renewals| {
+                    addresses
+                        .keys()
+                        .map(|node| {
+                            let facts = MemberFacts {
+                                lease_renewed: renewals.get(node).copied(),
+                                host: hosts.get(node).copied().unwrap_or_default(),
+                            };
+                            (node.clone(), facts)
+                        })
+                        .collect()
+                });
                 let decided = verdicts(&reports, &members, now, &policy);
                 for (node, verdict) in &decided {
                     if let Verdict::ProbeHost { .. } = verdict
@@ -146,17 +139,6 @@ pub async fn run(
             }
         }
     }
-}
-
-/// A reflector's store of `api`, kept current in the background.
-fn store(api: Api<Lease>, config: watcher::Config) -> reflector::Store<Lease> {
-    let (reader, writer) = reflector::store();
-    let watch = reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| async {});
-    tokio::spawn(watch);
-    reader
 }
 
 /// Whether the host at `address` (the agent's `ip:port`) answers a connection attempt: an
