@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+pub mod budget;
 pub mod decision;
 pub mod requests;
 pub mod usage;

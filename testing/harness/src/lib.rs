@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod chaos;
+pub mod fleet;
 pub mod images;
 pub mod product;
 pub mod report;

@@ -1,5 +1,13 @@
 //! A process's memory and CPU from procfs text. Parsing is pure; [`sample`] reads the files.
 
+use std::{
+    path::Path,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
 use serde::Serialize;
 
 /// Clock ticks per second of `/proc/<pid>/stat` times: 100 on every Linux this runs on.
@@ -54,6 +62,92 @@ pub fn millicores(before: &Usage, after: &Usage, seconds: f64) -> f64 {
     (after.cpu_seconds - before.cpu_seconds).max(0.0) / seconds * 1000.0
 }
 
+/// The most memory any process running `executable` had while watched, sampled every 100 ms
+/// from a thread of its own. The kernel keeps a peak only of the whole resident set (VmHWM), and
+/// for a debug build most of that is its executable's pages: the allocated part (RssAnon) is what
+/// a change of the code's data can move, and only sampling finds its peak. Processes that start
+/// while watched (an agent after its node's reboot) are found as they appear.
+pub struct PeakWatch {
+    stop: Arc<AtomicBool>,
+    peak: Arc<Mutex<Peak>>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What [`PeakWatch`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Peak {
+    /// The largest allocated memory (RssAnon) any one process had (KiB).
+    pub anon_kib: u64,
+    /// The largest resident set any one process had (VmHWM, KiB).
+    pub rss_kib: u64,
+    /// How many processes ran the executable while watched.
+    pub processes: usize,
+}
+
+const PEAK_SAMPLING: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl PeakWatch {
+    pub fn start(executable: &Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(Mutex::new(Peak::default()));
+        // /proc/<pid>/exe names the executable by its canonical path.
+        let executable = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
+        let (stopped, found) = (stop.clone(), peak.clone());
+        let sampler = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !stopped.load(Ordering::Relaxed) {
+                for pid in running(&executable) {
+                    if let Some(usage) = sample(pid) {
+                        seen.insert(pid);
+                        let mut peak = found.lock().unwrap_or_else(PoisonError::into_inner);
+                        peak.anon_kib = peak.anon_kib.max(usage.anon_kib);
+                        peak.rss_kib = peak.rss_kib.max(usage.peak_rss_kib);
+                        peak.processes = seen.len();
+                    }
+                }
+                std::thread::sleep(PEAK_SAMPLING);
+            }
+        });
+        Self {
+            stop,
+            peak,
+            sampler: Some(sampler),
+        }
+    }
+
+    /// The peaks so far.
+    pub fn so_far(&self) -> Peak {
+        *self.peak.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops watching; the peaks.
+    pub fn stop(mut self) -> Peak {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+        self.so_far()
+    }
+}
+
+impl Drop for PeakWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The processes running `executable` now.
+fn running(executable: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == executable))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +177,16 @@ mod tests {
         };
         assert!((millicores(&a, &b, 60.0) - 5.0).abs() < 1e-9);
         assert_eq!(millicores(&a, &b, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_watch_finds_the_processes_of_an_executable_and_their_peaks() {
+        let me = std::env::current_exe().expect("own executable");
+        let watch = PeakWatch::start(&me);
+        std::thread::sleep(PEAK_SAMPLING * 3);
+        let peak = watch.stop();
+        assert!(peak.processes >= 1, "{peak:?}");
+        assert!(peak.anon_kib > 0 && peak.rss_kib >= peak.anon_kib, "{peak:?}");
     }
 
     #[test]

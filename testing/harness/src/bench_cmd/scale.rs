@@ -6,31 +6,20 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::Context;
-use kube::Api;
-use nodemedic_api::{healthcheck::NodeHealthCheck, self_remediation::SelfNodeRemediation};
 use nodemedic_harness::{
     bench::{self, Summary, decision, requests, usage},
-    scenario::{self, NS},
+    fleet, scenario,
 };
-use nodemedic_lab::{Lab, LabConfig, wait};
+use nodemedic_lab::{Lab, LabConfig};
 use serde::Serialize;
 use serde_json::json;
 
 use super::{Section, verdict};
 
-/// The health check's unhealthy duration (the seed manifests').
-const DURATION_SECONDS: f64 = 10.0;
 const REST: Duration = Duration::from_secs(60);
 /// Rest starts once the health check has been idle this long (or after `SETTLE_AT_MOST`).
 const QUIET: Duration = Duration::from_secs(15);
 const SETTLE_AT_MOST: Duration = Duration::from_secs(240);
-const CONTROLLER: &str = "controller";
-const CONTROLLER_USER: &str = "system:serviceaccount:workload-availability:nodemedic-controller";
-
-/// Agents only where a node says so; no fleet node does, so the agent DaemonSet has no pods
-/// (thousands of simulated pods would measure kwok, not nodemedic).
-const NO_AGENTS_CONFIG: &str = r#"{"spec": {"customDsNodeSelectorRequirements": [
-    {"key": "lab.nodemedic.io/agent", "operator": "Exists"}]}}"#;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,7 +59,11 @@ pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
     let mut fleets = Vec::new();
     for &nodes in sizes {
         println!("==> scale: {nodes} nodes");
-        fleets.push(fleet(nodes).await.with_context(|| format!("the {nodes}-node fleet"))?);
+        fleets.push(
+            one_fleet(nodes)
+                .await
+                .with_context(|| format!("the {nodes}-node fleet"))?,
+        );
     }
     Ok(Section {
         name: "scale",
@@ -79,16 +72,15 @@ pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
     })
 }
 
-async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
+async fn one_fleet(nodes: usize) -> anyhow::Result<Fleet> {
     let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(LabConfig::fleet(nodes)).await.context("starting the lab")?;
-    scenario::create_namespace(&lab.client(), NS).await?;
-    scenario::configure_with(&lab, NO_AGENTS_CONFIG).await?;
     let metrics = scenario::free_port()?;
-    scenario::start_controller(&lab, &exe, CONTROLLER, metrics, &[], "info,kube=warn")?;
-    lab.apply_yaml(&health_check().to_string())?;
-    all_healthy(&lab, nodes).await?;
-    let pid = lab.process_pid(CONTROLLER).context("the controller is not running")?;
+    fleet::start_controller(&lab, &exe, metrics).await?;
+    fleet::all_healthy(&lab, nodes).await?;
+    let pid = lab
+        .process_pid(fleet::CONTROLLER)
+        .context("the controller is not running")?;
 
     // Let the start-up's reconciles finish before calling it rest: every new node's first
     // heartbeats still change what the health check sees for a while after all are Ready.
@@ -102,15 +94,15 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
     println!("    at rest: {}", describe(&rest));
     let mut rounds = Vec::new();
     for percent in [1, 10] {
-        let failed: Vec<String> = lab.fleet_nodes().into_iter().step_by(100 / percent).collect();
+        let failed = fleet::failing(&lab, percent);
         let since = jiff::Timestamp::now();
         let expected: BTreeSet<String> = failed.iter().cloned().collect();
         let window = window(&lab, pid, metrics, || async {
             lab.silence_fleet_nodes(&failed).await?;
-            remediated(&lab, &expected, since).await
+            Ok(fleet::remediated(&lab, &expected, since).await?)
         })
         .await?;
-        let decisions = decision::latencies(&lab.timeline().entries(), &expected, since, DURATION_SECONDS);
+        let decisions = decision::latencies(&lab.timeline().entries(), &expected, since, fleet::DURATION_SECONDS);
         let round = Round {
             failed_percent: percent,
             failed_nodes: failed.len(),
@@ -121,7 +113,7 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
         println!("    {percent}% failed: {}", describe(&round.window));
         rounds.push(round);
         lab.revive_fleet_nodes(&failed).await?;
-        all_healthy(&lab, nodes).await?;
+        fleet::all_healthy(&lab, nodes).await?;
     }
     let peak_rss_mib = usage::sample(pid).map_or(0.0, |u| u.peak_rss_kib as f64 / 1024.0);
     Ok(Fleet {
@@ -129,25 +121,6 @@ async fn fleet(nodes: usize) -> anyhow::Result<Fleet> {
         rest,
         rounds,
         peak_rss_mib,
-    })
-}
-
-fn health_check() -> serde_json::Value {
-    json!({
-        "apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck",
-        "metadata": {"name": "fleet"},
-        "spec": {
-            "selector": {"matchExpressions": [{"key": "node-role.kubernetes.io/worker", "operator": "Exists"}]},
-            "minHealthy": "51%",
-            "remediationTemplate": {
-                "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate",
-                "namespace": NS, "name": "self-node-remediation-automatic-strategy-template"
-            },
-            "unhealthyConditions": [
-                {"type": "Ready", "status": "False", "duration": "10s"},
-                {"type": "Ready", "status": "Unknown", "duration": "10s"}
-            ]
-        }
     })
 }
 
@@ -205,48 +178,8 @@ where
         peak_rss_mib: after.peak_rss_kib as f64 / 1024.0,
         reconciles: reconciled_after.0 - reconciled_before.0,
         reconcile_seconds: reconciled_after.1 - reconciled_before.1,
-        requests: requests::count(&log, CONTROLLER_USER, from, to),
+        requests: requests::count(&log, fleet::CONTROLLER_USER, from, to),
     })
-}
-
-async fn remediated(lab: &Lab, nodes: &BTreeSet<String>, since: jiff::Timestamp) -> anyhow::Result<()> {
-    // Silence shows after the node monitor grace (60 s), then the 10 s duration.
-    let timeout = Duration::from_secs(300 + nodes.len() as u64 / 5);
-    wait::until_every(
-        &format!("a remediation for each of {} silenced nodes", nodes.len()),
-        timeout,
-        Duration::from_secs(1),
-        || {
-            let entries = lab.timeline().entries();
-            let decisions = decision::latencies(&entries, nodes, since, DURATION_SECONDS);
-            async move { Ok(decisions.missing.is_empty().then_some(())) }
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// Every fleet node healthy in the health check's eyes and no remediation left.
-async fn all_healthy(lab: &Lab, nodes: usize) -> anyhow::Result<()> {
-    let checks = Api::<NodeHealthCheck>::all(lab.client());
-    let remediations = Api::<SelfNodeRemediation>::namespaced(lab.client(), NS);
-    let timeout = Duration::from_secs(300 + nodes as u64 / 10);
-    wait::until_every(
-        &format!("all {nodes} nodes healthy, no remediation left"),
-        timeout,
-        Duration::from_secs(2),
-        || {
-            let (checks, remediations) = (checks.clone(), remediations.clone());
-            async move {
-                let status = checks.get("fleet").await?.status.unwrap_or_default();
-                let healthy = status.healthy_nodes == Some(nodes as i32);
-                let left = remediations.list_metadata(&Default::default()).await?.items.len();
-                Ok((healthy && left == 0).then_some(()))
-            }
-        },
-    )
-    .await?;
-    Ok(())
 }
 
 fn describe(w: &Window) -> String {

@@ -9,6 +9,7 @@ mod descheduler;
 mod doctor;
 mod fenceagents;
 mod fencing_means;
+mod footprint;
 mod healthcheck;
 mod images;
 mod lab_cli;

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::{Api, Client, ResourceExt};
 use nix::{sys::signal::Signal, unistd::Pid};
 use nodemedic_api::fence_agents::FenceAgentsRemediation;
+use nodemedic_harness::bench::usage::PeakWatch;
 use nodemedic_lab::{BmcOptions, LabConfig, PowerDelays};
 
 use crate::{
@@ -93,6 +94,8 @@ async fn only_a_node_that_is_really_gone_is_unreachable_by_peers() {
     scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {}).expect("credentials");
     scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m)).expect("template");
     start_controller(&lab, "controller", &[]);
+    let agent = scenario::sibling_executable(&exe(), "nodemedic-agent").expect("the agent is built");
+    let agents_memory = PeakWatch::start(&agent);
     scenario::start_agents_with(&lab, &exe(), &config, scenario::LabWatchdog::Missing).expect("agents");
     scenario::agents_settled(&lab).await.expect("agents settled");
     let nodes = lab.nodes();
@@ -213,4 +216,8 @@ async fn only_a_node_that_is_really_gone_is_unreachable_by_peers() {
             assert_ne!(c.status, "False", "{node} is alive: {c:?}");
         }
     }
+    crate::footprint::agents_within_their_ceiling(
+        agents_memory.stop(),
+        "with the peer detector through slow links, partitions, freezes and a crash",
+    );
 }
