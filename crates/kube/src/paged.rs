@@ -13,14 +13,14 @@ use std::{
 use futures::{Stream, StreamExt, stream};
 use kube::{
     Api, Resource, ResourceExt,
-    api::ListParams,
+    api::{ListParams, ObjectList, PartialObjectMeta},
     runtime::{WatchStreamExt, watcher},
 };
 use serde::de::DeserializeOwned;
 
 /// Objects per page, for lists and for a watch's initial list. A page of full Nodes is under
-/// 1 MiB of JSON; the API server's own default for its clients is 500.
-pub const PAGE_SIZE: u32 = 200;
+/// 1 MiB of JSON and about 3 MiB parsed; kube's watcher pages at 500 unless told.
+pub(crate) const PAGE_SIZE: u32 = 200;
 
 /// Every object `params` selects, a page at a time ([`PAGE_SIZE`] objects unless `params` sets
 /// a limit). Only the page being read is held; a caller that keeps what it needs of each object
@@ -29,21 +29,51 @@ pub fn pages<K>(api: &Api<K>, params: &ListParams) -> impl Stream<Item = kube::R
 where
     K: Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    paged_by(api, params, |api, params| async move { api.list(&params).await })
+}
+
+/// The metadata of every object `params` selects, a page at a time, as [`pages`].
+pub fn metadata_pages<K>(
+    api: &Api<K>,
+    params: &ListParams,
+) -> impl Stream<Item = kube::Result<Vec<PartialObjectMeta<K>>>> + Send + use<K>
+where
+    K: Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    paged_by(
+        api,
+        params,
+        |api, params| async move { api.list_metadata(&params).await },
+    )
+}
+
+/// Pages of what `list` answers, following the continue token.
+fn paged_by<K, T, F, Fut>(
+    api: &Api<K>,
+    params: &ListParams,
+    list: F,
+) -> impl Stream<Item = kube::Result<Vec<T>>> + Send + use<K, T, F, Fut>
+where
+    K: Clone + Send + 'static,
+    T: Clone + Send + 'static,
+    F: Fn(Api<K>, ListParams) -> Fut + Send + 'static,
+    Fut: Future<Output = kube::Result<ObjectList<T>>> + Send,
+{
     let first = ListParams {
         limit: params.limit.or(Some(PAGE_SIZE)),
         ..params.clone()
     };
-    stream::try_unfold((api.clone(), Some(first)), |(api, next)| async move {
+    stream::try_unfold((api.clone(), Some(first), list), |(api, next, list)| async move {
         let Some(params) = next else {
             return Ok(None);
         };
-        let page = api.list(&params).await?;
+        let page = list(api.clone(), params.clone()).await?;
         let next = page
             .metadata
             .continue_
             .filter(|token| !token.is_empty())
-            .map(|token| params.clone().continue_token(&token));
-        Ok(Some((page.items, (api, next))))
+            .map(|token| params.continue_token(&token));
+        Ok(Some((page.items, (api, next, list))))
     })
 }
 
@@ -57,15 +87,12 @@ pub struct Projection<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> Projection<V> {
-    /// Starts the watch (its initial list paged with [`PAGE_SIZE`] unless `config` sets a size).
+    /// Starts the watch (its initial list paged at [`PAGE_SIZE`]).
     pub fn spawn<K>(api: Api<K>, config: watcher::Config, project: impl Fn(&K) -> Option<V> + Send + 'static) -> Self
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
-        let config = match config.page_size {
-            Some(_) => config,
-            None => config.page_size(PAGE_SIZE),
-        };
+        let config = config.page_size(PAGE_SIZE);
         let values: Arc<RwLock<BTreeMap<String, V>>> = Arc::default();
         let kept = values.clone();
         let watch = tokio::spawn(async move {
@@ -74,7 +101,8 @@ impl<V: Clone + Send + Sync + 'static> Projection<V> {
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => apply(&kept, &mut relisted, event, &project),
-                    Err(error) => tracing::debug!(%error, "watch error; retrying"),
+                    // Retried with backoff; a lasting error (RBAC, a removed kind) must be seen.
+                    Err(error) => tracing::warn!(%error, "watch error; retrying"),
                 }
             }
         });

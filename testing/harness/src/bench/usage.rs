@@ -144,8 +144,16 @@ fn running(executable: &Path) -> Vec<u32> {
     };
     entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == executable))
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| runs(&exe, executable)))
         .collect()
+}
+
+/// Whether a process whose `/proc/<pid>/exe` is `exe` runs `executable`, also when the file was
+/// replaced since it started (a rebuild: the kernel then adds " (deleted)").
+fn runs(exe: &Path, executable: &Path) -> bool {
+    let exe = exe.as_os_str().to_string_lossy();
+    let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe);
+    Path::new(exe) == executable
 }
 
 #[cfg(test)]
@@ -187,6 +195,17 @@ mod tests {
         let peak = watch.stop();
         assert!(peak.processes >= 1, "{peak:?}");
         assert!(peak.anon_kib > 0 && peak.rss_kib >= peak.anon_kib, "{peak:?}");
+    }
+
+    #[test]
+    fn a_replaced_executable_is_still_recognised() {
+        let built = Path::new("/work/target/debug/nodemedic-controller");
+        assert!(runs(built, built));
+        assert!(runs(
+            Path::new("/work/target/debug/nodemedic-controller (deleted)"),
+            built
+        ));
+        assert!(!runs(Path::new("/work/target/debug/nodemedic-agent"), built));
     }
 
     #[test]

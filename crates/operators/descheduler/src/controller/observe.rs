@@ -1,9 +1,10 @@
 //! What the policy depends on outside the KubeDescheduler.
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use nodemedic_api::descheduler::KubeDescheduler;
-use nodemedic_kube::CallContext;
+use nodemedic_kube::{CallContext, paged};
 
 use super::Settings;
 use crate::{
@@ -24,10 +25,13 @@ pub async fn environment(client: &Client, settings: &Settings) -> Result<Environ
             .map(|n| n.name_any())
             .filter(|n| n.starts_with("openshift-")),
     );
-    let kubevirt_nodes = Api::<Node>::all(client.clone())
-        .list_metadata(&ListParams::default().labels(KUBEVIRT_NODE_SELECTOR))
-        .await
-        .context("counting nodes labelled for KubeVirt")?;
+    // Counted a page at a time: every round, at thousands of nodes.
+    let mut kubevirt_nodes = 0;
+    let labelled = ListParams::default().labels(KUBEVIRT_NODE_SELECTOR);
+    let mut pages = std::pin::pin!(paged::metadata_pages(&Api::<Node>::all(client.clone()), &labelled));
+    while let Some(page) = pages.next().await {
+        kubevirt_nodes += page.context("counting nodes labelled for KubeVirt")?.len();
+    }
     Ok(Environment {
         protected_namespaces: protected,
         prometheus: settings
@@ -35,7 +39,7 @@ pub async fn environment(client: &Client, settings: &Settings) -> Result<Environ
             .clone()
             .map(|url| PrometheusProvider { url, auth_token: None }),
         kubevirt_migration_aware: settings.kubevirt_migration_aware,
-        kubevirt_schedulable_nodes: kubevirt_nodes.items.len(),
+        kubevirt_schedulable_nodes: kubevirt_nodes,
     })
 }
 

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// API requests in flight at once while carrying a decision out.
-pub(crate) const PARALLEL_WRITES: usize = 32;
+pub(crate) const PARALLEL_REQUESTS: usize = 32;
 
 /// What every write of one decision needs to know.
 pub struct Apply<'a> {
@@ -64,7 +64,7 @@ impl Apply<'_> {
             })
             .collect();
         let outcomes: Vec<(&str, Result<Option<RemediationFacts>>)> = stream::iter(creations)
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(PARALLEL_REQUESTS)
             .collect()
             .await;
         let other_leases: Vec<_> = decision
@@ -74,7 +74,7 @@ impl Apply<'_> {
             .map(|action| self.lease(action))
             .collect();
         let other_leases: Vec<Result<bool>> = stream::iter(other_leases)
-            .buffer_unordered(PARALLEL_WRITES)
+            .buffer_unordered(PARALLEL_REQUESTS)
             .collect()
             .await;
         // One failed write must not cost the round what the others did: the rest of the
@@ -324,7 +324,7 @@ impl Apply<'_> {
                 .into_iter()
                 .map(|notice| record(events.clone(), nhc_ref.clone(), notice));
             stream::iter(records)
-                .buffer_unordered(PARALLEL_WRITES)
+                .buffer_unordered(PARALLEL_REQUESTS)
                 .collect::<Vec<()>>()
                 .await;
         });

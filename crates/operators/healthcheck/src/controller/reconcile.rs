@@ -227,12 +227,11 @@ async fn cache_agrees(ctx: &Context, decision: &Decision) -> Result<bool> {
         .iter()
         .map(|new| fresh_facts(api.clone(), new.node.clone()))
         .collect();
-    let reads: Vec<(String, nodemedic_kube::Result<Option<NodeFacts>>)> = stream::iter(reads)
-        .buffer_unordered(apply::PARALLEL_WRITES)
-        .collect()
-        .await;
+    let mut reads = stream::iter(reads).buffer_unordered(apply::PARALLEL_REQUESTS);
     let mut agrees = true;
-    for (node, fresh) in reads {
+    // Each read is compared as it arrives: a watch update to the index after the read would
+    // otherwise be overwritten by the older facts.
+    while let Some((node, fresh)) = reads.next().await {
         let fresh = fresh?;
         let cached = ctx
             .index
@@ -260,12 +259,15 @@ async fn cache_agrees(ctx: &Context, decision: &Decision) -> Result<bool> {
 
 /// The node's facts as etcd has them now: no resourceVersion, so not from the API server's
 /// watch cache.
-async fn fresh_facts(api: Api<Node>, node: String) -> (String, nodemedic_kube::Result<Option<NodeFacts>>) {
+async fn fresh_facts(api: Api<Node>, node: String) -> (String, Result<Option<NodeFacts>>) {
     let fresh = api
         .get_opt(&node)
         .await
         .with_context(|| format!("reading Node {node} before remediating it"));
-    (node, fresh.map(|n| n.as_ref().and_then(index::node_facts)))
+    let facts = fresh
+        .map(|n| n.as_ref().and_then(index::node_facts))
+        .map_err(Error::from);
+    (node, facts)
 }
 
 /// The nodes (mapped to when they turned Unknown) whose kubelet lease renewals show them alive.

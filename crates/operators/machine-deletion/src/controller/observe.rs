@@ -244,13 +244,18 @@ async fn owner_state(
         .and_then(Value::as_i64)
         .unwrap_or(1);
     let owner_uid = owner.metadata.uid.clone().unwrap_or_default();
-    // Both a page at a time, keeping only what the decision reads: a MachineSet of thousands
-    // of machines, or thousands of nodes, would otherwise be read whole (see nodemedic_kube::paged).
-    let mut nodes: BTreeMap<String, bool> = BTreeMap::new();
-    let mut pages = std::pin::pin!(paged::pages(
-        &Api::<Node>::all(ctx.client.clone()),
-        &ListParams::default()
-    ));
+    let nodes = node_readiness(ctx).await?;
+    Ok((Some(replicas), owned_machines(ctx, machine, &owner_uid, &nodes).await?))
+}
+
+// Both read a page at a time, keeping only what the decision needs: a MachineSet of thousands
+// of machines, or thousands of nodes, would otherwise be read whole (see nodemedic_kube::paged).
+
+/// Every node's name and whether it is Ready.
+async fn node_readiness(ctx: &Context) -> Result<BTreeMap<String, bool>> {
+    let mut nodes = BTreeMap::new();
+    let api = Api::<Node>::all(ctx.client.clone());
+    let mut pages = std::pin::pin!(paged::pages(&api, &ListParams::default()));
     while let Some(page) = pages.next().await {
         nodes.extend(
             page.context("listing nodes")?
@@ -258,27 +263,36 @@ async fn owner_state(
                 .map(|n| (n.name_any(), is_ready(n))),
         );
     }
+    Ok(nodes)
+}
+
+/// The Machines in `machine`'s namespace whose controller is the owner `owner_uid`.
+async fn owned_machines(
+    ctx: &Context,
+    machine: &MachineRef,
+    owner_uid: &str,
+    nodes: &BTreeMap<String, bool>,
+) -> Result<Vec<OwnedMachine>> {
     let mut owned = Vec::new();
     let mut pages = std::pin::pin!(paged::pages(&machine_api(&ctx.client, machine), &ListParams::default()));
     while let Some(page) = pages.next().await {
         let page =
             page.with_context(|| format!("listing {} Machines in {}", machine.api.group(), machine.namespace))?;
-        owned.extend(
-            page.iter()
-                .filter(|m| controller_owner(m).is_some_and(|o| o.uid == owner_uid))
-                .map(|m| {
-                    let node = serde_json::to_value(m).ok().as_ref().and_then(machines::node_ref);
-                    let ready = node.as_ref().and_then(|n| nodes.get(n));
-                    OwnedMachine {
-                        created: m.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                        deleting: m.metadata.deletion_timestamp.is_some(),
-                        node_exists: ready.is_some(),
-                        node_ready: ready.copied().unwrap_or(false),
-                    }
-                }),
-        );
+        let of_owner = page
+            .iter()
+            .filter(|m| controller_owner(m).is_some_and(|o| o.uid == owner_uid));
+        owned.extend(of_owner.map(|m| {
+            let node = serde_json::to_value(m).ok().as_ref().and_then(machines::node_ref);
+            let ready = node.as_ref().and_then(|n| nodes.get(n));
+            OwnedMachine {
+                created: m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                deleting: m.metadata.deletion_timestamp.is_some(),
+                node_exists: ready.is_some(),
+                node_ready: ready.copied().unwrap_or(false),
+            }
+        }));
     }
-    Ok((Some(replicas), owned))
+    Ok(owned)
 }
 
 fn is_ready(node: &Node) -> bool {

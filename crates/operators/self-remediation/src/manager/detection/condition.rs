@@ -72,7 +72,8 @@ impl Writer {
     pub async fn start(client: Client, events: Events, metrics: Metrics) -> Self {
         let nodes = Api::<Node>::all(client);
         let mut written = BTreeMap::new();
-        // A page at a time: only the condition of each node is kept.
+        // A page at a time, keeping only the condition: at 5,000 nodes one list of every Node
+        // was the controller's largest allocation (docs/memory.md).
         let mut pages = std::pin::pin!(paged::pages(&nodes, &ListParams::default()));
         while let Some(page) = pages.next().await {
             match page {

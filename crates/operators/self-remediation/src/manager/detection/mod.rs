@@ -63,14 +63,13 @@ pub async fn run(
             tracing::error!(%error, "the peer-report server stopped: no PeersReachable conditions");
         }
     });
-    // Each agent's address, by registration Lease name.
+    // Only what the verdicts read of each lease: a store of the Leases would hold every field of
+    // one Lease per node (docs/memory.md).
     let agent_addresses = Projection::spawn(
         Api::<Lease>::namespaced(client.clone(), &namespace),
         watcher::Config::default().labels(&registration::registrations_selector()),
         |lease| registration::Published::from_lease(lease).map(|p| (p.node, p.address)),
     );
-    // Each kubelet's last renewal, by node: not the Leases (a lease per node, each several
-    // times larger than its renewal time).
     let kubelet_renewals = Projection::spawn(
         Api::<Lease>::namespaced(client.clone(), KUBELET_LEASES),
         watcher::Config::default(),
