@@ -64,6 +64,12 @@ pub fn decide(existing: Option<&LeaseView>, me: &str, requested: Duration, now: 
     }
 }
 
+/// What [`NodeLeases::request`] decides when asked to hold a lease for `duration`: our own lease
+/// is renewed once less than half of that is left.
+pub fn decide_request(existing: Option<&LeaseView>, me: &str, duration: Duration, now: Timestamp) -> LeaseDecision {
+    decide(existing, me, duration / 2, now)
+}
+
 /// Who validly holds the lease at `now`, if anyone.
 pub fn valid_holder(lease: Option<&LeaseView>, now: Timestamp) -> Option<&str> {
     lease
@@ -144,7 +150,7 @@ impl NodeLeases {
             .await
             .with_context(|| format!("reading node lease {}/{name}", leases::NAMESPACE))?;
         let now = Timestamp::now();
-        let decision = decide(existing.as_ref().map(view).as_ref(), holder, duration / 2, now);
+        let decision = decide_request(existing.as_ref().map(view).as_ref(), holder, duration, now);
         match (decision, existing) {
             (LeaseDecision::Keep, _) => Ok(()),
             (LeaseDecision::HeldBy(other), _) => Err(Error::LeaseHeld {
@@ -318,6 +324,18 @@ mod tests {
         assert_eq!(
             decide(Some(&lease("b", 2000, 60)), "a", hour, at(1000)),
             LeaseDecision::TakeOver
+        );
+    }
+
+    #[test]
+    fn a_request_keeps_our_lease_until_half_of_the_requested_time_is_left() {
+        let requested = Duration::from_secs(600);
+        let ours = lease("a", 1000, 600);
+        assert_eq!(decide_request(Some(&ours), "a", requested, at(1300)), LeaseDecision::Keep);
+        assert_eq!(decide_request(Some(&ours), "a", requested, at(1301)), LeaseDecision::Renew);
+        assert_eq!(
+            decide_request(Some(&ours), "b", requested, at(1300)),
+            LeaseDecision::HeldBy("a".into())
         );
     }
 

@@ -1,6 +1,9 @@
 //! Carries a decision out: leases, new remediation objects, annotations, deletions, events.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
@@ -17,7 +20,12 @@ use nodemedic_api::{
     machines,
     names::{annotations, labels},
 };
-use nodemedic_kube::{CallContext, events::Events, time::rfc3339};
+use nodemedic_kube::{
+    CallContext,
+    events::Events,
+    node_lease::{self, LeaseDecision, LeaseView},
+    time::rfc3339,
+};
 use serde_json::json;
 
 use super::reconcile::Context;
@@ -146,6 +154,9 @@ impl Apply<'_> {
         let ctx = self.ctx;
         match action {
             LeaseAction::Request { node, duration } => {
+                if self.held_long_enough(node, *duration) {
+                    return Ok(true);
+                }
                 let uid = self.node_uids.get(node).map(String::as_str).unwrap_or_default();
                 let seen = ctx.index.leases.read().map_or(true, |leases| leases.contains_key(node));
                 let requested = if seen {
@@ -172,6 +183,26 @@ impl Apply<'_> {
                 Err(e) => Err(e.into()),
             },
         }
+    }
+
+    /// Whether the lease's watch shows it held by this check with enough time left that a
+    /// request would keep it as it is. Then there is nothing to write, and no need to read it
+    /// again: every ongoing remediation asks for its lease in every reconcile, and at 500 of them
+    /// those reads took most of each reconcile, which every newly failed node waited behind.
+    /// Anything the watch has not shown yet (a lease deleted or taken over) wakes the check.
+    fn held_long_enough(&self, node: &str, duration: Duration) -> bool {
+        let Ok(leases) = self.ctx.index.leases.read() else {
+            return false;
+        };
+        let Some(lease) = leases.get(node) else {
+            return false;
+        };
+        let view = LeaseView {
+            holder: Some(lease.holder.clone()),
+            duration: lease.duration,
+            renewed: Some(lease.renewed),
+        };
+        node_lease::decide_request(Some(&view), self.holder, duration, Timestamp::now()) == LeaseDecision::Keep
     }
 
     async fn create(&self, resource: &ApiResource, new: &NewRemediation) -> Result<Option<RemediationFacts>> {
