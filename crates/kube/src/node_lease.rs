@@ -331,8 +331,14 @@ mod tests {
     fn a_request_keeps_our_lease_until_half_of_the_requested_time_is_left() {
         let requested = Duration::from_secs(600);
         let ours = lease("a", 1000, 600);
-        assert_eq!(decide_request(Some(&ours), "a", requested, at(1300)), LeaseDecision::Keep);
-        assert_eq!(decide_request(Some(&ours), "a", requested, at(1301)), LeaseDecision::Renew);
+        assert_eq!(
+            decide_request(Some(&ours), "a", requested, at(1300)),
+            LeaseDecision::Keep
+        );
+        assert_eq!(
+            decide_request(Some(&ours), "a", requested, at(1301)),
+            LeaseDecision::Renew
+        );
         assert_eq!(
             decide_request(Some(&ours), "b", requested, at(1300)),
             LeaseDecision::HeldBy("a".into())
