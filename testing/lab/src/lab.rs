@@ -25,7 +25,7 @@ use crate::{
     container::{ContainerSpec, Containers},
     control_plane::{self, API_PORT, Ports},
     error::io,
-    lock::{self, LabLock},
+    lock::{self, LabLock, SetupLock},
     membership::{Namespaces, NodeTable, NodeTasks},
     net::Network,
     nodes::{self, KwokArgs},
@@ -196,17 +196,28 @@ async fn client_from(path: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// A lab id no lab on this machine has (another may be running beside this one).
+fn unused_id() -> (String, PathBuf) {
+    loop {
+        let id = format!("{:04x}", rand::random::<u16>());
+        let dir = lock::labs_root().join(&id);
+        if !dir.exists() {
+            return (id, dir);
+        }
+    }
+}
+
 impl Lab {
     pub async fn start(config: LabConfig) -> Result<Self> {
         let bins = preflight()?;
         if config.bmcs.is_some() {
             crate::bmc::preflight()?;
         }
-        let lock = LabLock::acquire().await?;
+        let lock = LabLock::acquire(config.kinds()).await?;
+        let setup = SetupLock::acquire().await?;
         lock::sweep();
 
-        let id = format!("{:04x}", rand::random::<u16>());
-        let dir = lock::labs_root().join(&id);
+        let (id, dir) = unused_id();
         for sub in ["pids", "pki", "nodes"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(format!("creating {}", dir.display())))?;
         }
@@ -233,6 +244,8 @@ impl Lab {
         tracing::info!(lab = %id, nodes = node_names.len(), "starting lab");
 
         net.create_bridges()?;
+        // The network is claimed: another lab's plan sees these addresses.
+        drop(setup);
         for (index, node) in node_names.iter().enumerate() {
             net.create_node(node, index)?;
         }

@@ -51,6 +51,7 @@ pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};
 pub use fleet::FLEET_LABEL;
 pub use lab::{Lab, preflight};
+pub use lock::LabKind;
 pub use nodes::NodeSpec;
 pub use process::ProcessSpec;
 pub use sysrq::SYSRQ_TRIGGER;
@@ -111,6 +112,12 @@ impl Timings {
         }
     }
 
+    /// Whether a node stays Ready and its watchdog fed through seconds in which another lab
+    /// has the CPU: Unknown only after 40 s of silence, a watchdog that waits 30 s or more.
+    pub fn tolerate_a_busy_machine(&self) -> bool {
+        self.node_monitor_grace >= Duration::from_secs(40) && self.watchdog_timeout >= Duration::from_secs(30)
+    }
+
     /// Kubernetes' own defaults (kubelet lease 40 s, node-monitor grace 50 s), for the demo's
     /// default-timings variant.
     pub fn kubernetes_defaults() -> Self {
@@ -139,6 +146,8 @@ pub struct LabConfig {
     pub bmcs: Option<BmcOptions>,
     /// Fleet nodes (`fleet-00001`...) managed by one kwok on the host, for scale measurements.
     pub fleet: usize,
+    /// No other lab runs beside this one, whatever its timings: benchmarks measure the machine.
+    pub alone: bool,
 }
 
 impl LabConfig {
@@ -150,6 +159,7 @@ impl LabConfig {
             storage: true,
             bmcs: None,
             fleet: 0,
+            alone: false,
         }
     }
 
@@ -162,6 +172,7 @@ impl LabConfig {
             storage: false,
             bmcs: None,
             fleet: count,
+            alone: false,
         }
     }
 
@@ -179,6 +190,24 @@ impl LabConfig {
         Self::new((1..=count).map(|i| NodeSpec::worker(&format!("node-{i}"))).collect())
     }
 
+    /// The kinds of lab this one counts as, whose locks it holds (see [`LabKind`]).
+    pub fn kinds(&self) -> &'static [LabKind] {
+        if self.alone {
+            // In this order wherever both are taken, so two labs never wait on each other.
+            &[LabKind::ShortTimings, LabKind::Tolerant]
+        } else if self.timings.tolerate_a_busy_machine() {
+            &[LabKind::Tolerant]
+        } else {
+            &[LabKind::ShortTimings]
+        }
+    }
+
+    /// Keeps every other lab off the machine while this one runs.
+    pub fn alone(mut self) -> Self {
+        self.alone = true;
+        self
+    }
+
     pub fn with_timings(mut self, timings: Timings) -> Self {
         self.timings = timings;
         self
@@ -187,5 +216,20 @@ impl LabConfig {
     pub fn with_bmcs(mut self, bmcs: BmcOptions) -> Self {
         self.bmcs = Some(bmcs);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_labs_on_tolerant_timings_run_beside_another() {
+        assert_eq!(LabConfig::seed().kinds(), [LabKind::ShortTimings]);
+        assert_eq!(LabConfig::fleet(100).kinds(), [LabKind::ShortTimings]);
+        let defaults = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
+        assert_eq!(defaults.kinds(), [LabKind::Tolerant]);
+        // A benchmark holds both, in the one order every lab takes them.
+        assert_eq!(defaults.alone().kinds(), [LabKind::ShortTimings, LabKind::Tolerant]);
     }
 }

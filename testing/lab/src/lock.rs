@@ -1,5 +1,13 @@
-//! One lab at a time on a machine (short leases flap when two control planes share two cores),
-//! and the sweep of whatever a lab whose owner died left behind.
+//! Which labs run side by side on a machine, and the sweep of whatever a lab whose owner died
+//! left behind.
+//!
+//! Labs on short timings run one at a time: their leases and watchdogs flap when two of them
+//! share two cores. A lab whose timings tolerate a busy machine (Kubernetes' defaults: a node is
+//! Unknown after 50 s of silence, a watchdog waits a minute) may run beside one of them; it stalls
+//! the other for nothing more than the CPU it uses, and it is idle most of the time (the ten-minute
+//! outage test waits on a stopped API server). Each kind holds a lock of its own, so at most one
+//! of each runs; a third, held briefly, covers the sweep and the choice of a lab's network, which
+//! two labs starting at once must not make together.
 
 use std::{fs::File, path::PathBuf};
 
@@ -11,27 +19,72 @@ pub fn labs_root() -> PathBuf {
     PathBuf::from("/tmp/nodemedic-labs")
 }
 
+/// The kind of lab a lock admits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabKind {
+    /// Short timings: needs the machine to itself, but for one [`LabKind::Tolerant`] lab.
+    ShortTimings,
+    /// Timings that tolerate seconds of stall: may run beside a short-timings lab.
+    Tolerant,
+}
+
+impl LabKind {
+    fn lock_file(self) -> &'static str {
+        match self {
+            Self::ShortTimings => "/run/nodemedic/lab.lock",
+            Self::Tolerant => "/run/nodemedic/lab-tolerant.lock",
+        }
+    }
+}
+
+/// Held for the lab's whole life: one lock per kind the lab counts as.
 pub struct LabLock {
-    _lock: Flock<File>,
+    _locks: Vec<Flock<File>>,
 }
 
 impl LabLock {
-    pub async fn acquire() -> Result<Self> {
-        tokio::task::spawn_blocking(|| {
-            std::fs::create_dir_all("/run/nodemedic").map_err(io("creating /run/nodemedic"))?;
-            let file = File::create("/run/nodemedic/lab.lock").map_err(io("opening /run/nodemedic/lab.lock"))?;
-            let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return Ok(Self { _lock: lock }),
-                Err((file, _)) => file,
+    pub async fn acquire(kinds: &[LabKind]) -> Result<Self> {
+        let mut locks = Vec::with_capacity(kinds.len());
+        for kind in kinds {
+            let waiting = match kind {
+                LabKind::ShortTimings => "another lab on short timings is running on this machine",
+                LabKind::Tolerant => "another lab on Kubernetes' default timings is running on this machine",
             };
-            tracing::info!("another lab is running on this machine; waiting for it to finish (`nodemedic-lab down` stops a lab started by hand)");
-            Flock::lock(file, FlockArg::LockExclusive)
-                .map(|lock| Self { _lock: lock })
-                .map_err(|(_, e)| crate::Error::Io { what: "locking /run/nodemedic/lab.lock".into(), source: e.into() })
-        })
-        .await
-        .map_err(|e| crate::Error::Invalid(format!("lock task failed: {e}")))?
+            locks.push(lock(kind.lock_file(), waiting).await?);
+        }
+        Ok(Self { _locks: locks })
     }
+}
+
+/// Held while a starting lab sweeps and claims its directory and network, not longer.
+pub struct SetupLock {
+    _lock: Flock<File>,
+}
+
+impl SetupLock {
+    pub async fn acquire() -> Result<Self> {
+        lock("/run/nodemedic/lab-setup.lock", "another lab is being set up")
+            .await
+            .map(|lock| Self { _lock: lock })
+    }
+}
+
+async fn lock(path: &'static str, waiting: &'static str) -> Result<Flock<File>> {
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all("/run/nodemedic").map_err(io("creating /run/nodemedic"))?;
+        let file = File::create(path).map_err(io(format!("opening {path}")))?;
+        let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((file, _)) => file,
+        };
+        tracing::info!("{waiting}; waiting for it to finish (`nodemedic-lab down` stops a lab started by hand)");
+        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| crate::Error::Io {
+            what: format!("locking {path}"),
+            source: e.into(),
+        })
+    })
+    .await
+    .map_err(|e| crate::Error::Invalid(format!("lock task failed: {e}")))?
 }
 
 fn alive(pid: i32) -> bool {
@@ -39,7 +92,8 @@ fn alive(pid: i32) -> bool {
 }
 
 /// Removes the processes, namespaces, bridges and tmpfs of labs whose owner process is gone.
-/// Runs under the lock, so no live lab is touched.
+/// Runs under the [`SetupLock`], under which every lab records its owner before anything else,
+/// so no live lab is touched.
 pub fn sweep() {
     let Ok(entries) = std::fs::read_dir(labs_root()) else {
         return;

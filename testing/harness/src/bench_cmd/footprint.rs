@@ -84,7 +84,7 @@ pub async fn run() -> anyhow::Result<Section> {
 /// agent a member; the agents' pids.
 async fn agents(patch: &str) -> anyhow::Result<(Lab, Vec<u32>)> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let lab = Lab::start(LabConfig::workers(NODES))
+    let lab = Lab::start(LabConfig::workers(NODES).alone())
         .await
         .context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;

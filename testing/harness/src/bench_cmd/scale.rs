@@ -74,7 +74,9 @@ pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
 
 async fn one_fleet(nodes: usize) -> anyhow::Result<Fleet> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let lab = Lab::start(LabConfig::fleet(nodes)).await.context("starting the lab")?;
+    let lab = Lab::start(LabConfig::fleet(nodes).alone())
+        .await
+        .context("starting the lab")?;
     let metrics = scenario::free_port()?;
     fleet::start_controller(&lab, &exe, metrics).await?;
     fleet::all_healthy(&lab, nodes).await?;

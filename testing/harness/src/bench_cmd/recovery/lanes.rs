@@ -110,7 +110,7 @@ fn config(path: Path, profile: Profile, lanes: &[Lane]) -> LabConfig {
 /// through Redfish, one lane).
 pub async fn start(path: Path, profile: Profile, detector: bool, lanes: &[Lane]) -> anyhow::Result<Lab> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let lab = Lab::start(config(path, profile, lanes))
+    let lab = Lab::start(config(path, profile, lanes).alone())
         .await
         .context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
