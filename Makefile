@@ -1,17 +1,25 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup build test demo bench crds manifests fmt model-check image
+.PHONY: setup setup-lab build test demo bench crds manifests fmt model-check image
 
 # The product's executables (`nodemedic`, `nodemedic-controller`, `nodemedic-agent`) and the
 # test tooling's `nodemedic-lab` (lab, demo, bench, chaos), which runs the product's next to it.
 NODEMEDIC_LAB = $(or $(CARGO_TARGET_DIR),target)/release/nodemedic-lab
 # The agent also in its size-optimised build (cargo profile `agent`), which the images ship and
 # the labs run (every node runs one, so its resident memory counts many times over).
-build: setup
+build: setup-lab
 	cargo build --release --locked -p nodemedic -p nodemedic-harness --bins
 	cargo build --profile agent --locked -p nodemedic --bin nodemedic-agent
 
+# Everything: what labs need, and Helm, the machine layer, the descheduler and Prometheus, which
+# only some tests use.
 setup:
 	@bash scripts/setup.sh
+
+# What building and running a lab needs (the demo, benchmarks, fault campaigns, the playground):
+# a newcomer's first `make demo` builds no Go tool it does not run.
+setup-lab:
+	@bash scripts/setup.sh packages
+	@bash scripts/setup.sh lab
 
 # The test driver runs the setup itself, in phases that overlap the build and the first lab test.
 test:
