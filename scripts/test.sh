@@ -18,8 +18,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_started=$EPOCHREALTIME
+repo=$PWD
 report_dir=${TEST_REPORT_DIR:-${CARGO_TARGET_DIR:-target}/test-report}
 mkdir -p "$report_dir"
+# Absolute: tests run from their package's folder.
+report_dir=$(cd "$report_dir" && pwd)
 phases=$report_dir/phases.tsv
 test_times=$report_dir/test-times.tsv
 : >"$phases"
@@ -68,7 +71,7 @@ report() {
         "$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.0f}")' "$started" "$ended")" "$name"
     done
     printf 'in all: %ss\n\n' "$(seconds_since_start "$EPOCHREALTIME")"
-    if [ -s "$test_times" ]; then python3 scripts/test-times.py --report "$test_times" 15; fi
+    if [ -s "$test_times" ]; then python3 "$repo/scripts/test-times.py" --report "$test_times" 15; fi
   } | tee "$report_dir/summary.txt" >&2
   exit "$status"
 }
@@ -77,7 +80,7 @@ trap report EXIT
 timed_tests() {
   local label=$1
   shift
-  "$@" --test-threads=1 | python3 scripts/test-times.py "$test_times" "$label"
+  "$@" --test-threads=1 | python3 "$repo/scripts/test-times.py" "$test_times" "$label"
 }
 
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
