@@ -3,15 +3,15 @@
 # against the real control plane. Run through `make test`; installs what it needs first
 # (scripts/setup.sh, in phases).
 #
-# On a fresh machine the control plane's Go build and the Rust build of what the first lab test
-# runs go side by side, at the same priority. That first test is the ten-minute control-plane
-# outage test, which holds its lab for about 23 minutes, most of it waiting on a stopped API
-# server or etcd: it runs from a build of its own (profile outage-test, quicker to build), and the
-# build every other lab test runs, the lints, the unit tests, the lab-free tests, the images and
-# the Go builds only later tests need are made meanwhile at the lowest priority (the lab's
-# processes keep theirs). The outage lab runs on Kubernetes' default timings, which tolerate a
-# busy machine, so the lab's own tests and the end-to-end tests (short timings, one lab at a
-# time) run beside it as soon as they are built; the outage test yields them the CPU (nice 5).
+# On a fresh machine the control plane's Go build and the Rust build the lab tests run go side by
+# side, at the same priority (profile lab-test: unoptimised dependencies, quicker to build). The
+# first lab test is the ten-minute control-plane outage test, which holds its lab for about 23
+# minutes, most of it waiting on a stopped API server or etcd; its lab runs on Kubernetes' default
+# timings, which tolerate a busy machine, so the other lab tests (short timings) run beside it at
+# once, a few side by side (scripts/lab-tests.py, one per short-timings lab the machine runs at
+# once), and the outage test yields them the CPU (nice 5). The lints, the unit tests, the lab-free
+# tests, the images and the Go builds only later tests need are made meanwhile at the lowest
+# priority (the lab's processes keep theirs).
 #
 # Each phase's start and duration, and the slowest tests, are printed at the end (also when a
 # phase fails), and kept in $TEST_REPORT_DIR (target/test-report).
@@ -27,7 +27,8 @@ phases=$report_dir/phases.tsv
 test_times=$report_dir/test-times.tsv
 : >"$phases"
 : >"$test_times"
-seconds_since_start() { python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.0f}")' "$run_started" "$1"; }
+seconds_between() { awk -v from="$1" -v to="$2" 'BEGIN { printf "%.0f", to - from }'; }
+seconds_since_start() { seconds_between "$run_started" "$1"; }
 # The script's own flow is one phase after another: each step ends the one before.
 current_step="" current_step_started=""
 end_step() {
@@ -67,8 +68,7 @@ report() {
   {
     printf '\nphases (started at, seconds; "meanwhile" phases and background phases overlap):\n'
     sort -n "$phases" | while IFS=$'\t' read -r started ended name; do
-      printf '%6ss %6ss  %s\n' "$(seconds_since_start "$started")" \
-        "$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.0f}")' "$started" "$ended")" "$name"
+      printf '%6ss %6ss  %s\n' "$(seconds_since_start "$started")" "$(seconds_between "$started" "$ended")" "$name"
     done
     printf 'in all: %ss\n\n' "$(seconds_since_start "$EPOCHREALTIME")"
     if [ -s "$test_times" ]; then python3 "$repo/scripts/test-times.py" --report "$test_times" 15; fi
@@ -76,19 +76,12 @@ report() {
   exit "$status"
 }
 trap report EXIT
-# Runs a test executable one test at a time, recording each test's time.
-timed_tests() {
-  local label=$1
-  shift
-  "$@" --test-threads=1 | python3 "$repo/scripts/test-times.py" "$test_times" "$label"
-}
-
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
 # Every integration-test target and where it runs below; a new one must be added here. The lab's
-# own tests run first once built, then the end-to-end tests, beside the outage test.
-LAB_OWN_TEST_TARGET="nodemedic-lab:it"
-END_TO_END_TEST_TARGETS="nodemedic-harness:e2e"
-LAB_TEST_TARGETS="$LAB_OWN_TEST_TARGET $END_TO_END_TEST_TARGETS"
+# own tests and the end-to-end tests run in lanes side by side, beside the outage test.
+LAB_TEST_TARGETS="nodemedic-lab:it nodemedic-harness:e2e"
+# One lane per short-timings lab the machine runs at once (nodemedic_lab::short_timings_slots).
+LAB_TEST_LANES=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 
 step "setup: Debian packages and lint tools"
@@ -125,12 +118,15 @@ if [ -n "$shipped_tooling" ]; then
   exit 1
 fi
 
-step "build what the outage test runs (profile outage-test)"
-# Its own build, with unoptimised dependencies (see the profile in Cargo.toml): the outage test
-# starts as soon as this and the control plane are built, and everything else waits for neither.
-outage_build_json=$(mktemp)
-cargo build --locked --profile outage-test -p nodemedic --bins -p nodemedic-harness --test e2e \
-  --message-format=json-render-diagnostics >"$outage_build_json" &
+step "build what the lab tests run (profile lab-test)"
+# One build, with unoptimised dependencies (see the profile in Cargo.toml), for every lab test:
+# they start as soon as it and the control plane are built, and everything else waits for
+# neither. One cargo run builds the product's executables, the lab's own tests and the
+# end-to-end tests: two would resolve features apart (the lab's FUSE crate turns on more of nix
+# and zerocopy) and compile kube and every crate above it twice.
+build_json=$(mktemp)
+cargo build --locked --profile lab-test -p nodemedic --bins -p nodemedic-harness -p nodemedic-lab --test e2e --test it \
+  --message-format=json-render-diagnostics >"$build_json" &
 build=$!
 background_jobs="$lab_setup $build"
 # The executable cargo built for test target $2, from the build messages in file $1.
@@ -150,36 +146,62 @@ wait "$lab_setup" || status=$?
 cat "$lab_setup_log" >&2
 [ "$status" -eq 0 ] || { echo "setup.sh lab failed (exit $status)" >&2; exit "$status"; }
 
+# The tools only later tests need, then the checks that use them, all at the lowest priority.
+later_tools() {
+  renice -n 19 -p "$BASHPID" >/dev/null
+  ionice -c3 -p "$BASHPID"
+  bash scripts/setup.sh later
+
+  echo "the chart's Prometheus rules (promtool check and test)"
+  # shellcheck source=versions.env
+  . scripts/versions.env
+  local promtool="${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION/promtool"
+  "$promtool" check rules charts/nodemedic/files/alerts.yaml charts/nodemedic/files/descheduler-rules.yaml
+  "$promtool" test rules testing/rules/descheduler-rules.test.yaml
+
+  echo "the upstream descheduler accepts every expected policy"
+  # It loads and validates the policy, then fails at its first request to the API server (here:
+  # nothing listens at 127.0.0.1:1): got that far, the policy is accepted. The OpenShift-plugin
+  # policy is for OpenShift's build, which the upstream one must refuse.
+  local descheduler scratch policy verdict
+  descheduler="$(dirname "$promtool")/descheduler"
+  scratch=$(mktemp -d)
+  printf '%s\n' 'apiVersion: v1' 'kind: Config' \
+    'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]' \
+    'users: [{name: u, user: {token: x}}]' 'contexts: [{name: c, context: {cluster: c, user: u}}]' \
+    'current-context: c' >"$scratch/kubeconfig"
+  for policy in crates/operators/descheduler/tests/policies/*.yaml; do
+    verdict=$(cd "$scratch" && timeout 20 "$descheduler" --policy-config-file "$OLDPWD/$policy" \
+      --kubeconfig "$scratch/kubeconfig" --dry-run --secure-port=0 2>&1 | grep -m1 'failed to run descheduler server' || true)
+    case "$policy:$verdict" in
+      *openshift-plugin*:*"KubevirtMigrationAware in pluginConfig not registered"*) ;;
+      *openshift-plugin*) echo "$policy: the upstream descheduler did not refuse OpenShift's plugin: $verdict" >&2; exit 1 ;;
+      *"127.0.0.1:1"*) ;;
+      *) echo "$policy: refused by the upstream descheduler: $verdict" >&2; exit 1 ;;
+    esac
+  done
+  rm -rf "$scratch"
+}
+later_log=$(mktemp)
+in_background "setup.sh later, the chart's Prometheus rules, the descheduler's policies (background)" "$later_log" later_tools
+later=$!
+background_jobs="$build $later"
+
 step "the build, then the outage test"
-wait "$build" || { echo "cargo build (profile outage-test) failed" >&2; exit 1; }
-outage_e2e=$(built_test "$outage_build_json" e2e)
-[ -n "$outage_e2e" ] || { echo "cargo built no executable for nodemedic-harness:e2e" >&2; exit 1; }
-
-log=$(mktemp)
-# Run from the package's folder, as cargo runs its tests.
-in_background "the outage test (background)" "$log" \
-  bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$outage_e2e" "$OUTAGE_TEST"
-outage=$!
-later_setup_log=$(mktemp)
-in_background "setup.sh later (background)" "$later_setup_log" nice -n 19 bash scripts/setup.sh later
-later_setup=$!
-background_jobs="$outage $later_setup"
-
-step "meanwhile: the build the other lab tests run"
-# One cargo run builds the lab's own tests, the product's executables and the end-to-end tests:
-# two would resolve features apart (the lab's FUSE crate turns on more of nix and zerocopy) and
-# compile kube and every crate above it twice.
-build_json=$(mktemp)
-nice -n 19 cargo build --locked -p nodemedic --bins -p nodemedic-harness -p nodemedic-lab --test e2e --test it \
-  --message-format=json-render-diagnostics >"$build_json"
-it_test=$(built_test "$build_json" "${LAB_OWN_TEST_TARGET#*:}")
-[ -n "$it_test" ] || { echo "cargo built no executable for $LAB_OWN_TEST_TARGET" >&2; exit 1; }
+wait "$build" || { echo "cargo build (profile lab-test) failed" >&2; exit 1; }
 # The lab tests run from these executables: `cargo test -p <one package>` would resolve features
 # for that package alone and rebuild half the workspace first.
-for target in $END_TO_END_TEST_TARGETS; do
+for target in $LAB_TEST_TARGETS; do
   executable=$(built_test "$build_json" "${target#*:}")
   [ -n "$executable" ] || { echo "cargo built no executable for $target" >&2; exit 1; }
 done
+e2e=$(built_test "$build_json" e2e)
+log=$(mktemp)
+# Run from the package's folder, as cargo runs its tests.
+in_background "the outage test (background)" "$log" \
+  bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$e2e" "$OUTAGE_TEST"
+outage=$!
+background_jobs="$outage $later"
 
 step "meanwhile: cargo clippy, unit and property tests, doc tests, lab-free tests (background)"
 # At the lowest CPU and I/O priority, beside the lab tests: a lab's processes preempt them.
@@ -194,61 +216,33 @@ for target in $0; do
   cargo test --locked -p "${target%%:*}" --test "${target#*:}"
 done' "$LAB_FREE_TEST_TARGETS"
 checks=$!
-background_jobs="$outage $later_setup $checks"
+background_jobs="$outage $later $checks"
 
-step "the lab's own tests (beside the outage test)"
-# From the package's folder, as cargo runs its tests.
-(cd testing/lab && timed_tests "${LAB_OWN_TEST_TARGET}" "$it_test")
-
-step "the tools only later tests need (setup.sh later)"
+step "the tools only later tests need, the chart's rules, the descheduler's policies"
 status=0
-wait "$later_setup" || status=$?
-cat "$later_setup_log" >&2
-[ "$status" -eq 0 ] || { echo "setup.sh later failed (exit $status)" >&2; exit "$status"; }
+wait "$later" || status=$?
+cat "$later_log" >&2
+[ "$status" -eq 0 ] || { echo "setup.sh later, promtool or the descheduler's policies failed (exit $status)" >&2; exit "$status"; }
 
-step "the chart's Prometheus rules (promtool check and test)"
-# shellcheck source=versions.env
-. scripts/versions.env
-promtool="${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION/promtool"
-"$promtool" check rules charts/nodemedic/files/alerts.yaml charts/nodemedic/files/descheduler-rules.yaml
-"$promtool" test rules testing/rules/descheduler-rules.test.yaml
-
-step "the upstream descheduler accepts every expected policy"
-# It loads and validates the policy, then fails at its first request to the API server (here:
-# nothing listens at 127.0.0.1:1): got that far, the policy is accepted. The OpenShift-plugin
-# policy is for OpenShift's build, which the upstream one must refuse.
-descheduler="$(dirname "$promtool")/descheduler"
-scratch=$(mktemp -d)
-printf '%s\n' 'apiVersion: v1' 'kind: Config' \
-  'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]' \
-  'users: [{name: u, user: {token: x}}]' 'contexts: [{name: c, context: {cluster: c, user: u}}]' \
-  'current-context: c' >"$scratch/kubeconfig"
-for policy in crates/operators/descheduler/tests/policies/*.yaml; do
-  verdict=$(cd "$scratch" && timeout 20 "$descheduler" --policy-config-file "$OLDPWD/$policy" \
-    --kubeconfig "$scratch/kubeconfig" --dry-run --secure-port=0 2>&1 | grep -m1 'failed to run descheduler server' || true)
-  case "$policy:$verdict" in
-    *openshift-plugin*:*"KubevirtMigrationAware in pluginConfig not registered"*) ;;
-    *openshift-plugin*) echo "$policy: the upstream descheduler did not refuse OpenShift's plugin: $verdict" >&2; exit 1 ;;
-    *"127.0.0.1:1"*) ;;
-    *) echo "$policy: refused by the upstream descheduler: $verdict" >&2; exit 1 ;;
-  esac
-done
-rm -rf "$scratch"
-
-# The images, as `make image` builds them but from the executables under test, for the test that
-# runs them as containers.
+step "the images the container test runs"
+# As `make image` builds them, but from the executables under test.
 target_dir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
 export NODEMEDIC_IMAGES=$target_dir/test-images
-NODEMEDIC_IMAGE_BINARIES=$target_dir/debug NODEMEDIC_IMAGE_OUT="$NODEMEDIC_IMAGES" \
+NODEMEDIC_IMAGE_BINARIES=$target_dir/lab-test NODEMEDIC_IMAGE_OUT="$NODEMEDIC_IMAGES" \
   nice -n 19 ionice -c3 bash scripts/build-images.sh
 
-step "the other end-to-end tests (beside the outage test)"
-for target in $END_TO_END_TEST_TARGETS; do
+step "the lab tests, $LAB_TEST_LANES at a time (beside the outage test)"
+lanes=()
+for target in $LAB_TEST_TARGETS; do
   executable=$(built_test "$build_json" "${target#*:}")
-  # From the package's folder, as cargo runs its tests.
   package=${target%%:*}
-  (cd "testing/${package#nodemedic-}" && timed_tests "$target" "$executable" --skip "$OUTAGE_TEST")
+  # From the package's folder, as cargo runs its tests.
+  lanes+=(--target "$target" "$executable" "testing/${package#nodemedic-}")
 done
+# The expected seconds (the times of an earlier run, as bench/results/ci-*.test-times.tsv keeps them)
+# only order the queue, longest first.
+python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
+  --skip "$OUTAGE_TEST" "${lanes[@]}"
 
 step "clippy, unit, property, doc and lab-free tests"
 status=0

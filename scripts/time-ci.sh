@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Times CI the way CI runs it: a fresh clone of this repository's HEAD, `CI=true bash .ci/run`, as
 # root. Records bench/results/ci-<UTC time>.json (commit, started, ended, seconds, caches, result)
-# in this repository with the run's phases and slowest tests beside it (ci-<UTC time>.summary.txt);
+# in this repository with the run's phases and slowest tests beside it (ci-<UTC time>.summary.txt)
+# and every test's time (ci-<UTC time>.test-times.tsv, the form scripts/lab-test-seconds.tsv takes);
 # the whole output goes to target/ci/ci-<UTC time>.log.
 #
 #   scripts/time-ci.sh                  the setup's caches as they are (`caches: warm`)
@@ -42,9 +43,9 @@ status=0
 (cd "$scratch/clone" && CI=true TEST_REPORT_DIR="$scratch/report" bash .ci/run) >"$logs/ci-$stamp.log" 2>&1 || status=$?
 seconds=$((SECONDS - start_seconds))
 ended=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-if [ -f "$scratch/report/summary.txt" ]; then
-  cp "$scratch/report/summary.txt" "$results/ci-$stamp.summary.txt"
-fi
+for kept in summary.txt test-times.tsv; do
+  if [ -f "$scratch/report/$kept" ]; then cp "$scratch/report/$kept" "$results/ci-$stamp.$kept"; fi
+done
 result=$([ "$status" -eq 0 ] && echo green || echo red)
 python3 - "$results/ci-$stamp.json" <<EOF
 import json, sys
@@ -60,6 +61,6 @@ with open(sys.argv[1], "w") as out:
     json.dump(record, out, indent=2)
     out.write("\n")
 EOF
-printf 'CI on %s (%s caches): %s in %d min %d s; bench/results/ci-%s.{json,summary.txt}, target/ci/ci-%s.log\n' \
+printf 'CI on %s (%s caches): %s in %d min %d s; bench/results/ci-%s.{json,summary.txt,test-times.tsv}, target/ci/ci-%s.log\n' \
   "$commit" "$caches" "$result" $((seconds / 60)) $((seconds % 60)) "$stamp" "$stamp"
 exit "$status"

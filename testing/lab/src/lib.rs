@@ -194,7 +194,10 @@ impl LabConfig {
     pub fn kinds(&self) -> &'static [LabKind] {
         if self.alone {
             // In this order wherever both are taken, so two labs never wait on each other.
-            &[LabKind::ShortTimings, LabKind::Tolerant]
+            &[LabKind::ShortTimingsAlone, LabKind::Tolerant]
+        } else if self.fleet > 0 {
+            // One kwok renewing thousands of leases keeps a core busy on its own.
+            &[LabKind::ShortTimingsAlone]
         } else if self.timings.tolerate_a_busy_machine() {
             &[LabKind::Tolerant]
         } else {
@@ -224,12 +227,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_labs_on_tolerant_timings_run_beside_another() {
+    fn fleets_and_benchmarks_keep_short_timings_labs_off_the_machine() {
         assert_eq!(LabConfig::seed().kinds(), [LabKind::ShortTimings]);
-        assert_eq!(LabConfig::fleet(100).kinds(), [LabKind::ShortTimings]);
+        assert_eq!(LabConfig::fleet(100).kinds(), [LabKind::ShortTimingsAlone]);
         let defaults = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
         assert_eq!(defaults.kinds(), [LabKind::Tolerant]);
-        // A benchmark holds both, in the one order every lab takes them.
-        assert_eq!(defaults.alone().kinds(), [LabKind::ShortTimings, LabKind::Tolerant]);
+        // A benchmark holds every lock, in the one order every lab takes them.
+        assert_eq!(
+            defaults.alone().kinds(),
+            [LabKind::ShortTimingsAlone, LabKind::Tolerant]
+        );
     }
 }

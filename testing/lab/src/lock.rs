@@ -1,15 +1,18 @@
 //! Which labs run side by side on a machine, and the sweep of whatever a lab whose owner died
 //! left behind.
 //!
-//! Labs on short timings run one at a time: their leases and watchdogs flap when two of them
-//! share two cores. A lab whose timings tolerate a busy machine (Kubernetes' defaults: a node is
-//! Unknown after 50 s of silence, a watchdog waits a minute) may run beside one of them; it stalls
-//! the other for nothing more than the CPU it uses, and it is idle most of the time (the ten-minute
-//! outage test waits on a stopped API server). Each kind holds a lock of its own, so at most one
-//! of each runs; a third, held briefly, covers the sweep and the choice of a lab's network, which
-//! two labs starting at once must not make together.
+//! A lab on short timings (a node Unknown after 5 s of silence, a 3 s watchdog) needs its
+//! processes to run within a second or two of when they ask: a few such labs share a machine,
+//! one per core and at most [`MOST_SHORT_TIMINGS_LABS`], each taking one slot. A lab that keeps
+//! the CPU busy on its own (a fleet of thousands of nodes, a benchmark) takes every slot, so no
+//! short-timings lab runs beside it. A lab whose timings tolerate a busy machine (Kubernetes'
+//! defaults: a node is Unknown after 50 s of silence, a watchdog waits a minute) holds a lock of
+//! its own beside them: it stalls the others for nothing more than the CPU it uses, and it is
+//! idle most of the time (the ten-minute outage test waits on a stopped API server). A last lock,
+//! held briefly, covers the sweep and the choice of a lab's network, which two labs starting at
+//! once must not make together.
 
-use std::{fs::File, path::PathBuf};
+use std::{fs::File, path::PathBuf, time::Duration};
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -19,41 +22,100 @@ pub fn labs_root() -> PathBuf {
     PathBuf::from("/tmp/nodemedic-labs")
 }
 
+/// At most this many short-timings labs run at once, however many cores the machine has: each
+/// runs a control plane and a few nodes, and many at once contend for memory and disk instead.
+pub const MOST_SHORT_TIMINGS_LABS: usize = 4;
+
 /// The kind of lab a lock admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LabKind {
-    /// Short timings: needs the machine to itself, but for one [`LabKind::Tolerant`] lab.
+    /// Short timings: takes one of the short-timings slots.
     ShortTimings,
-    /// Timings that tolerate seconds of stall: may run beside a short-timings lab.
+    /// Short timings and busy enough to starve another: takes every short-timings slot.
+    ShortTimingsAlone,
+    /// Timings that tolerate seconds of stall: may run beside short-timings labs.
     Tolerant,
 }
 
 impl LabKind {
-    fn lock_file(self) -> &'static str {
+    /// What a lab of this kind waits for, in the log line that says it waits.
+    fn waits_for(self) -> &'static str {
         match self {
-            Self::ShortTimings => "/run/nodemedic/lab.lock",
-            Self::Tolerant => "/run/nodemedic/lab-tolerant.lock",
+            Self::ShortTimings => "every slot for a short-timings lab is taken on this machine",
+            Self::ShortTimingsAlone => "other labs on short timings are running on this machine",
+            Self::Tolerant => "another lab on Kubernetes' default timings is running on this machine",
         }
     }
 }
 
-/// Held for the lab's whole life: one lock per kind the lab counts as.
+/// How many short-timings labs this machine runs at once: one per core.
+pub fn short_timings_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, MOST_SHORT_TIMINGS_LABS)
+}
+
+fn slot_file(slot: usize) -> String {
+    match slot {
+        0 => "/run/nodemedic/lab.lock".to_owned(),
+        n => format!("/run/nodemedic/lab-{}.lock", n + 1),
+    }
+}
+
+const TOLERANT_LOCK: &str = "/run/nodemedic/lab-tolerant.lock";
+
+/// Held for the lab's whole life: the locks of each kind the lab counts as.
 pub struct LabLock {
     _locks: Vec<Flock<File>>,
 }
 
 impl LabLock {
     pub async fn acquire(kinds: &[LabKind]) -> Result<Self> {
-        let mut locks = Vec::with_capacity(kinds.len());
-        for kind in kinds {
-            let waiting = match kind {
-                LabKind::ShortTimings => "another lab on short timings is running on this machine",
-                LabKind::Tolerant => "another lab on Kubernetes' default timings is running on this machine",
-            };
-            locks.push(lock(kind.lock_file(), waiting).await?);
+        let mut locks = Vec::new();
+        for &kind in kinds {
+            match kind {
+                LabKind::ShortTimings => locks.push(any_slot(kind).await?),
+                // Every slot in the one order every lab takes them, so two never wait on each other.
+                LabKind::ShortTimingsAlone => {
+                    for slot in 0..short_timings_slots() {
+                        locks.push(lock(slot_file(slot), kind.waits_for()).await?);
+                    }
+                }
+                LabKind::Tolerant => locks.push(lock(TOLERANT_LOCK.to_owned(), kind.waits_for()).await?),
+            }
         }
         Ok(Self { _locks: locks })
     }
+}
+
+/// The first free short-timings slot, waiting for one when all are taken.
+async fn any_slot(kind: LabKind) -> Result<Flock<File>> {
+    let mut said = false;
+    loop {
+        for slot in 0..short_timings_slots() {
+            if let Some(lock) = try_lock(&slot_file(slot))? {
+                return Ok(lock);
+            }
+        }
+        if !said {
+            tracing::info!(
+                "{}; waiting for one to finish (`nodemedic-lab down` stops a lab started by hand)",
+                kind.waits_for()
+            );
+            said = true;
+        }
+        // A lab holds its slot for tens of seconds at least: polling costs nothing that matters.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn open_lock_file(path: &str) -> Result<File> {
+    std::fs::create_dir_all("/run/nodemedic").map_err(io("creating /run/nodemedic"))?;
+    File::create(path).map_err(io(format!("opening {path}")))
+}
+
+fn try_lock(path: &str) -> Result<Option<Flock<File>>> {
+    Ok(Flock::lock(open_lock_file(path)?, FlockArg::LockExclusiveNonblock).ok())
 }
 
 /// Held while a starting lab sweeps and claims its directory and network, not longer.
@@ -63,16 +125,18 @@ pub struct SetupLock {
 
 impl SetupLock {
     pub async fn acquire() -> Result<Self> {
-        lock("/run/nodemedic/lab-setup.lock", "another lab is being set up")
-            .await
-            .map(|lock| Self { _lock: lock })
+        lock(
+            "/run/nodemedic/lab-setup.lock".to_owned(),
+            "another lab is being set up",
+        )
+        .await
+        .map(|lock| Self { _lock: lock })
     }
 }
 
-async fn lock(path: &'static str, waiting: &'static str) -> Result<Flock<File>> {
+async fn lock(path: String, waiting: &'static str) -> Result<Flock<File>> {
     tokio::task::spawn_blocking(move || {
-        std::fs::create_dir_all("/run/nodemedic").map_err(io("creating /run/nodemedic"))?;
-        let file = File::create(path).map_err(io(format!("opening {path}")))?;
+        let file = open_lock_file(&path)?;
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(lock),
             Err((file, _)) => file,

@@ -107,10 +107,10 @@ async fn outage(lab: &Lab, kind: Outage) {
 /// Kubernetes' default failure detection (40 s kubelet leases, 50 s node-monitor grace): ten
 /// minutes without the API server, then ten without etcd; no node becomes unreachable by peers.
 ///
-/// CI runs it beside the other lab tests (one short-timings lab at a time, see
+/// CI runs it beside the other lab tests (a few short-timings labs side by side, see
 /// `nodemedic_lab::LabKind`) instead of before them: the outages keep their full length, and
 /// what it proves only gets harder to meet, since its agents must keep their peers, their
-/// watchdogs fed and their API checks on time on a machine whose CPU another lab is using.
+/// watchdogs fed and their API checks on time on a machine whose CPU other labs are using.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy() {
     let started = Instant::now();

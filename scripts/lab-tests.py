@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
+
+    lab-tests.py --lanes N --times TIMES_FILE [--expected EXPECTED_FILE] [--skip NAME]...
+                 --target LABEL EXECUTABLE FOLDER [--target ...]
+
+Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
+package's tests), so its time is its own and its output is printed whole once it ends, never
+interleaved with another's. How many labs run at once is the lab's to decide (its slot locks, see
+`nodemedic_lab::LabKind`): a lane whose test needs the machine alone waits for its lab there.
+
+The queue is ordered by EXPECTED_FILE (a times file of an earlier run), longest first, so the
+long tests do not end the run on one lane while the other idles; a test it does not name goes
+first, as if long. Each finished test appends `<seconds>\t<label>\t<name>\t<result>` to
+TIMES_FILE. Exits non-zero when any test failed, after every test has run.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Test:
+    label: str
+    executable: str
+    folder: str
+    name: str
+
+
+def listed(label: str, executable: str, folder: str) -> list[Test]:
+    out = subprocess.run(
+        [executable, "--list", "--format", "terse"], cwd=folder, check=True, capture_output=True, text=True
+    ).stdout
+    return [
+        Test(label, executable, folder, line.removesuffix(": test"))
+        for line in out.splitlines()
+        if line.endswith(": test")
+    ]
+
+
+def expected_seconds(path: str | None) -> dict[tuple[str, str], float]:
+    if not path or not os.path.exists(path):
+        return {}
+    seconds = {}
+    with open(path, encoding="utf-8") as rows:
+        for row in rows:
+            took, label, name, _ = row.rstrip("\n").split("\t")
+            seconds[(label, name)] = float(took)
+    return seconds
+
+
+class Run:
+    def __init__(self, queue: list[Test], times_file: str):
+        self.queue = queue
+        self.times_file = times_file
+        self.lock = threading.Lock()
+        self.failed: list[str] = []
+        self.started = time.monotonic()
+
+    def next_test(self) -> Test | None:
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def lane(self, number: int) -> None:
+        while test := self.next_test():
+            self.run_one(number, test)
+
+    def run_one(self, lane: int, test: Test) -> None:
+        began = time.monotonic()
+        with tempfile.TemporaryFile() as output:
+            status = subprocess.run(
+                [test.executable, "--exact", test.name, "--test-threads=1"],
+                cwd=test.folder,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            ).returncode
+            took = time.monotonic() - began
+            output.seek(0)
+            text = output.read().decode(errors="replace")
+        result = "ok" if status == 0 else "FAILED"
+        with self.lock:
+            at = began - self.started
+            # A passing test's output is libtest's own summary; a failing one's says why.
+            sys.stdout.write(
+                f"lane {lane}, at {at:.0f}s: {test.label} {test.name} ... {result} in {took:.1f}s\n"
+                + ("" if status == 0 else text)
+            )
+            sys.stdout.flush()
+            with open(self.times_file, "a", encoding="utf-8") as times:
+                times.write(f"{took:.1f}\t{test.label}\t{test.name}\t{result}\n")
+            if status != 0:
+                self.failed.append(f"{test.label} {test.name}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lanes", type=int, required=True)
+    parser.add_argument("--times", required=True)
+    parser.add_argument("--expected")
+    parser.add_argument("--skip", action="append", default=[])
+    parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
+    args = parser.parse_args()
+
+    tests = [t for target in args.target for t in listed(*target) if t.name not in args.skip]
+    expected = expected_seconds(args.expected)
+    tests.sort(key=lambda t: expected.get((t.label, t.name), float("inf")), reverse=True)
+    run = Run(list(tests), args.times)
+    print(f"{len(tests)} tests in {args.lanes} lanes, longest first", flush=True)
+    lanes = [threading.Thread(target=run.lane, args=(n + 1,)) for n in range(args.lanes)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    if run.failed:
+        print(f"\n{len(run.failed)} failed:\n  " + "\n  ".join(run.failed), flush=True)
+        return 1
+    print(f"\nall {len(tests)} passed in {time.monotonic() - run.started:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
