@@ -2,7 +2,7 @@
 """Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
 
     lab-tests.py --lanes N --times TIMES_FILE [--expected EXPECTED_FILE] [--skip NAME]...
-                 --target LABEL EXECUTABLE FOLDER [--target ...]
+                 [--after READY_FILE MODULES] --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
 package's tests), so its time is its own and its output is printed whole once it ends, never
@@ -13,6 +13,10 @@ The queue is ordered by EXPECTED_FILE (a times file of an earlier run), longest 
 long tests do not end the run on one lane while the other idles; a test it does not name goes
 first, as if long. Each finished test appends `<seconds>\t<label>\t<name>\t<result>` to
 TIMES_FILE. Exits non-zero when any test failed, after every test has run.
+
+`--after READY_FILE MODULES` holds back the tests of the comma-separated MODULES (`chart,machines`)
+until READY_FILE exists, holding the exit status of what they need (tools still being built):
+0 lets them run, anything else fails them without running. Lanes run other tests meanwhile.
 """
 
 import argparse
@@ -31,6 +35,18 @@ class Test:
     executable: str
     folder: str
     name: str
+    after: str | None = None
+
+
+def ready(test: Test) -> str | None:
+    """None while what the test needs is still being made; its exit status once made."""
+    if test.after is None:
+        return "0"
+    try:
+        with open(test.after, encoding="utf-8") as status:
+            return status.read().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def listed(label: str, executable: str, folder: str) -> list[Test]:
@@ -63,13 +79,25 @@ class Run:
         self.failed: list[str] = []
         self.started = time.monotonic()
 
-    def next_test(self) -> Test | None:
-        with self.lock:
-            return self.queue.pop(0) if self.queue else None
+    def next_test(self) -> tuple[Test, str] | None:
+        """The first test whose needs are made, waiting while none is; None when none is left."""
+        while True:
+            with self.lock:
+                if not self.queue:
+                    return None
+                for index, test in enumerate(self.queue):
+                    status = ready(test)
+                    if status is not None:
+                        return self.queue.pop(index), status
+            time.sleep(1)
 
     def lane(self, number: int) -> None:
-        while test := self.next_test():
-            self.run_one(number, test)
+        while picked := self.next_test():
+            test, status = picked
+            if status == "0":
+                self.run_one(number, test)
+            else:
+                self.record(number, test, time.monotonic(), 0.0, 1, f"not run: {test.after} says {status}\n")
 
     def run_one(self, lane: int, test: Test) -> None:
         began = time.monotonic()
@@ -84,6 +112,9 @@ class Run:
             took = time.monotonic() - began
             output.seek(0)
             text = output.read().decode(errors="replace")
+        self.record(lane, test, began, took, status, text)
+
+    def record(self, lane: int, test: Test, began: float, took: float, status: int, text: str) -> None:
         result = "ok" if status == 0 else "FAILED"
         with self.lock:
             at = began - self.started
@@ -105,10 +136,15 @@ def main() -> int:
     parser.add_argument("--times", required=True)
     parser.add_argument("--expected")
     parser.add_argument("--skip", action="append", default=[])
+    parser.add_argument("--after", nargs=2, action="append", default=[], metavar=("READY_FILE", "MODULES"))
     parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
     args = parser.parse_args()
 
     tests = [t for target in args.target for t in listed(*target) if t.name not in args.skip]
+    for ready_file, modules in args.after:
+        for test in tests:
+            if test.name.split("::")[0] in modules.split(","):
+                test.after = ready_file
     expected = expected_seconds(args.expected)
     tests.sort(key=lambda t: expected.get((t.label, t.name), float("inf")), reverse=True)
     run = Run(list(tests), args.times)

@@ -58,6 +58,19 @@ in_background() {
     exit "$status"
   ) &
 }
+# Runs a command and writes its exit status to file $1: the lab tests that need what it makes
+# wait for that file (scripts/lab-tests.py --after).
+marking() {
+  local ready=$1 status=0
+  shift
+  # In a job of its own: `set -e` stops a function only where its status is not tested.
+  "$@" &
+  wait "$!" || status=$?
+  echo "$status" >"$ready"
+  return "$status"
+}
+later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready
+rm -f "$later_ready" "$images_ready"
 background_jobs=""
 report() {
   local status=$?
@@ -183,7 +196,8 @@ later_tools() {
   rm -rf "$scratch"
 }
 later_log=$(mktemp)
-in_background "setup.sh later, the chart's Prometheus rules, the descheduler's policies (background)" "$later_log" later_tools
+in_background "setup.sh later, the chart's Prometheus rules, the descheduler's policies (background)" "$later_log" \
+  marking "$later_ready" later_tools
 later=$!
 background_jobs="$build $later"
 
@@ -218,18 +232,18 @@ done' "$LAB_FREE_TEST_TARGETS"
 checks=$!
 background_jobs="$outage $later $checks"
 
-step "the tools only later tests need, the chart's rules, the descheduler's policies"
-status=0
-wait "$later" || status=$?
-cat "$later_log" >&2
-[ "$status" -eq 0 ] || { echo "setup.sh later, promtool or the descheduler's policies failed (exit $status)" >&2; exit "$status"; }
-
-step "the images the container test runs"
+step "meanwhile: the images the container test runs (background)"
 # As `make image` builds them, but from the executables under test.
 target_dir=$(cd "${CARGO_TARGET_DIR:-target}" && pwd)
 export NODEMEDIC_IMAGES=$target_dir/test-images
-NODEMEDIC_IMAGE_BINARIES=$target_dir/lab-test NODEMEDIC_IMAGE_OUT="$NODEMEDIC_IMAGES" \
-  nice -n 19 ionice -c3 bash scripts/build-images.sh
+build_test_images() {
+  NODEMEDIC_IMAGE_BINARIES=$target_dir/lab-test NODEMEDIC_IMAGE_OUT="$NODEMEDIC_IMAGES" \
+    nice -n 19 ionice -c3 bash scripts/build-images.sh
+}
+images_log=$(mktemp)
+in_background "the images the container test runs (background)" "$images_log" marking "$images_ready" build_test_images
+images=$!
+background_jobs="$outage $later $checks $images"
 
 step "the lab tests, $LAB_TEST_LANES at a time (beside the outage test)"
 lanes=()
@@ -240,9 +254,27 @@ for target in $LAB_TEST_TARGETS; do
   lanes+=(--target "$target" "$executable" "testing/${package#nodemedic-}")
 done
 # The expected seconds (the times of an earlier run, as bench/results/ci-*.test-times.tsv keeps them)
-# only order the queue, longest first.
+# only order the queue, longest first. The tests of the modules after `--after` need the Go tools
+# of `setup.sh later` (Helm, Cluster API, the descheduler, Prometheus: nodemedic_lab::{tools_dir,
+# machine_layer_dir, rebalancing_dir}) or the images; on a fresh machine the other tests run
+# while those are still being built.
+lab_status=0
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
-  --skip "$OUTAGE_TEST" "${lanes[@]}"
+  --skip "$OUTAGE_TEST" --after "$later_ready" chart,descheduler,fenceagents,machine_layer,machines,out_of_the_box \
+  --after "$images_ready" images "${lanes[@]}" || lab_status=$?
+
+step "the tools only later tests need, the chart's rules, the descheduler's policies"
+status=0
+wait "$later" || status=$?
+cat "$later_log" >&2
+[ "$status" -eq 0 ] || { echo "setup.sh later, promtool or the descheduler's policies failed (exit $status)" >&2; exit "$status"; }
+
+step "the images the container test runs"
+status=0
+wait "$images" || status=$?
+cat "$images_log" >&2
+[ "$status" -eq 0 ] || { echo "building the images failed (exit $status)" >&2; exit "$status"; }
+[ "$lab_status" -eq 0 ] || { echo "lab tests failed (see above)" >&2; exit "$lab_status"; }
 
 step "clippy, unit, property, doc and lab-free tests"
 status=0

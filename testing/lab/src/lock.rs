@@ -114,8 +114,16 @@ fn open_lock_file(path: &str) -> Result<File> {
     File::create(path).map_err(io(format!("opening {path}")))
 }
 
+/// The lock on `path`, or none when another process holds it.
 fn try_lock(path: &str) -> Result<Option<Flock<File>>> {
-    Ok(Flock::lock(open_lock_file(path)?, FlockArg::LockExclusiveNonblock).ok())
+    match Flock::lock(open_lock_file(path)?, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(crate::Error::Io {
+            what: format!("locking {path}"),
+            source: e.into(),
+        }),
+    }
 }
 
 /// Held while a starting lab sweeps and claims its directory and network, not longer.

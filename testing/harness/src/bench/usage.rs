@@ -62,8 +62,9 @@ pub fn millicores(before: &Usage, after: &Usage, seconds: f64) -> f64 {
     (after.cpu_seconds - before.cpu_seconds).max(0.0) / seconds * 1000.0
 }
 
-/// The most memory any process running `executable` had while watched, sampled every 100 ms
-/// from a thread of its own. The kernel keeps a peak only of the whole resident set (VmHWM), and
+/// The most memory any process running `executable` below this one had while watched, sampled
+/// every 100 ms from a thread of its own. Below this one: the lab starts its processes as this
+/// process's children, and labs beside it (CI runs a few at once) run the same executables. The kernel keeps a peak only of the whole resident set (VmHWM), and
 /// for a debug build most of that is its executable's pages: the allocated part (RssAnon) is what
 /// a change of the code's data can move, and only sampling finds its peak. Processes that start
 /// while watched (an agent after its node's reboot) are found as they appear.
@@ -81,7 +82,7 @@ pub struct Peak {
     pub anon_kib: u64,
     /// The largest resident set any one process had (VmHWM, KiB).
     pub rss_kib: u64,
-    /// How many processes ran the executable while watched.
+    /// How many processes below this one ran the executable while watched.
     pub processes: usize,
 }
 
@@ -94,10 +95,14 @@ impl PeakWatch {
         // /proc/<pid>/exe names the executable by its canonical path.
         let executable = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
         let (stopped, found) = (stop.clone(), peak.clone());
+        let watcher = std::process::id();
         let sampler = std::thread::spawn(move || {
             let mut seen = std::collections::BTreeSet::new();
             while !stopped.load(Ordering::Relaxed) {
-                for pid in running(&executable) {
+                for pid in running(&executable)
+                    .into_iter()
+                    .filter(|&pid| descends_from(pid, watcher))
+                {
                     if let Some(usage) = sample(pid) {
                         seen.insert(pid);
                         let mut peak = found.lock().unwrap_or_else(PoisonError::into_inner);
@@ -148,6 +153,30 @@ fn running(executable: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Whether process `pid` is `ancestor` or runs below it.
+fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut current = pid;
+    // Deeper than any lab's process tree; also ends a walk that races a pid's reuse.
+    for _ in 0..16 {
+        if current == ancestor {
+            return true;
+        }
+        match std::fs::read_to_string(format!("/proc/{current}/stat"))
+            .ok()
+            .and_then(|stat| parent_in(&stat))
+        {
+            Some(parent) if parent > 1 => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The parent's pid in a `/proc/<pid>/stat` line: the field after the state.
+fn parent_in(stat: &str) -> Option<u32> {
+    stat[stat.rfind(')')? + 1..].split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether a process whose `/proc/<pid>/exe` is `exe` runs `executable`, also when the file was
 /// replaced since it started (a rebuild: the kernel then adds " (deleted)").
 fn runs(exe: &Path, executable: &Path) -> bool {
@@ -171,6 +200,25 @@ mod tests {
         assert_eq!(u.peak_rss_kib, 30000);
         assert_eq!(u.anon_kib, 1628);
         assert_eq!(u.cpu_seconds, 3.0);
+    }
+
+    #[test]
+    fn a_process_descends_from_itself_and_its_ancestors_only() {
+        assert_eq!(parent_in(STAT), Some(1));
+        let me = std::process::id();
+        assert!(descends_from(me, me));
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep starts");
+        assert!(descends_from(child.id(), me));
+        assert!(!descends_from(me, child.id()));
+        let _ = kill(child);
+    }
+
+    fn kill(mut child: std::process::Child) -> std::io::Result<()> {
+        child.kill()?;
+        child.wait().map(drop)
     }
 
     #[test]
