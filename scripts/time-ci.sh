@@ -7,8 +7,9 @@
 #
 #   scripts/time-ci.sh                  the setup's caches as they are (`caches: warm`)
 #   scripts/time-ci.sh --empty-caches   every cache empty: nodemedic's (control plane, Helm,
-#                                       Cluster API, descheduler), cargo's registry, Go's module
-#                                       and build caches, all in a scratch directory removed after
+#                                       Cluster API, descheduler, images), cargo's registry, Go's
+#                                       module and build caches, all in a scratch directory removed
+#                                       after; pip's cache unused
 #
 # A fresh clone always starts with an empty cargo target directory. Exits with the run's status.
 set -euo pipefail
@@ -35,6 +36,7 @@ if [ "$caches" = empty ]; then
   export GOMODCACHE=$scratch/go/mod GOCACHE=$scratch/go/build
   # cargo's registry and git checkouts, not its toolchain: rustup's proxies stay on the PATH.
   export CARGO_HOME=$scratch/cargo
+  export PIP_NO_CACHE_DIR=1
 fi
 
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)

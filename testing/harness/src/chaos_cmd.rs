@@ -87,7 +87,7 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         eprintln!("{} plans: {}", plans.len(), summary::counts(&plans));
         return Ok(());
     }
-    let mut runner = Runner::new(&exe, args.nodes, args.peer_detection);
+    let mut runner = Runner::new(&exe, args.nodes, args.peer_detection).alone();
     let mut results = Vec::new();
     std::fs::create_dir_all(&args.out)?;
     let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();

@@ -1,6 +1,6 @@
-//! `nodemedic-lab bench`: the benchmarks, each in its own lab, one lab at a time. Every suite
-//! returns its JSON and a markdown section with its targets met or missed; one report holds them
-//! all. Nothing here asserts a time.
+//! `nodemedic-lab bench`: the benchmarks, each in its own lab with no other lab beside it. Every
+//! suite returns its JSON and a markdown section with its targets met or missed; one report holds
+//! them all. Nothing here asserts a time.
 
 mod footprint;
 mod images;

@@ -110,8 +110,9 @@ pub async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> 
 
 /// A lab of the shape with nodemedic installed (as the bench installs it), the workload
 /// running and the seed health check for the path watching every node; with `peer_detection`,
-/// the agents' detector on and the health check also unhealthy on its condition at once.
-pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool) -> anyhow::Result<Lab> {
+/// the agents' detector on and the health check also unhealthy on its condition at once; `alone`,
+/// with no other lab beside it.
+pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone: bool) -> anyhow::Result<Lab> {
     // Every node control-plane and worker, as in the seed topology, so the seed health checks'
     // selector takes them all, also with five.
     let nodes = (1..=shape.nodes)
@@ -128,6 +129,9 @@ pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool) -> anyhow::Re
             delays,
             ..BmcOptions::default()
         });
+    }
+    if alone {
+        config = config.alone();
     }
     let lab = Lab::start(config).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;

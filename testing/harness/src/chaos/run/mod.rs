@@ -69,6 +69,8 @@ pub struct Runner {
     nodes_option: Option<usize>,
     /// `--peer-detection`: every lab runs the peer failure detector.
     peer_detection: bool,
+    /// Every lab keeps other labs off the machine (see [`Runner::alone`]).
+    alone: bool,
 }
 
 impl Runner {
@@ -79,7 +81,16 @@ impl Runner {
             lab: None,
             nodes_option,
             peer_detection,
+            alone: false,
         }
+    }
+
+    /// A campaign's labs run with nothing beside them, as benchmarks do: a violation must be
+    /// nodemedic's, not the doing of a lab that shared the CPU. The fixed trials CI runs share
+    /// the machine like every other lab test.
+    pub fn alone(mut self) -> Self {
+        self.alone = true;
+        self
     }
 
     pub async fn trial(&mut self, plan: &TrialPlan) -> TrialResult {
@@ -108,12 +119,15 @@ impl Runner {
 
     async fn lab(&mut self, shape: Shape) -> anyhow::Result<&Lab> {
         if self.lab.as_ref().is_some_and(|(s, _)| *s != shape) {
-            // Dropped first: one lab at a time on a machine.
+            // Dropped first: a campaign's lab waits for every other lab to end, its last one too.
             self.lab = None;
         }
         if self.lab.is_none() {
             println!("    starting a lab: {shape:?}");
-            self.lab = Some((shape, cluster::setup(&self.exe, shape, self.peer_detection).await?));
+            self.lab = Some((
+                shape,
+                cluster::setup(&self.exe, shape, self.peer_detection, self.alone).await?,
+            ));
         }
         self.lab.as_ref().map(|(_, lab)| lab).context("no lab")
     }
