@@ -69,6 +69,14 @@ marking() {
   echo "$status" >"$ready"
   return "$status"
 }
+# Waits for the background phase with pid $1, prints its output (file $2), and ends the run if it
+# failed, saying "$3 failed".
+collect() {
+  local pid=$1 output=$2 what=$3 status=0
+  wait "$pid" || status=$?
+  cat "$output" >&2
+  [ "$status" -eq 0 ] || { echo "$what failed (exit $status)" >&2; exit "$status"; }
+}
 later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready
 rm -f "$later_ready" "$images_ready"
 background_jobs=""
@@ -154,10 +162,7 @@ for line in open(sys.argv[1]):
 }
 
 step "the control plane"
-status=0
-wait "$lab_setup" || status=$?
-cat "$lab_setup_log" >&2
-[ "$status" -eq 0 ] || { echo "setup.sh lab failed (exit $status)" >&2; exit "$status"; }
+collect "$lab_setup" "$lab_setup_log" "setup.sh lab"
 
 # The tools only later tests need, then the checks that use them, all at the lowest priority.
 later_tools() {
@@ -264,23 +269,14 @@ python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --e
   --after "$images_ready" images "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
-status=0
-wait "$later" || status=$?
-cat "$later_log" >&2
-[ "$status" -eq 0 ] || { echo "setup.sh later, promtool or the descheduler's policies failed (exit $status)" >&2; exit "$status"; }
+collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"
 
 step "the images the container test runs"
-status=0
-wait "$images" || status=$?
-cat "$images_log" >&2
-[ "$status" -eq 0 ] || { echo "building the images failed (exit $status)" >&2; exit "$status"; }
+collect "$images" "$images_log" "building the images"
 [ "$lab_status" -eq 0 ] || { echo "lab tests failed (see above)" >&2; exit "$lab_status"; }
 
 step "clippy, unit, property, doc and lab-free tests"
-status=0
-wait "$checks" || status=$?
-cat "$checks_log" >&2
-[ "$status" -eq 0 ] || { echo "clippy or the unit, doc or lab-free tests failed (exit $status)" >&2; exit "$status"; }
+collect "$checks" "$checks_log" "clippy or the unit, doc or lab-free tests"
 
 step "the outage test"
 status=0
