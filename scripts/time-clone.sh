@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Times one of the README's two commands the way a newcomer or CI runs it: on a fresh clone, as
+# root, from nothing but what the caches hold.
+#
+#   scripts/time-clone.sh ci   [--empty-caches] [--commit REV]   `CI=true bash .ci/run` (make test)
+#   scripts/time-clone.sh demo [--empty-caches] [--commit REV]   `make demo`
+#
+# --empty-caches: every cache empty: nodemedic's (control plane, Helm, Cluster API, descheduler,
+# images), cargo's registry, Go's module and build caches, all in a scratch directory removed after;
+# pip's cache unused. Without it the setup's caches are used as they are (`caches: warm`).
+# --commit REV: clone this repository and check out REV (default HEAD), e.g. to time an older
+# commit's demo beside this one's.
+#
+# Records bench/results/<ci|demo>-<UTC time>.json (command, commit, started, ended, seconds, caches,
+# result) in this repository; for `ci` also the run's phases and slowest tests
+# (ci-<UTC time>.summary.txt) and every test's time (ci-<UTC time>.test-times.tsv, the form
+# scripts/lab-test-seconds.tsv takes). The whole output goes to target/ci/<ci|demo>-<UTC time>.log.
+# A fresh clone always starts with an empty cargo target directory. Exits with the run's status.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: scripts/time-clone.sh ci|demo [--empty-caches] [--commit REV]" >&2; exit 2; }
+command=${1:-}
+case "$command" in ci | demo) shift ;; *) usage ;; esac
+caches=warm
+rev=HEAD
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --empty-caches) caches=empty; shift ;;
+    --commit) [ $# -ge 2 ] || usage; rev=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+
+results=$PWD/bench/results
+logs=$PWD/target/ci
+mkdir -p "$logs"
+commit=$(git rev-parse --short "$rev^{commit}")
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+git clone -q . "$scratch/clone"
+git -C "$scratch/clone" checkout -q "$commit"
+if [ "$caches" = empty ]; then
+  mkdir -p "$scratch/cargo"
+  export NODEMEDIC_CACHE=$scratch/nodemedic-cache
+  export GOMODCACHE=$scratch/go/mod GOCACHE=$scratch/go/build
+  # cargo's registry and git checkouts, not its toolchain: rustup's proxies stay on the PATH.
+  export CARGO_HOME=$scratch/cargo
+  export PIP_NO_CACHE_DIR=1
+fi
+
+log=$logs/$command-$stamp.log
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+start_seconds=$SECONDS
+status=0
+case "$command" in
+  ci) (cd "$scratch/clone" && CI=true TEST_REPORT_DIR="$scratch/report" bash .ci/run) >"$log" 2>&1 || status=$? ;;
+  demo) (cd "$scratch/clone" && make demo) >"$log" 2>&1 </dev/null || status=$? ;;
+esac
+seconds=$((SECONDS - start_seconds))
+ended=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+for kept in summary.txt test-times.tsv; do
+  if [ -f "$scratch/report/$kept" ]; then cp "$scratch/report/$kept" "$results/$command-$stamp.$kept"; fi
+done
+result=$([ "$status" -eq 0 ] && echo green || echo red)
+python3 - "$results/$command-$stamp.json" <<EOF
+import json, sys
+record = {
+    "command": "$command",
+    "commit": "$commit",
+    "started": "$started",
+    "ended": "$ended",
+    "seconds": $seconds,
+    "caches": "$caches",
+    "result": "$result",
+}
+with open(sys.argv[1], "w") as out:
+    json.dump(record, out, indent=2)
+    out.write("\n")
+EOF
+printf '%s on %s (%s caches): %s in %d min %d s; bench/results/%s-%s.json, %s\n' \
+  "$command" "$commit" "$caches" "$result" $((seconds / 60)) $((seconds % 60)) "$command" "$stamp" "$log"
+exit "$status"
