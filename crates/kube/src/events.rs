@@ -64,6 +64,16 @@ impl Events {
         self.publish(on, EventType::Warning, reason, note.into()).await;
     }
 
+    /// Records an event given as data (see [`Note`]).
+    pub async fn record(&self, on: &ObjectReference, note: &Note) {
+        let type_ = if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        self.publish(on, type_, &note.reason, note.note.clone()).await;
+    }
+
     async fn publish(&self, on: &ObjectReference, type_: EventType, reason: &str, note: String) {
         let Ok(_permit) = self.writes.acquire().await else {
             return;
@@ -137,6 +147,31 @@ impl Events {
             reporting_instance: Some(self.instance.clone()),
             type_: Some(format!("{type_:?}")),
             ..Default::default()
+        }
+    }
+}
+
+/// An event as data: what a step returns for the step runner to publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+impl Note {
+    pub fn normal(reason: impl Into<String>, note: impl Into<String>) -> Self {
+        Self {
+            warning: false,
+            reason: reason.into(),
+            note: note.into(),
+        }
+    }
+
+    pub fn warning(reason: impl Into<String>, note: impl Into<String>) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, note)
         }
     }
 }

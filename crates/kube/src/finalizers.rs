@@ -15,8 +15,7 @@ use crate::{CallContext, Result};
 /// Adds `finalizer` (if missing) and returns the updated object.
 pub async fn add<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<K>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     if has(object, finalizer) {
         return Ok(object.clone());
@@ -29,8 +28,7 @@ where
 /// Removes `finalizer`; says whether it was there. An object already gone has none left.
 pub async fn remove<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<bool>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     if !has(object, finalizer) {
         return Ok(false);
@@ -54,18 +52,11 @@ pub fn has<K: Resource>(object: &K, finalizer: &str) -> bool {
 
 async fn write<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let name = object.name_any();
     let patch = json!({"metadata": {"resourceVersion": object.resource_version(), "finalizers": finalizers}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .with_context(|| {
-            let kind = K::kind(&K::DynamicType::default()).into_owned();
-            match object.namespace() {
-                Some(namespace) => format!("patching the finalizers of {kind} {namespace}/{name}"),
-                None => format!("patching the finalizers of {kind} {name}"),
-            }
-        })
+        .with_context(|| format!("patching the finalizers of {}", crate::status::describe(object)))
 }

@@ -17,6 +17,8 @@ pub mod node_lease;
 pub mod paged;
 pub mod pki;
 pub mod shutdown;
+pub mod status;
+pub mod steps;
 pub mod taints;
 pub mod time;
 pub mod webhook;

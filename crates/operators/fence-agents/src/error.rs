@@ -4,8 +4,6 @@ pub enum Error {
     Support(#[from] nodemedic_kube::Error),
     #[error("{0} has no namespace")]
     Unnamespaced(String),
-    #[error("FenceAgentsRemediation {0} names no node: its Machine's node is not recorded")]
-    Unresolved(String),
     /// Running the agent itself failed (not its configuration): retried.
     #[error(transparent)]
     Agent(#[from] crate::agent::AgentError),
@@ -19,7 +17,6 @@ impl Error {
             Self::Support(e) if e.kube().is_some() => "kube",
             Self::Support(_) => "support",
             Self::Unnamespaced(_) => "unnamespaced",
-            Self::Unresolved(_) => "unresolved",
             Self::Agent(_) => "agent",
         }
     }

@@ -151,6 +151,5 @@ async fn run_descheduler(kd: &KubeDescheduler, namespace: &str, ctx: &Context) -
 
 fn error_policy(kd: Arc<KubeDescheduler>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.error(error.kind());
-    tracing::warn!(descheduler = %kd.name_any(), %error, "descheduler reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    nodemedic_kube::steps::retry(kd.as_ref(), error, Duration::from_secs(5))
 }

@@ -80,4 +80,8 @@ impl Metrics {
             .get_or_create(&ResultLabels { result: result.into() })
             .inc();
     }
+
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&ResultLabels { result: kind.into() }).inc();
+    }
 }

@@ -16,7 +16,7 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use nodemedic_api::fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate};
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{events::Events, steps};
 
 pub use self::metrics::Metrics;
 use crate::{Error, Result, agent::Agents};
@@ -43,7 +43,7 @@ pub async fn run(client: Client, agents: Agents, metrics: Metrics, events: Event
         watcher::Config::default(),
     )
     .shutdown_on_signal()
-    .run(remediation::reconcile, error_policy, ctx.clone())
+    .run(steps::reconcile, steps::error_policy, ctx.clone())
     .for_each(|_| async {});
     let templates = Controller::new(
         Api::<FenceAgentsRemediationTemplate>::all(client),
@@ -57,13 +57,7 @@ pub async fn run(client: Client, agents: Agents, metrics: Metrics, events: Event
     Ok(())
 }
 
-fn error_policy<K>(_: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .errors
-        .get_or_create(&metrics::ResultLabels {
-            result: error.kind().to_owned(),
-        })
-        .inc();
-    tracing::warn!(%error, "fence agents reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+fn error_policy(template: Arc<FenceAgentsRemediationTemplate>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(error.kind());
+    steps::retry(template.as_ref(), error, Duration::from_secs(2))
 }

@@ -1,18 +1,10 @@
 //! Status edits: the medik8s condition triple for a step, written only when something changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-};
-use nodemedic_api::{
-    fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationStatus},
-    names::conditions as types,
-};
-use nodemedic_kube::{CallContext, conditions};
-use serde_json::json;
+use nodemedic_api::{fence_agents::FenceAgentsRemediationStatus, names::conditions as types};
+use nodemedic_kube::conditions;
 
-use crate::{Result, decide::fencing};
+use crate::decide::fencing;
 
 /// Sets `step` and its conditions with `reason`/`message`; returns whether anything changed.
 pub fn set_step(
@@ -37,32 +29,6 @@ pub fn set_step(
     changed |= s.step != name;
     s.step = name;
     changed
-}
-
-/// Edits the status and writes it (optimistically locked) when `edit` reports a change.
-pub async fn write(
-    api: &Api<FenceAgentsRemediation>,
-    far: &FenceAgentsRemediation,
-    edit: impl FnOnce(&mut FenceAgentsRemediationStatus, &Time) -> bool,
-) -> Result<bool> {
-    let before = far.status.clone().unwrap_or_default();
-    let mut status = before.clone();
-    if !edit(&mut status, &nodemedic_kube::time::now()) {
-        return Ok(false);
-    }
-    // Fields the edit emptied are removed, not kept as a plain merge patch would keep them.
-    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
-    let patch = json!({"metadata": {"resourceVersion": far.resource_version()}, "status": status});
-    api.patch_status(&far.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            let namespace = far.namespace().unwrap_or_default();
-            format!(
-                "writing the status of FenceAgentsRemediation {namespace}/{}",
-                far.name_any()
-            )
-        })?;
-    Ok(true)
 }
 
 /// The Failed step; FenceAgentActionSucceeded turns False only when the power was never

@@ -11,7 +11,7 @@ use kube::{
     runtime::controller::Action,
 };
 use nodemedic_api::{
-    fence_agents::{FenceAgentsRemediationTemplate, FenceAgentsRemediationTemplateStatus},
+    fence_agents::FenceAgentsRemediationTemplate,
     names::{annotations, conditions as types},
 };
 use nodemedic_kube::{CallContext, conditions};
@@ -132,7 +132,11 @@ pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<C
         changed = true;
     }
     if changed {
-        write(&api, &template, &status).await?;
+        nodemedic_kube::status::write(&api, template.as_ref(), |s, _| {
+            *s = status;
+            true
+        })
+        .await?;
     }
     Ok(Action::requeue(Duration::from_secs(300)))
 }
@@ -204,24 +208,4 @@ async fn validate(
     };
     let ok = failed.is_empty();
     (passed, failed, summary, ok)
-}
-
-async fn write(
-    api: &Api<FenceAgentsRemediationTemplate>,
-    template: &FenceAgentsRemediationTemplate,
-    status: &FenceAgentsRemediationTemplateStatus,
-) -> Result<()> {
-    let before = template.status.clone().unwrap_or_default();
-    let status = nodemedic_kube::merge_patch::replacing(&before, status);
-    let patch = json!({"metadata": {"resourceVersion": template.resource_version()}, "status": status});
-    api.patch_status(&template.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            let namespace = template.namespace().unwrap_or_default();
-            format!(
-                "writing the status of FenceAgentsRemediationTemplate {namespace}/{}",
-                template.name_any()
-            )
-        })?;
-    Ok(())
 }

@@ -1,20 +1,24 @@
 //! The MachineDeletionRemediation reconciler: [`observe`] reads the remediation, its Machine and
 //! the Machine's owner into [`crate::decide::Facts`], [`crate::decide::next`] decides, and
-//! [`perform`] carries the step out; again until the answer is to wait.
+//! [`perform`] carries the step out, the shared step runner ([`steps`]) writing the status and
+//! publishing the events each step returns; again until the answer is to wait.
 
 mod metrics;
 mod observe;
 mod perform;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::{
     Api, Client, ResourceExt,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, watcher},
 };
 use nodemedic_api::machine_deletion::MachineDeletionRemediation;
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{
+    events::Events,
+    steps::{self, Outcome},
+};
 
 pub use self::metrics::Metrics;
 use crate::{Error, Result, decide};
@@ -24,9 +28,6 @@ pub struct Context {
     pub events: Events,
     pub metrics: Metrics,
 }
-
-/// More steps than a remediation has; each pass reads everything afresh.
-const STEPS_PER_RECONCILE: usize = 8;
 
 pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()> {
     let ctx = Arc::new(Context {
@@ -40,33 +41,56 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         watcher::Config::default(),
     )
     .shutdown_on_signal()
-    .run(reconcile, error_policy, ctx)
+    .run(steps::reconcile, steps::error_policy, ctx)
     .for_each(|_| async {})
     .await;
     Ok(())
 }
 
-async fn reconcile(mdr: Arc<MachineDeletionRemediation>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = mdr.namespace().ok_or_else(|| Error::Unnamespaced(mdr.name_any()))?;
-    let api = Api::<MachineDeletionRemediation>::namespaced(ctx.client.clone(), &namespace);
-    let name = mdr.name_any();
-    for _ in 0..STEPS_PER_RECONCILE {
-        let Some(seen) = observe::observe(&api, &name, &ctx).await? else {
-            return Ok(Action::await_change());
-        };
-        let step = decide::next(&seen.facts);
-        if !matches!(step, decide::Step::Idle) {
-            tracing::info!(remediation = %name, %namespace, ?step, "machine deletion remediation");
-        }
-        if let Some(action) = perform::perform(step, &seen, &api, &ctx).await? {
-            return Ok(action);
-        }
-    }
-    Ok(Action::requeue(Duration::from_secs(1)))
-}
+impl steps::Operator for Context {
+    type Object = MachineDeletionRemediation;
+    type Observed = observe::Observed;
+    type Step = decide::Step;
+    type Error = Error;
 
-fn error_policy(mdr: Arc<MachineDeletionRemediation>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.error(error.kind());
-    tracing::warn!(remediation = %mdr.name_any(), %error, "machine deletion reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    const NAME: &'static str = "machine deletion remediation";
+    const STEPS: usize = 8;
+
+    fn api(&self, mdr: &MachineDeletionRemediation) -> Result<Api<MachineDeletionRemediation>> {
+        let namespace = mdr.namespace().ok_or_else(|| Error::Unnamespaced(mdr.name_any()))?;
+        Ok(Api::namespaced(self.client.clone(), &namespace))
+    }
+
+    async fn observe(&self, api: &Api<MachineDeletionRemediation>, name: &str) -> Result<Option<observe::Observed>> {
+        observe::observe(api, name, self).await
+    }
+
+    fn current(seen: &observe::Observed) -> &MachineDeletionRemediation {
+        &seen.current
+    }
+
+    fn decide(&self, seen: &observe::Observed) -> decide::Step {
+        decide::next(&seen.facts)
+    }
+
+    fn routine(step: &decide::Step) -> bool {
+        matches!(step, decide::Step::Idle)
+    }
+
+    async fn perform<'a>(
+        &'a self,
+        step: decide::Step,
+        seen: &'a observe::Observed,
+        api: &'a Api<MachineDeletionRemediation>,
+    ) -> Result<Outcome<'a, Self>> {
+        perform::perform(step, seen, api, self).await
+    }
+
+    fn events(&self) -> &Events {
+        &self.events
+    }
+
+    fn count_error(&self, error: &Error) {
+        self.metrics.error(error.kind());
+    }
 }

@@ -8,18 +8,18 @@ mod observe;
 mod reconcile;
 mod status;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::{
     Api, Client,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, watcher},
 };
 use nodemedic_api::maintenance::NodeMaintenance;
 use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 
 pub use self::metrics::Metrics;
-use crate::{Error, Result};
+use crate::Result;
 
 pub struct Context {
     pub client: Client,
@@ -47,14 +47,12 @@ pub async fn run(client: Client, evictions: Client, metrics: Metrics, events: Ev
     tracing::info!("node maintenance running");
     Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())
         .shutdown_on_signal()
-        .run(reconcile::reconcile, error_policy, ctx)
+        .run(
+            nodemedic_kube::steps::reconcile,
+            nodemedic_kube::steps::error_policy,
+            ctx,
+        )
         .for_each(|_| async {})
         .await;
     Ok(())
-}
-
-fn error_policy(_: Arc<NodeMaintenance>, error: &Error, ctx: Arc<Context>) -> Action {
-    Metrics::count(&ctx.metrics.errors, error.kind());
-    tracing::warn!(%error, "node maintenance reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
 }

@@ -27,6 +27,8 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(3600);
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 pub struct Observed {
+    /// The NodeMaintenance as read now.
+    pub current: NodeMaintenance,
     pub node: Option<Node>,
     /// Every pod bound to the node.
     pub pods: Vec<Pod>,
@@ -78,7 +80,21 @@ fn live_and_active(nm: &NodeMaintenance) -> bool {
     nm.metadata.deletion_timestamp.is_none() && phase(nm) != Phase::Failed
 }
 
-pub async fn observe(ctx: &Context, nm: &NodeMaintenance) -> Result<Observed> {
+/// `None` once the NodeMaintenance is gone. Read afresh: the controller's copy may predate our
+/// own last write, and acting on it would only conflict.
+pub async fn observe(api: &Api<NodeMaintenance>, name: &str, ctx: &Context) -> Result<Option<Observed>> {
+    let Some(current) = api
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading NodeMaintenance {name}"))?
+    else {
+        return Ok(None);
+    };
+    read(ctx, current).await.map(Some)
+}
+
+async fn read(ctx: &Context, current: NodeMaintenance) -> Result<Observed> {
+    let nm = &current;
     let node_name = nm.spec.node_name.as_str();
     let node = Api::<Node>::all(ctx.client.clone())
         .get_opt(node_name)
@@ -170,6 +186,7 @@ pub async fn observe(ctx: &Context, nm: &NodeMaintenance) -> Result<Observed> {
         },
         node,
         pods,
+        current,
     };
     observed.facts.pending = observed.to_remove().len();
     Ok(observed)

@@ -12,7 +12,7 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::controller::Action,
 };
-use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
+use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig, SelfNodeRemediationConfigStatus};
 use nodemedic_kube::{CallContext, conditions, events::Events};
 use serde_json::json;
 
@@ -36,51 +36,10 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
     if config.name_any() != CONFIG_NAME || config.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let api = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace);
     let on = nodemedic_kube::events::reference(config.as_ref());
     let mut status = config.status.clone().unwrap_or_default();
     let now = nodemedic_kube::time::now();
-    let list = status.conditions.get_or_insert_with(Vec::new);
-    let valid = match daemonset::validate(&config.spec) {
-        Err(error) => {
-            conditions::set(
-                list,
-                conditions::Desired {
-                    type_: VALID,
-                    status: false,
-                    reason: "InvalidField",
-                    message: error.to_string(),
-                },
-                config.metadata.generation,
-                &now,
-            );
-            None
-        }
-        Ok(warnings) => {
-            let message = if warnings.is_empty() {
-                "every field is usable".to_owned()
-            } else {
-                warnings.join("; ")
-            };
-            let reason = if warnings.is_empty() {
-                "Valid"
-            } else {
-                "ValidWithWarnings"
-            };
-            conditions::set(
-                list,
-                conditions::Desired {
-                    type_: VALID,
-                    status: true,
-                    reason,
-                    message,
-                },
-                config.metadata.generation,
-                &now,
-            );
-            Some(())
-        }
-    };
+    let valid = set_validity(&config, status.conditions.get_or_insert_with(Vec::new), &now);
     let membership::Outcome {
         current,
         registrations: regs,
@@ -88,12 +47,58 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
     } = membership::reconcile(&ctx.client, &ctx.namespace, &ctx.events, &ctx.metrics, &on).await?;
     // With the membership lost, agents that still count votes in it must all be stopped before a
     // new one starts: the DaemonSet stays gone until an administrator has reset them.
-    if valid.is_some() && !lost {
+    if valid && !lost {
         ensure_daemonset(&config, &ctx, &on).await?;
     }
     let licence = daemonset::licence_settings(&config.spec)
         .map(|s| s.licence())
         .unwrap_or_default();
+    report_agents(&mut status, current.as_ref(), &regs, licence);
+    set_membership_condition(
+        status.conditions.get_or_insert_with(Vec::new),
+        current.as_ref(),
+        &regs,
+        config.metadata.generation,
+        &now,
+    );
+    count_agents(&ctx.metrics, &regs, status.minimum_safe_time_seconds);
+    if Some(&status) != config.status.as_ref() {
+        write_status(&ctx, &config, &status, &regs).await?;
+    }
+    // Everything read here is watched (the config, its DaemonSet, the registrations, the
+    // membership, the remediations): a change wakes this reconcile. No periodic pass: at rest
+    // the manager makes no requests.
+    Ok(Action::await_change())
+}
+
+/// The `Valid` condition; returns whether the DaemonSet may be rendered from the config.
+fn set_validity(config: &SelfNodeRemediationConfig, list: &mut Vec<Condition>, now: &Time) -> bool {
+    let (status, reason, message) = match daemonset::validate(&config.spec) {
+        Err(error) => (false, "InvalidField", error.to_string()),
+        Ok(warnings) if warnings.is_empty() => (true, "Valid", "every field is usable".to_owned()),
+        Ok(warnings) => (true, "ValidWithWarnings", warnings.join("; ")),
+    };
+    conditions::set(
+        list,
+        conditions::Desired {
+            type_: VALID,
+            status,
+            reason,
+            message,
+        },
+        config.metadata.generation,
+        now,
+    );
+    status
+}
+
+/// The registered agents, their fencing means, the membership and the provable safe time.
+fn report_agents(
+    status: &mut SelfNodeRemediationConfigStatus,
+    current: Option<&Membership>,
+    regs: &[rules::Registration],
+    licence: Duration,
+) {
     // Only nodes that can fence themselves bound the safe time.
     let minimum = regs
         .iter()
@@ -102,10 +107,9 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
         .max();
     status.registered_agents = Some(regs.len() as i32);
     status.minimum_safe_time_seconds = minimum.map(|m| m.as_secs_f64().ceil() as i64);
-    status.membership_epoch = current.as_ref().and_then(|m| i64::try_from(m.committed.epoch).ok());
-    status.members = current.as_ref().map(|m| m.committed.members.iter().cloned().collect());
+    status.membership_epoch = current.and_then(|m| i64::try_from(m.committed.epoch).ok());
+    status.members = current.map(|m| m.committed.members.iter().cloned().collect());
     status.proposed_members = current
-        .as_ref()
         .and_then(|m| m.proposed.as_ref())
         .map(|p| p.members.iter().cloned().collect());
     status.fencing_means = Some(
@@ -113,6 +117,9 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
             .map(|r| (r.node.clone(), r.means.as_str().to_owned()))
             .collect(),
     );
+}
+
+fn count_agents(metrics: &Metrics, regs: &[rules::Registration], minimum_safe_seconds: Option<i64>) {
     for means in [
         rules::Means::HardwareWatchdog,
         rules::Means::Softdog,
@@ -120,56 +127,51 @@ pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>
         rules::Means::None,
     ] {
         let count = regs.iter().filter(|r| r.means == means).count();
-        ctx.metrics
+        metrics
             .means
             .get_or_create(&super::metrics::MeansLabels { means: means.as_str() })
             .set(count as i64);
     }
-    set_membership_condition(
-        status.conditions.get_or_insert_with(Vec::new),
-        current.as_ref(),
-        &regs,
-        config.metadata.generation,
-        &now,
-    );
-    ctx.metrics.registered_agents.set(regs.len() as i64);
-    ctx.metrics
-        .minimum_safe_seconds
-        .set(status.minimum_safe_time_seconds.unwrap_or(0));
-    if Some(&status) != config.status.as_ref() {
-        // A merge patch keeps a field it does not mention: what is gone must be written as null.
-        let mut patch = json!({"status": status});
-        for field in [
-            "proposedMembers",
-            "minimumSafeTimeSeconds",
-            "membershipEpoch",
-            "members",
-        ] {
-            if patch["status"].get(field).is_none() {
-                patch["status"][field] = serde_json::Value::Null;
-            }
+    metrics.registered_agents.set(regs.len() as i64);
+    metrics.minimum_safe_seconds.set(minimum_safe_seconds.unwrap_or(0));
+}
+
+async fn write_status(
+    ctx: &Context,
+    config: &SelfNodeRemediationConfig,
+    status: &SelfNodeRemediationConfigStatus,
+    regs: &[rules::Registration],
+) -> Result<()> {
+    // A merge patch keeps a field it does not mention: what is gone must be written as null.
+    let mut patch = json!({"status": status});
+    for field in [
+        "proposedMembers",
+        "minimumSafeTimeSeconds",
+        "membershipEpoch",
+        "members",
+    ] {
+        if patch["status"].get(field).is_none() {
+            patch["status"][field] = serde_json::Value::Null;
         }
-        let before = config
-            .status
-            .as_ref()
-            .and_then(|s| s.fencing_means.clone())
-            .unwrap_or_default();
-        for gone in before.keys().filter(|n| !regs.iter().any(|r| &r.node == *n)) {
-            patch["status"]["fencingMeans"][gone] = serde_json::Value::Null;
-        }
-        api.patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| {
-                format!(
-                    "writing the status of SelfNodeRemediationConfig {}/{CONFIG_NAME}",
-                    ctx.namespace
-                )
-            })?;
     }
-    // Everything read here is watched (the config, its DaemonSet, the registrations, the
-    // membership, the remediations): a change wakes this reconcile. No periodic pass: at rest
-    // the manager makes no requests.
-    Ok(Action::await_change())
+    let before = config
+        .status
+        .as_ref()
+        .and_then(|s| s.fencing_means.clone())
+        .unwrap_or_default();
+    for gone in before.keys().filter(|n| !regs.iter().any(|r| &r.node == *n)) {
+        patch["status"]["fencingMeans"][gone] = serde_json::Value::Null;
+    }
+    Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)
+        .patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "writing the status of SelfNodeRemediationConfig {}/{CONFIG_NAME}",
+                ctx.namespace
+            )
+        })?;
+    Ok(())
 }
 
 const MEMBERSHIP_SETTLED: &str = "MembershipSettled";
@@ -279,13 +281,12 @@ async fn ensure_daemonset(
     }
 }
 
-pub fn error_policy(_: Arc<SelfNodeRemediationConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(config: Arc<SelfNodeRemediationConfig>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .errors
         .get_or_create(&super::metrics::ResultLabels {
             result: error.kind().to_owned(),
         })
         .inc();
-    tracing::warn!(%error, "SelfNodeRemediationConfig reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    nodemedic_kube::steps::retry(config.as_ref(), error, Duration::from_secs(5))
 }

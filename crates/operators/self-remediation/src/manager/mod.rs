@@ -25,7 +25,7 @@ use nodemedic_api::{
     poison_pill::{PoisonPillConfig, PoisonPillRemediation},
     self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
-use nodemedic_kube::events::Events;
+use nodemedic_kube::{events::Events, steps};
 
 pub use metrics::Metrics;
 
@@ -76,8 +76,6 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         metrics.clone(),
         events.clone(),
     ));
-    let registrations = watcher::Config::default().labels(&registration::registrations_and_membership_selector());
-
     let config_ctx = Arc::new(config::Context {
         client: client.clone(),
         namespace: namespace.clone(),
@@ -85,8 +83,35 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         events: events.clone(),
         metrics: metrics.clone(),
     });
+    let bridge = Arc::new(poison_pill::Context {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        events: events.clone(),
+    });
+    let ctx = Arc::new(remediation::Context {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        events,
+        metrics,
+        out_of_service,
+        observed: std::sync::Mutex::new(HashMap::new()),
+    });
+    tokio::join!(configs(config_ctx), remediations(ctx), poison_pills(bridge));
+    signer.abort();
+    Ok(())
+}
+
+/// The registration and membership Leases.
+fn registrations() -> watcher::Config {
+    watcher::Config::default().labels(&registration::registrations_and_membership_selector())
+}
+
+/// The configuration's reconciler: its DaemonSet, and the registrations and waits that decide
+/// the membership.
+async fn configs(ctx: Arc<config::Context>) {
+    let (client, namespace) = (ctx.client.clone(), ctx.namespace.clone());
     let config_ns = namespace.clone();
-    let configs = Controller::new(
+    Controller::new(
         Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), &namespace),
         watcher::Config::default(),
     )
@@ -94,29 +119,54 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
         Api::<DaemonSet>::namespaced(client.clone(), &namespace),
         watcher::Config::default(),
     )
-    .watches(
-        Api::<Lease>::namespaced(client.clone(), &namespace),
-        registrations.clone(),
-        {
-            let config_ns = config_ns.clone();
-            move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns))
-        },
-    )
+    .watches(Api::<Lease>::namespaced(client.clone(), &namespace), registrations(), {
+        let config_ns = config_ns.clone();
+        move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns))
+    })
     // A wait that ends releases the membership changes it held back.
     .watches(
-        Api::<PartialObjectMeta<SelfNodeRemediation>>::all(client.clone()),
+        Api::<PartialObjectMeta<SelfNodeRemediation>>::all(client),
         watcher::Config::default(),
         move |_| Some(ObjectRef::<SelfNodeRemediationConfig>::new(CONFIG_NAME).within(&config_ns)),
     )
-    .run(config::reconcile, config::error_policy, config_ctx)
-    .for_each(|_| async {});
+    .run(config::reconcile, config::error_policy, ctx)
+    .for_each(|_| async {})
+    .await;
+}
 
-    let bridge = Arc::new(poison_pill::Context {
-        client: client.clone(),
-        namespace: namespace.clone(),
-        events: events.clone(),
-    });
-    let poison_pills = Controller::new(
+/// The SelfNodeRemediation reconciler, woken by every registration change too: a registration's
+/// acceptances concern every ongoing remediation.
+async fn remediations(ctx: Arc<remediation::Context>) {
+    let (client, namespace) = (ctx.client.clone(), ctx.namespace.clone());
+    // Bounded: when hundreds of nodes fail at once, a few reconciles at a time keep the memory
+    // and the API server's load flat; each one is short (no reconcile waits inside).
+    let controller = Controller::new(
+        Api::<SelfNodeRemediation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(16));
+    let store = controller.store();
+    controller
+        .watches(
+            Api::<Lease>::namespaced(client, &namespace),
+            registrations(),
+            move |_| {
+                store
+                    .state()
+                    .iter()
+                    .map(|snr| ObjectRef::from_obj(snr.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .run(steps::reconcile, steps::error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The bridge that carries out the Poison Pill kinds as self remediation.
+async fn poison_pills(bridge: Arc<poison_pill::Context>) {
+    let (client, namespace) = (bridge.client.clone(), bridge.namespace.clone());
+    let remediations = Controller::new(
         Api::<PoisonPillRemediation>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -126,45 +176,11 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
     )
     .run(poison_pill::reconcile, poison_pill::error_policy, bridge.clone())
     .for_each(|_| async {});
-    let poison_pill_configs = Controller::new(
-        Api::<PoisonPillConfig>::namespaced(client.clone(), &namespace),
+    let configs = Controller::new(
+        Api::<PoisonPillConfig>::namespaced(client, &namespace),
         watcher::Config::default(),
     )
     .run(poison_pill::reconcile_config, poison_pill::error_policy, bridge)
     .for_each(|_| async {});
-
-    let ctx = Arc::new(remediation::Context {
-        client: client.clone(),
-        namespace: namespace.clone(),
-        events,
-        metrics,
-        out_of_service,
-        observed: std::sync::Mutex::new(HashMap::new()),
-    });
-    // Bounded: when hundreds of nodes fail at once, a few reconciles at a time keep the
-    // memory and the API server's load flat; each one is short (no reconcile waits inside).
-    let controller = Controller::new(
-        Api::<SelfNodeRemediation>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(kube::runtime::controller::Config::default().concurrency(16));
-    let store = controller.store();
-    let remediations = controller
-        .watches(
-            Api::<Lease>::namespaced(client.clone(), &namespace),
-            registrations,
-            move |_| {
-                // A registration's acceptances concern every ongoing remediation.
-                store
-                    .state()
-                    .iter()
-                    .map(|snr| ObjectRef::from_obj(snr.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .run(remediation::reconcile, remediation::error_policy, ctx)
-        .for_each(|_| async {});
-    tokio::join!(configs, remediations, poison_pills, poison_pill_configs);
-    signer.abort();
-    Ok(())
+    tokio::join!(remediations, configs);
 }

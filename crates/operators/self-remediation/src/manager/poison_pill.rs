@@ -104,7 +104,7 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
                 "SelfNodeRemediation {namespace}/{name} exists and is not this PoisonPillRemediation's; delete one of the two"
             );
             ctx.events.warning(&on, "NameTaken", why.clone()).await;
-            set_status(&pprs, &ppr, |s, now| {
+            nodemedic_kube::status::write(&pprs, ppr.as_ref(), |s, now| {
                 let list = s.conditions.get_or_insert_with(Vec::new);
                 let changed = conditions::set_finished(list, false, "NameTaken", &why, now);
                 let error_changed = s.last_error.as_deref() != Some(why.as_str());
@@ -128,7 +128,7 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
                 if let Some(phase) = copied.phase.as_deref().filter(|p| before.phase.as_deref() != Some(*p)) {
                     ctx.events.normal(&on, "PhaseChanged", format!("phase {phase}")).await;
                 }
-                set_status(&pprs, &ppr, |s, _| {
+                nodemedic_kube::status::write(&pprs, ppr.as_ref(), |s, _| {
                     *s = copied;
                     true
                 })
@@ -137,28 +137,6 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
         }
     }
     Ok(Action::await_change())
-}
-
-async fn set_status(
-    api: &Api<PoisonPillRemediation>,
-    ppr: &PoisonPillRemediation,
-    edit: impl FnOnce(
-        &mut nodemedic_api::poison_pill::PoisonPillRemediationStatus,
-        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-    ) -> bool,
-) -> Result<()> {
-    let before = ppr.status.clone().unwrap_or_default();
-    let mut status = before.clone();
-    if !edit(&mut status, &nodemedic_kube::time::now()) {
-        return Ok(());
-    }
-    // Fields the carrier no longer has (an error that is gone) are removed here too.
-    let status = nodemedic_kube::merge_patch::replacing(&before, &status);
-    let patch = json!({"metadata": {"resourceVersion": ppr.resource_version()}, "status": status});
-    api.patch_status(&ppr.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("writing the status of PoisonPillRemediation {}", ppr.name_any()))?;
-    Ok(())
 }
 
 /// A PoisonPillConfig in the manager's namespace: its fields set on the SelfNodeRemediationConfig
@@ -213,6 +191,5 @@ pub async fn reconcile_config(config: Arc<PoisonPillConfig>, ctx: Arc<Context>) 
 }
 
 pub fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(kind = %K::kind(&()), name = %object.meta().name.as_deref().unwrap_or_default(), %error, "Poison Pill reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+    nodemedic_kube::steps::retry(object.as_ref(), error, Duration::from_secs(2))
 }

@@ -1,16 +1,18 @@
-//! The FenceAgentsRemediation reconciler: [`observe`] reads what the decision needs,
-//! [`fencing::next`] decides, [`perform`] carries the answer out; again until it is to wait.
+//! The FenceAgentsRemediation reconciler, run by the shared step runner ([`steps`]): [`observe`]
+//! reads what the decision needs, [`fencing::next`] decides, [`perform`] carries the answer out;
+//! again until it is to wait. A remediation named after its Machine (a MachineHealthCheck's) first
+//! has its node read from the Machine and recorded ([`machine`]).
 
 mod machine;
 mod observe;
 mod perform;
 
-use std::{sync::Arc, time::Duration};
-
-use kube::{Api, ResourceExt, runtime::controller::Action};
-use nodemedic_api::{
-    fence_agents::FenceAgentsRemediation,
-    machines::{self, NodeOf},
+use kube::{Api, ResourceExt};
+use nodemedic_api::fence_agents::FenceAgentsRemediation;
+use nodemedic_kube::{
+    events::Events,
+    machines::Resolved,
+    steps::{self, Outcome},
 };
 
 use super::Context;
@@ -19,29 +21,117 @@ use crate::{
     decide::fencing::{self, Decision},
 };
 
-/// More steps than a remediation has; each pass reads the remediation afresh.
-const STEPS_PER_RECONCILE: usize = 16;
+/// What one observation found.
+pub enum Seen {
+    /// Named after its Machine and its node not yet recorded; `None` while nothing is to be done
+    /// (being deleted, or finished).
+    Unresolved {
+        current: Box<FenceAgentsRemediation>,
+        resolved: Option<Resolved>,
+    },
+    Fencing(Box<observe::Observed>),
+}
 
-pub async fn reconcile(far: Arc<FenceAgentsRemediation>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = far.namespace().ok_or_else(|| Error::Unnamespaced(far.name_any()))?;
-    let api = Api::<FenceAgentsRemediation>::namespaced(ctx.client.clone(), &namespace);
-    let name = far.name_any();
-    if matches!(machines::node_of(&far.metadata), NodeOf::Machine(_))
-        && let Some(action) = machine::resolve(&api, &far, &ctx).await?
-    {
-        return Ok(action);
+#[derive(Debug)]
+pub enum Step {
+    /// Record the Machine's node on the remediation, then fence it.
+    RecordNode(String),
+    /// The Machine names no node: nothing to fence (NodeNotFound).
+    NoNode(String),
+    Idle,
+    Fence(Decision),
+}
+
+/// A Machine-named remediation's first step, over what resolving its Machine gave.
+fn resolution_step(resolved: Option<&Resolved>) -> Step {
+    match resolved {
+        None => Step::Idle,
+        Some(Resolved::Node(node)) => Step::RecordNode(node.clone()),
+        Some(unresolved) => Step::NoNode(unresolved.why_no_node().unwrap_or_default()),
     }
-    for _ in 0..STEPS_PER_RECONCILE {
-        let Some(seen) = observe::observe(&api, &name, &namespace, &ctx).await? else {
-            return Ok(Action::await_change());
+}
+
+impl steps::Operator for Context {
+    type Object = FenceAgentsRemediation;
+    type Observed = Seen;
+    type Step = Step;
+    type Error = Error;
+
+    const NAME: &'static str = "fence agents remediation";
+    const STEPS: usize = 16;
+
+    fn api(&self, far: &FenceAgentsRemediation) -> Result<Api<FenceAgentsRemediation>> {
+        let namespace = far.namespace().ok_or_else(|| Error::Unnamespaced(far.name_any()))?;
+        Ok(Api::namespaced(self.client.clone(), &namespace))
+    }
+
+    async fn observe(&self, api: &Api<FenceAgentsRemediation>, name: &str) -> Result<Option<Seen>> {
+        observe::observe(api, name, self).await
+    }
+
+    fn current(seen: &Seen) -> &FenceAgentsRemediation {
+        match seen {
+            Seen::Unresolved { current, .. } => current,
+            Seen::Fencing(observed) => &observed.current,
+        }
+    }
+
+    fn decide(&self, seen: &Seen) -> Step {
+        match seen {
+            Seen::Unresolved { resolved, .. } => resolution_step(resolved.as_ref()),
+            Seen::Fencing(observed) => Step::Fence(fencing::next(&observed.facts)),
+        }
+    }
+
+    fn routine(step: &Step) -> bool {
+        matches!(step, Step::Idle | Step::Fence(Decision::Idle | Decision::AwaitRun))
+    }
+
+    async fn perform<'a>(
+        &'a self,
+        step: Step,
+        seen: &'a Seen,
+        api: &'a Api<FenceAgentsRemediation>,
+    ) -> Result<Outcome<'a, Self>> {
+        match (step, seen) {
+            (Step::Fence(decision), Seen::Fencing(observed)) => perform::perform(decision, observed, api, self).await,
+            (Step::RecordNode(node), Seen::Unresolved { current, .. }) => machine::record(current, node, self).await,
+            (Step::NoNode(why), Seen::Unresolved { current, .. }) => Ok(machine::no_node(current, why, self)),
+            _ => Ok(Outcome::await_change()),
+        }
+    }
+
+    fn events(&self) -> &Events {
+        &self.events
+    }
+
+    fn count_error(&self, error: &Error) {
+        self.metrics.error(error.kind());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nodemedic_api::machines::{MachineApi, MachineRef};
+
+    use super::*;
+
+    #[test]
+    fn a_machine_named_remediation_records_its_node_or_says_why_there_is_none() {
+        assert!(matches!(resolution_step(None), Step::Idle));
+        assert!(matches!(
+            resolution_step(Some(&Resolved::Node("w1".into()))),
+            Step::RecordNode(node) if node == "w1"
+        ));
+        let machine = MachineRef {
+            api: MachineApi::ClusterApi,
+            version: "v1beta2".into(),
+            namespace: "ns".into(),
+            name: "m1".into(),
         };
-        let decision = fencing::next(&seen.facts);
-        if !matches!(decision, Decision::Idle | Decision::AwaitRun) {
-            tracing::info!(remediation = %name, node = %seen.node, step = seen.facts.step.as_str(), ?decision, "fence agents remediation");
-        }
-        if let Some(action) = perform::perform(decision, seen, &api, &ctx).await? {
-            return Ok(action);
-        }
+        assert!(matches!(
+            resolution_step(Some(&Resolved::MachineNotFound(machine))),
+            Step::NoNode(why) if why.contains("ns/m1")
+        ));
     }
-    Ok(Action::requeue(Duration::from_secs(1)))
 }

@@ -8,11 +8,14 @@ use nodemedic_api::{
     machines::{self, NodeOf},
     names::{annotations, finalizers, taints as keys},
 };
-use nodemedic_kube::{CallContext, taints, workloads};
+use nodemedic_kube::{CallContext, machines as machine_nodes, taints, workloads};
 
-use super::super::{Context, options};
+use super::{
+    super::{Context, options},
+    Seen,
+};
 use crate::{
-    Error, Result,
+    Result,
     decide::fencing::{Facts, Step},
 };
 
@@ -28,23 +31,26 @@ pub struct Observed {
 }
 
 /// `None` once the remediation is gone.
-pub async fn observe(
-    api: &Api<FenceAgentsRemediation>,
-    name: &str,
-    namespace: &str,
-    ctx: &Context,
-) -> Result<Option<Observed>> {
+pub async fn observe(api: &Api<FenceAgentsRemediation>, name: &str, ctx: &Context) -> Result<Option<Seen>> {
     let Some(current) = api
         .get_opt(name)
         .await
-        .with_context(|| format!("reading FenceAgentsRemediation {namespace}/{name}"))?
+        .with_context(|| format!("reading FenceAgentsRemediation {name}"))?
     else {
         return Ok(None);
     };
+    let namespace = current.namespace().unwrap_or_default();
     let Some(node) = node_name(&current) else {
-        // Resolved before the first observation (`machine::resolve`); seen here only if the
-        // recorded node annotation was removed since.
-        return Err(Error::Unresolved(name.to_owned()));
+        let settled = current.metadata.deletion_timestamp.is_some() || current_step(&current).finished();
+        let resolved = if settled {
+            None
+        } else {
+            Some(machine_nodes::resolve_node(&ctx.client, &current.metadata).await?)
+        };
+        return Ok(Some(Seen::Unresolved {
+            current: Box::new(current),
+            resolved,
+        }));
     };
     let uid = current.uid().unwrap_or_default();
     let step = current_step(&current);
@@ -60,7 +66,7 @@ pub async fn observe(
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
     let checked = if live {
-        options::for_node(&ctx.client, &ctx.agents, namespace, &current.spec, &node).await?
+        options::for_node(&ctx.client, &ctx.agents, &namespace, &current.spec, &node).await?
     } else {
         Err("not needed".into())
     };
@@ -86,7 +92,7 @@ pub async fn observe(
         pods_left: pods.len(),
         attachments_left: attachments.len(),
     };
-    Ok(Some(Observed {
+    Ok(Some(Seen::Fencing(Box::new(Observed {
         current,
         node,
         uid,
@@ -94,7 +100,7 @@ pub async fn observe(
         pods,
         attachments,
         facts,
-    }))
+    }))))
 }
 
 /// The node-name annotation, else the CR's name (medik8s), except for a Machine-owned remediation

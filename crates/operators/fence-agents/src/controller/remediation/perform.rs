@@ -1,21 +1,22 @@
 //! Carrying out one decision: the only code that changes the cluster on a fence agents
-//! remediation's behalf. `None` asks the reconciler to observe and decide again.
+//! remediation's behalf. The status edit and events each decision returns are the step runner's
+//! to write and publish.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, ResourceExt, runtime::controller::Action};
+use kube::{Api, ResourceExt};
 use nodemedic_api::{
     fence_agents::{FenceAgentsRemediation, FenceRemediationStrategy},
     names::{finalizers, taints as keys},
 };
-use nodemedic_kube::{taints, workloads};
+use nodemedic_kube::{events::Note, steps::Outcome, taints, workloads};
 
 use super::{
     super::{
         Context,
         runs::Job,
-        status::{set_failed, set_step, write},
+        status::{set_failed, set_step},
     },
     observe::Observed,
 };
@@ -27,202 +28,195 @@ use crate::{
     },
 };
 
-pub async fn perform(
+pub async fn perform<'a>(
     decision: Decision,
-    seen: Observed,
-    api: &Api<FenceAgentsRemediation>,
-    ctx: &Context,
-) -> Result<Option<Action>> {
-    let Observed {
-        current,
-        node,
-        uid,
-        checked,
-        pods,
-        attachments,
-        facts,
-    } = seen;
-    let name = current.name_any();
-    let step = facts.step;
-    let on = nodemedic_kube::events::reference(&current);
-    let events = &ctx.events;
+    seen: &'a Observed,
+    api: &'a Api<FenceAgentsRemediation>,
+    ctx: &'a Context,
+) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
     let nodes = Api::<Node>::all(ctx.client.clone());
-    match decision {
-        Decision::Idle => return Ok(Some(Action::await_change())),
-        Decision::AwaitRun => return Ok(Some(Action::requeue(Duration::from_secs(10)))),
-        Decision::Cleanup => {
-            ctx.runs.cancel(&uid);
-            if current.spec.remediation_strategy == FenceRemediationStrategy::OutOfServiceTaint
-                && taints::remove(&nodes, &node, keys::OUT_OF_SERVICE_KEY, "NoExecute").await?
-            {
-                events
-                    .normal(
-                        &on,
-                        "RemoveOutOfServiceTaint",
-                        format!("removed the out-of-service taint from {node}"),
-                    )
-                    .await;
-            }
-            if taints::remove(&nodes, &node, keys::FAR_KEY, "NoSchedule").await? {
-                events
-                    .normal(
-                        &on,
-                        "RemoveRemediationTaint",
-                        format!("removed the remediation taint from {node}"),
-                    )
-                    .await;
-            }
-            if nodemedic_kube::finalizers::remove(api, &current, finalizers::FAR).await? {
-                events.normal(&on, "RemoveFinalizer", "removed the finalizer").await;
-            }
-            return Ok(Some(Action::await_change()));
-        }
+    Ok(match decision {
+        Decision::Idle => Outcome::await_change(),
+        Decision::AwaitRun => Outcome::requeue(Duration::from_secs(10)),
+        Decision::Cleanup => cleanup(seen, api, ctx).await?,
         Decision::AddFinalizer => {
-            let updated = nodemedic_kube::finalizers::add(api, &current, finalizers::FAR).await?;
-            write(api, &updated, |s, now| {
-                set_step(
-                    s,
-                    now,
-                    Step::PoweringOff,
+            let updated = nodemedic_kube::finalizers::add(api, &seen.current, finalizers::FAR).await?;
+            let why = format!("fencing node {node}");
+            Outcome::again()
+                .status_of(updated, move |s, now| {
+                    set_step(s, now, Step::PoweringOff, "RemediationStarted", &why)
+                })
+                .event(Note::normal(
                     "RemediationStarted",
-                    &format!("fencing node {node}"),
-                )
-            })
-            .await?;
-            events
-                .normal(
-                    &on,
-                    "RemediationStarted",
-                    format!("fencing node {node} with {}", current.spec.agent),
-                )
-                .await;
+                    format!("fencing node {node} with {}", seen.current.spec.agent),
+                ))
         }
         Decision::AddRemediationTaint => {
-            let taint = taints::taint(keys::FAR_KEY, None, "NoSchedule");
-            taints::add(&nodes, &node, &taint).await?;
-            events
-                .normal(
-                    &on,
-                    "AddRemediationTaint",
-                    format!("tainted {node} {}:NoSchedule", keys::FAR_KEY),
-                )
-                .await;
+            taints::add(&nodes, node, &taints::taint(keys::FAR_KEY, None, "NoSchedule")).await?;
+            Outcome::again().event(Note::normal(
+                "AddRemediationTaint",
+                format!("tainted {node} {}:NoSchedule", keys::FAR_KEY),
+            ))
         }
-        Decision::Run(step) => {
-            let Ok(checked) = checked else { return Ok(None) };
-            let Some((action, expect)) = step.agent_action() else {
-                return Ok(None);
-            };
-            let spec = &current.spec;
-            ctx.runs.start(
-                &uid,
-                Job {
-                    api: api.clone(),
-                    name: name.clone(),
-                    agent: spec.agent.clone(),
-                    step,
-                    action,
-                    expect,
-                    stdin: parameters::stdin(&checked.options, &checked.metadata, action),
-                    secrets: checked
-                        .options
-                        .secret
-                        .iter()
-                        .filter_map(|k| checked.options.values.get(k).cloned())
-                        .collect(),
-                    attempts: spec.retrycount.max(1) as u32,
-                    interval: spec.retryinterval.duration().unwrap_or(Duration::from_secs(5)),
-                    timeout: spec.timeout.duration().unwrap_or(Duration::from_secs(60)),
-                    recorded: current.status.as_ref().and_then(|s| s.attempts).unwrap_or(0),
-                    events: ctx.events.clone(),
-                    on: on.clone(),
-                },
-                ctx.agents.clone(),
-                ctx.metrics.clone(),
-            );
-            events
-                .normal(
-                    &on,
-                    "FenceAgentExecuted",
-                    format!(
-                        "running {} --action={action} for {node} ({}); up to {} attempts",
-                        spec.agent,
-                        parameters::describe(&checked.options),
-                        spec.retrycount
-                    ),
-                )
-                .await;
-            return Ok(Some(Action::requeue(Duration::from_secs(10))));
+        Decision::Run(step) => run(step, seen, api, ctx),
+        Decision::Advance(next) => advance(next, seen, ctx),
+        Decision::AddOutOfServiceTaint => {
+            let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
+            taints::add(&nodes, node, &taint).await?;
+            Outcome::again().event(Note::normal(
+                "AddOutOfServiceTaint",
+                format!("tainted {node} out-of-service: it is powered off"),
+            ))
         }
-        Decision::Advance(next) => {
-            let (reason, message) = advance_reason(next, &node, facts.parameters.unwrap_or(FenceAction::Reboot));
-            // Written first: a failed write must not lose the run's result.
-            write(api, &current, |s, now| set_step(s, now, next, reason, &message)).await?;
-            ctx.runs.cancel(&uid);
-            events.normal(&on, reason, message).await;
+        Decision::DeleteWorkloads => delete_workloads(seen, ctx).await?,
+        Decision::Fail { reason, message } => {
+            let step = seen.facts.step;
+            let name = seen.current.name_any();
+            let note = Note::warning(reason.as_str(), message.clone());
+            let logged = message.clone();
+            Outcome::again()
+                .status(move |s, now| set_failed(s, now, step, reason.as_str(), &message))
+                .then(async move {
+                    ctx.runs.cancel(&seen.uid);
+                    tracing::warn!(remediation = %name, node, reason = reason.as_str(), message = %logged, "fence agents remediation failed");
+                    ctx.metrics.finished(reason.as_str());
+                    Ok(())
+                })
+                .event(note)
+        }
+    })
+}
+
+/// Undoes what the remediation did to the node, then lets it go.
+async fn cleanup<'a>(
+    seen: &Observed,
+    api: &Api<FenceAgentsRemediation>,
+    ctx: &'a Context,
+) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    ctx.runs.cancel(&seen.uid);
+    let mut outcome = Outcome::await_change();
+    if seen.current.spec.remediation_strategy == FenceRemediationStrategy::OutOfServiceTaint
+        && taints::remove(&nodes, node, keys::OUT_OF_SERVICE_KEY, "NoExecute").await?
+    {
+        outcome = outcome.event(Note::normal(
+            "RemoveOutOfServiceTaint",
+            format!("removed the out-of-service taint from {node}"),
+        ));
+    }
+    if taints::remove(&nodes, node, keys::FAR_KEY, "NoSchedule").await? {
+        outcome = outcome.event(Note::normal(
+            "RemoveRemediationTaint",
+            format!("removed the remediation taint from {node}"),
+        ));
+    }
+    if nodemedic_kube::finalizers::remove(api, &seen.current, finalizers::FAR).await? {
+        outcome = outcome.event(Note::normal("RemoveFinalizer", "removed the finalizer"));
+    }
+    Ok(outcome)
+}
+
+/// Starts the agent run for `step` in the background; its result comes back as an observation.
+fn run<'a>(step: Step, seen: &Observed, api: &Api<FenceAgentsRemediation>, ctx: &'a Context) -> Outcome<'a, Context> {
+    let Ok(checked) = &seen.checked else {
+        return Outcome::again();
+    };
+    let Some((action, expect)) = step.agent_action() else {
+        return Outcome::again();
+    };
+    let spec = &seen.current.spec;
+    ctx.runs.start(
+        &seen.uid,
+        Job {
+            api: api.clone(),
+            name: seen.current.name_any(),
+            agent: spec.agent.clone(),
+            step,
+            action,
+            expect,
+            stdin: parameters::stdin(&checked.options, &checked.metadata, action),
+            secrets: checked
+                .options
+                .secret
+                .iter()
+                .filter_map(|k| checked.options.values.get(k).cloned())
+                .collect(),
+            attempts: spec.retrycount.max(1) as u32,
+            interval: spec.retryinterval.duration().unwrap_or(Duration::from_secs(5)),
+            timeout: spec.timeout.duration().unwrap_or(Duration::from_secs(60)),
+            recorded: seen.current.status.as_ref().and_then(|s| s.attempts).unwrap_or(0),
+            events: ctx.events.clone(),
+            on: nodemedic_kube::events::reference(&seen.current),
+        },
+        ctx.agents.clone(),
+        ctx.metrics.clone(),
+    );
+    Outcome::requeue(Duration::from_secs(10)).event(Note::normal(
+        "FenceAgentExecuted",
+        format!(
+            "running {} --action={action} for {} ({}); up to {} attempts",
+            spec.agent,
+            seen.node,
+            parameters::describe(&checked.options),
+            spec.retrycount
+        ),
+    ))
+}
+
+/// Moves to `next` once a run or a wait has ended.
+fn advance<'a>(next: Step, seen: &'a Observed, ctx: &'a Context) -> Outcome<'a, Context> {
+    let action = seen.facts.parameters.clone().unwrap_or(FenceAction::Reboot);
+    let (reason, message) = advance_reason(next, &seen.node, action);
+    let note = Note::normal(reason, message.clone());
+    // The status is written first and the run forgotten after: a failed write must not lose the
+    // run's result.
+    Outcome::again()
+        .status(move |s, now| set_step(s, now, next, reason, &message))
+        .then(async move {
+            ctx.runs.cancel(&seen.uid);
             if matches!(next, Step::PoweringOn | Step::Done)
-                && step == Step::RecoveringWorkloads
-                && let Some(created) = current.creation_timestamp()
+                && seen.facts.step == Step::RecoveringWorkloads
+                && let Some(created) = seen.current.creation_timestamp()
             {
-                {
-                    ctx.metrics
-                        .recovery_seconds
-                        .observe(nodemedic_kube::time::since(&created.0, &jiff::Timestamp::now()).as_secs_f64());
-                }
+                ctx.metrics
+                    .recovery_seconds
+                    .observe(nodemedic_kube::time::since(&created.0, &jiff::Timestamp::now()).as_secs_f64());
             }
             if next == Step::Done {
                 ctx.metrics.finished("succeeded");
             }
-        }
-        Decision::AddOutOfServiceTaint => {
-            let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
-            taints::add(&nodes, &node, &taint).await?;
-            events
-                .normal(
-                    &on,
-                    "AddOutOfServiceTaint",
-                    format!("tainted {node} out-of-service: it is powered off"),
-                )
-                .await;
-        }
-        Decision::DeleteWorkloads => {
-            // Pods are force-deleted even when already terminating: the node that would
-            // finish a graceful deletion is off.
-            workloads::force_delete_pods(&ctx.client, &pods).await?;
-            let strategy = current.spec.remediation_strategy;
-            let released = if strategy == FenceRemediationStrategy::ResourceDeletion {
-                workloads::release_attachments(&ctx.client, &node, &attachments).await?
-            } else {
-                0
-            };
-            if pods.iter().any(|p| p.metadata.deletion_timestamp.is_none()) || released > 0 {
-                events
-                    .normal(
-                        &on,
-                        "DeleteResources",
-                        format!(
-                            "{node} is powered off: deleted {} pods and {released} volume attachments",
-                            pods.len(),
-                        ),
-                    )
-                    .await;
-            }
-            // What is left finishes deleting on its own (finalizers, the attach-detach
-            // controller); look again shortly rather than spin.
-            return Ok(Some(Action::requeue(Duration::from_secs(2))));
-        }
-        Decision::Fail { reason, message } => {
-            write(api, &current, |s, now| {
-                set_failed(s, now, step, reason.as_str(), &message)
-            })
-            .await?;
-            ctx.runs.cancel(&uid);
-            events.warning(&on, reason.as_str(), message.clone()).await;
-            tracing::warn!(remediation = %name, %node, reason = reason.as_str(), %message, "fence agents remediation failed");
-            ctx.metrics.finished(reason.as_str());
-        }
+            Ok(())
+        })
+        .event(note)
+}
+
+/// Releases the powered-off node's workloads: its pods, and with ResourceDeletion its volume
+/// attachments.
+async fn delete_workloads<'a>(seen: &Observed, ctx: &'a Context) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
+    // Pods are force-deleted even when already terminating: the node that would finish a
+    // graceful deletion is off.
+    workloads::force_delete_pods(&ctx.client, &seen.pods).await?;
+    let released = if seen.current.spec.remediation_strategy == FenceRemediationStrategy::ResourceDeletion {
+        workloads::release_attachments(&ctx.client, node, &seen.attachments).await?
+    } else {
+        0
+    };
+    // What is left finishes deleting on its own (finalizers, the attach-detach controller); look
+    // again shortly rather than spin.
+    let outcome = Outcome::requeue(Duration::from_secs(2));
+    if seen.pods.iter().any(|p| p.metadata.deletion_timestamp.is_none()) || released > 0 {
+        return Ok(outcome.event(Note::normal(
+            "DeleteResources",
+            format!(
+                "{node} is powered off: deleted {} pods and {released} volume attachments",
+                seen.pods.len(),
+            ),
+        )));
     }
-    Ok(None)
+    Ok(outcome)
 }
 
 fn advance_reason(next: Step, node: &str, action: FenceAction) -> (&'static str, String) {

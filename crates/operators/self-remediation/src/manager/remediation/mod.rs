@@ -1,24 +1,23 @@
-//! The SelfNodeRemediation reconciler: gathers the facts ([`observe`]), asks
-//! [`crate::decide::next`] for the step, performs it ([`perform`]), and asks again until the
-//! answer is to wait.
+//! The SelfNodeRemediation reconciler, run by the shared step runner ([`steps`]): gathers the
+//! facts ([`observe`]), asks [`crate::decide::next`] for the step, performs it ([`perform`]), and
+//! asks again until the answer is to wait. A remediation named after its Machine first has its
+//! node read from the Machine and recorded.
 
 mod audience;
 mod observe;
 mod perform;
 mod status;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, sync::Mutex, time::Instant};
 
-use kube::{Api, Client, ResourceExt, runtime::controller::Action};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{Api, Client, ResourceExt};
 use nodemedic_api::self_remediation::SelfNodeRemediation;
 use nodemedic_kube::{
     CallContext,
     events::Events,
     machines::{self, Resolved},
+    steps::{self, Outcome},
 };
 
 use super::Metrics;
@@ -64,50 +63,151 @@ fn step_name(step: &Step) -> &'static str {
     }
 }
 
-pub async fn reconcile(snr: Arc<SelfNodeRemediation>, ctx: Arc<Context>) -> Result<Action> {
-    let api = Api::<SelfNodeRemediation>::namespaced(ctx.client.clone(), &snr.namespace().unwrap_or_default());
-    let name = snr.name_any();
-    // Each step changes what the next one reads: re-read, at most a bounded number of times.
-    for _ in 0..16 {
-        let Some(current) = api.get_opt(&name).await.with_context(|| {
-            let namespace = snr.namespace().unwrap_or_default();
-            format!("reading SelfNodeRemediation {namespace}/{name}")
-        })?
-        else {
-            return Ok(Action::await_change());
-        };
-        if crate::remediation_object::node_of(&current).is_none() {
-            match machines::resolve_node(&ctx.client, &current.metadata).await? {
-                Resolved::Node(node) => {
-                    machines::record_node(&ctx.client, &current, &node).await?;
-                    tracing::info!(remediation = %name, %node, "node of the owning Machine recorded");
-                    continue;
-                }
-                unresolved => return perform::unresolved(&current, &unresolved, &api, &ctx).await,
-            }
-        }
-        let seen = observe::observe(&current, &ctx).await?;
-        let step = decide::next(&seen.facts);
-        if !matches!(step, Step::Idle | Step::Wait(_) | Step::AwaitAcceptance) {
-            ctx.metrics.step(step_name(&step));
-            tracing::info!(remediation = %name, node = %seen.node, step = step_name(&step), "self remediation step");
-        }
-        match perform::perform(&step, &current, &seen, &api, &ctx).await? {
-            Some(action) => return Ok(action),
-            None => continue,
-        }
-    }
-    Ok(Action::requeue(Duration::from_secs(1)))
+/// Waits, not worth a log line or a count.
+fn routine_step(step: &Step) -> bool {
+    matches!(step, Step::Idle | Step::Wait(_) | Step::AwaitAcceptance)
 }
 
-/// Performs one step; `Some(action)` ends the reconcile.
-pub fn error_policy(snr: Arc<SelfNodeRemediation>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .errors
-        .get_or_create(&super::metrics::ResultLabels {
-            result: error.kind().to_owned(),
-        })
-        .inc();
-    tracing::warn!(remediation = %snr.name_any(), %error, "self remediation reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
+/// What one observation found.
+pub enum Seen {
+    /// Named after its Machine and its node not yet recorded; `None` while being deleted.
+    Unresolved {
+        current: SelfNodeRemediation,
+        resolved: Option<Resolved>,
+    },
+    Remediating {
+        current: SelfNodeRemediation,
+        observed: Box<observe::Observed>,
+    },
+}
+
+#[derive(Debug)]
+pub enum Act {
+    /// Record the Machine's node on the remediation, then remediate it.
+    RecordNode(String),
+    /// The Machine names no node: nothing to fence, said the way a missing node is.
+    NoNode(String),
+    Idle,
+    Remediate(Step),
+}
+
+/// A Machine-named remediation's first step, over what resolving its Machine gave.
+fn resolution_step(resolved: Option<&Resolved>) -> Act {
+    match resolved {
+        None => Act::Idle,
+        Some(Resolved::Node(node)) => Act::RecordNode(node.clone()),
+        Some(unresolved) => Act::NoNode(unresolved.why_no_node().unwrap_or_default()),
+    }
+}
+
+impl steps::Operator for Context {
+    type Object = SelfNodeRemediation;
+    type Observed = Seen;
+    type Step = Act;
+    type Error = Error;
+
+    const NAME: &'static str = "self remediation";
+    /// Each step changes what the next one reads: re-read, at most this many times.
+    const STEPS: usize = 16;
+
+    fn api(&self, snr: &SelfNodeRemediation) -> Result<Api<SelfNodeRemediation>> {
+        Ok(Api::namespaced(
+            self.client.clone(),
+            &snr.namespace().unwrap_or_default(),
+        ))
+    }
+
+    async fn observe(&self, api: &Api<SelfNodeRemediation>, name: &str) -> Result<Option<Seen>> {
+        let Some(current) = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading SelfNodeRemediation {name}"))?
+        else {
+            return Ok(None);
+        };
+        if crate::remediation_object::node_of(&current).is_none() {
+            let resolved = match current.metadata.deletion_timestamp {
+                Some(_) => None,
+                None => Some(machines::resolve_node(&self.client, &current.metadata).await?),
+            };
+            return Ok(Some(Seen::Unresolved { current, resolved }));
+        }
+        let observed = Box::new(observe::observe(&current, self).await?);
+        Ok(Some(Seen::Remediating { current, observed }))
+    }
+
+    fn current(seen: &Seen) -> &SelfNodeRemediation {
+        match seen {
+            Seen::Unresolved { current, .. } | Seen::Remediating { current, .. } => current,
+        }
+    }
+
+    fn decide(&self, seen: &Seen) -> Act {
+        match seen {
+            Seen::Unresolved { resolved, .. } => resolution_step(resolved.as_ref()),
+            Seen::Remediating { observed, .. } => Act::Remediate(decide::next(&observed.facts)),
+        }
+    }
+
+    fn routine(act: &Act) -> bool {
+        match act {
+            Act::Idle => true,
+            Act::Remediate(step) => routine_step(step),
+            Act::RecordNode(_) | Act::NoNode(_) => false,
+        }
+    }
+
+    async fn perform<'a>(
+        &'a self,
+        act: Act,
+        seen: &'a Seen,
+        api: &'a Api<SelfNodeRemediation>,
+    ) -> Result<Outcome<'a, Self>> {
+        match (act, seen) {
+            (Act::Remediate(step), Seen::Remediating { current, observed }) => {
+                if !routine_step(&step) {
+                    self.metrics.step(step_name(&step));
+                }
+                perform::perform(step, current, observed, api, self).await
+            }
+            (Act::RecordNode(node), Seen::Unresolved { current, .. }) => {
+                machines::record_node(&self.client, current, &node).await?;
+                tracing::info!(remediation = %current.name_any(), %node, "node of the owning Machine recorded");
+                Ok(Outcome::again())
+            }
+            (Act::NoNode(why), Seen::Unresolved { .. }) => Ok(perform::no_node(why)),
+            _ => Ok(Outcome::await_change()),
+        }
+    }
+
+    fn audience(&self, snr: &SelfNodeRemediation) -> Vec<ObjectReference> {
+        audience::of(snr)
+    }
+
+    fn events(&self) -> &Events {
+        &self.events
+    }
+
+    fn count_error(&self, error: &Error) {
+        self.metrics
+            .errors
+            .get_or_create(&super::metrics::ResultLabels {
+                result: error.kind().to_owned(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_named_remediation_records_its_node_and_waits_while_deleted() {
+        assert!(matches!(resolution_step(None), Act::Idle));
+        assert!(matches!(
+            resolution_step(Some(&Resolved::Node("w1".into()))),
+            Act::RecordNode(node) if node == "w1"
+        ));
+    }
 }
