@@ -151,19 +151,10 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let config = nodemedic_kube::client::infer_config().await?;
-    // Evictions must see a budget's 429 at once, not after the default client's retries.
-    let evictions = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(10))?;
     let client = nodemedic_kube::client::client(config.clone())?;
 
     let mut registry = Registry::default();
-    let OperatorMetrics {
-        health: health_metrics,
-        self_remediation: snr_metrics,
-        fence_agents: far_metrics,
-        maintenance: nm_metrics,
-        machine_deletion: mdr_metrics,
-        descheduler: descheduler_metrics,
-    } = OperatorMetrics::register(&mut registry);
+    let metrics = OperatorMetrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
     let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
     tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
@@ -180,34 +171,76 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         };
         webhook::spawn(client.clone(), settings, admission_routes(reads));
     }
-
-    let leadership = if args.leader_elect {
-        let mut leadership = leader::elect(
-            client.clone(),
-            &args.namespace,
-            &args.lease_name,
-            &identity,
-            Duration::from_secs(args.lease_seconds),
-        )
-        .await
-        .context("starting leader election")?;
-        // A standby is ready too: it serves metrics and waits its turn.
-        readiness.set(true);
-        tracing::info!(lease = %args.lease_name, "waiting to lead");
-        leadership
-            .is_leader
-            .wait_for(|leads| *leads)
-            .await
-            .context("leader election ended")?;
-        tracing::info!("leading");
-        Some(leadership)
-    } else {
-        readiness.set(true);
-        None
-    };
-
+    let leadership = lead(&args, &client, &identity, &readiness).await?;
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
-    let mut operators = tokio::task::JoinSet::new();
+    let mut operators = spawn_operators(&args, &config, &client, metrics, &events)?;
+    match leadership {
+        Some(mut leadership) => {
+            tokio::select! {
+                // A deposed leader that kept acting would be a second writer: stop at once.
+                _ = leadership.is_leader.wait_for(|leads| !*leads) => anyhow::bail!("lost the leader lease; exiting so only the new leader acts"),
+                done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
+                _ = shutdown() => Ok(()),
+            }
+        }
+        None => tokio::select! {
+            done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
+            _ = shutdown() => Ok(()),
+        },
+    }
+}
+
+/// Waits to lead when leader election is on (`None` when it is off); ready either way, since a
+/// standby serves metrics and admission and waits its turn.
+async fn lead(
+    args: &ControllerArgs,
+    client: &kube::Client,
+    identity: &str,
+    readiness: &metrics_server::Readiness,
+) -> anyhow::Result<Option<leader::Leadership>> {
+    if !args.leader_elect {
+        readiness.set(true);
+        return Ok(None);
+    }
+    let mut leadership = leader::elect(
+        client.clone(),
+        &args.namespace,
+        &args.lease_name,
+        identity,
+        Duration::from_secs(args.lease_seconds),
+    )
+    .await
+    .context("starting leader election")?;
+    readiness.set(true);
+    tracing::info!(lease = %args.lease_name, "waiting to lead");
+    leadership
+        .is_leader
+        .wait_for(|leads| *leads)
+        .await
+        .context("leader election ended")?;
+    tracing::info!("leading");
+    Ok(Some(leadership))
+}
+
+type Operators = tokio::task::JoinSet<anyhow::Result<()>>;
+
+/// Starts every operator not disabled, each in its own task.
+fn spawn_operators(
+    args: &ControllerArgs,
+    config: &kube::Config,
+    client: &kube::Client,
+    metrics: OperatorMetrics,
+    events: &Events,
+) -> anyhow::Result<Operators> {
+    let OperatorMetrics {
+        health: health_metrics,
+        self_remediation: snr_metrics,
+        fence_agents: far_metrics,
+        maintenance: nm_metrics,
+        machine_deletion: mdr_metrics,
+        descheduler: descheduler_metrics,
+    } = metrics;
+    let mut operators = Operators::new();
     if !args.disabled.contains(&Operator::HealthCheck) {
         // As leader only: a check created by every replica would be created once anyway, but
         // the events would repeat.
@@ -231,13 +264,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                 }
             }),
         };
-        let client = client.clone();
-        let events = events.clone();
-        operators.spawn(async move {
-            nodemedic_self_remediation::manager::run(client, settings, snr_metrics, events)
-                .await
-                .map_err(|e| anyhow::anyhow!("self remediation: {e}"))
-        });
+        let run = nodemedic_self_remediation::manager::run(client.clone(), settings, snr_metrics, events.clone());
+        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("self remediation: {e}")) });
     }
     if !args.disabled.contains(&Operator::FenceAgents) {
         let agents = nodemedic_fence_agents::agent::Agents::new(&args.fence_agents_dir);
@@ -245,6 +273,8 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("fence agents: {e}")) });
     }
     if !args.disabled.contains(&Operator::Maintenance) {
+        // Evictions must see a budget's 429 at once, not after the default client's retries.
+        let evictions = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(10))?;
         let run = nodemedic_maintenance::controller::run(client.clone(), evictions, nm_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("node maintenance: {e}")) });
     }
@@ -253,50 +283,43 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("machine deletion: {e}")) });
     }
     if !args.disabled.contains(&Operator::Descheduler) {
-        let prometheus_ca = match &args.descheduler_prometheus_ca_file {
-            Some(path) => Some(
-                std::fs::read(path)
-                    .with_context(|| format!("reading --descheduler-prometheus-ca-file {}", path.display()))?,
-            ),
-            None => None,
-        };
-        let settings = nodemedic_descheduler::controller::Settings {
-            image: args.descheduler_image.clone(),
-            own_namespace: args.namespace.clone(),
-            prometheus_url: args.descheduler_prometheus_url.clone().filter(|u| !u.is_empty()),
-            prometheus_ca,
-            kubevirt_migration_aware: args.descheduler_kubevirt_migration_aware,
-        };
-        let mut as_tainter = config.clone();
-        as_tainter.auth_info.impersonate = Some(format!(
-            "system:serviceaccount:{}:{}",
-            args.namespace,
-            nodemedic_descheduler::controller::SOFT_TAINTER_ACCOUNT
-        ));
-        let tainter = nodemedic_kube::client::client(as_tainter)?;
-        let run = nodemedic_descheduler::controller::run(
-            client.clone(),
-            tainter,
-            settings,
-            descheduler_metrics,
-            events.clone(),
-        );
-        operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("descheduler: {e}")) });
+        spawn_descheduler(args, config, client, descheduler_metrics, events, &mut operators)?;
     }
-    match leadership {
-        Some(mut leadership) => {
-            tokio::select! {
-                // A deposed leader that kept acting would be a second writer: stop at once.
-                _ = leadership.is_leader.wait_for(|leads| !*leads) => anyhow::bail!("lost the leader lease; exiting so only the new leader acts"),
-                done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
-                _ = shutdown() => Ok(()),
-            }
-        }
-        None => tokio::select! {
-            done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
-            _ = shutdown() => Ok(()),
-        },
-    }
+    Ok(operators)
+}
+
+fn spawn_descheduler(
+    args: &ControllerArgs,
+    config: &kube::Config,
+    client: &kube::Client,
+    metrics: nodemedic_descheduler::controller::Metrics,
+    events: &Events,
+    operators: &mut Operators,
+) -> anyhow::Result<()> {
+    let prometheus_ca = match &args.descheduler_prometheus_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("reading --descheduler-prometheus-ca-file {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let settings = nodemedic_descheduler::controller::Settings {
+        image: args.descheduler_image.clone(),
+        own_namespace: args.namespace.clone(),
+        prometheus_url: args.descheduler_prometheus_url.clone().filter(|u| !u.is_empty()),
+        prometheus_ca,
+        kubevirt_migration_aware: args.descheduler_kubevirt_migration_aware,
+    };
+    let mut as_tainter = config.clone();
+    as_tainter.auth_info.impersonate = Some(format!(
+        "system:serviceaccount:{}:{}",
+        args.namespace,
+        nodemedic_descheduler::controller::SOFT_TAINTER_ACCOUNT
+    ));
+    let tainter = nodemedic_kube::client::client(as_tainter)?;
+    let run = nodemedic_descheduler::controller::run(client.clone(), tainter, settings, metrics, events.clone());
+    operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("descheduler: {e}")) });
+    Ok(())
 }
 
 fn admission_routes(reads: kube::Client) -> Vec<webhook::Route> {

@@ -232,6 +232,27 @@ fn plugin(name: &'static str, args: Value) -> PluginConfig {
 
 /// Renders the policy, or says which field stops the descheduler from running.
 pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered, Invalid> {
+    validate(spec, env).map(|checked| build(&checked))
+}
+
+/// A spec checked against the environment, with what building every profile shares.
+struct Checked<'a> {
+    spec: &'a KubeDeschedulerSpec,
+    env: &'a Environment,
+    custom: ProfileCustomizations,
+    scope: Scope,
+    /// A KubeVirt profile is requested.
+    kubevirt: bool,
+    /// The actual-utilization query the utilization plugins use instead of requests.
+    query: Option<String>,
+    /// The per-node eviction limit the user set.
+    node_limit: Option<u32>,
+    /// The DefaultEvictor's arguments for the profiles other than KubeVirt's.
+    evictor: Value,
+}
+
+/// Checks the spec against the environment: the first field the descheduler cannot run with.
+fn validate<'a>(spec: &'a KubeDeschedulerSpec, env: &'a Environment) -> Result<Checked<'a>, Invalid> {
     if spec.profiles.is_empty() {
         return Err(invalid(
             "spec.profiles",
@@ -253,31 +274,17 @@ pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered,
         Some(profile) if !profile.is_empty() => Some(utilization_query(profile)?),
         _ => None,
     };
-    let mut notes = Vec::new();
-    let mut policy = DeschedulerPolicy::new();
-
-    if kubevirt || query.is_some() {
-        let Some(prometheus) = env.prometheus.clone() else {
-            let why = if kubevirt {
-                "KubeVirtRelieveAndMigrate balances on actual utilization"
-            } else {
-                "devActualUtilizationProfile measures actual utilization"
-            };
-            return Err(invalid(
-                if kubevirt {
-                    "spec.profiles"
-                } else {
-                    "spec.profileCustomizations.devActualUtilizationProfile"
-                },
-                format!(
-                    "{why}, which needs Prometheus: give the controller --descheduler-prometheus-url (chart value descheduler.prometheus.url)"
-                ),
-            ));
-        };
-        policy.metrics_providers.push(MetricsProvider {
-            source: "Prometheus",
-            prometheus,
-        });
+    if kubevirt && env.prometheus.is_none() {
+        return Err(invalid(
+            "spec.profiles",
+            "KubeVirtRelieveAndMigrate balances on actual utilization, which needs Prometheus: give the controller --descheduler-prometheus-url (chart value descheduler.prometheus.url)",
+        ));
+    }
+    if query.is_some() && env.prometheus.is_none() {
+        return Err(invalid(
+            "spec.profileCustomizations.devActualUtilizationProfile",
+            "devActualUtilizationProfile measures actual utilization, which needs Prometheus: give the controller --descheduler-prometheus-url (chart value descheduler.prometheus.url)",
+        ));
     }
     if kubevirt && env.kubevirt_schedulable_nodes == 0 {
         return Err(invalid(
@@ -287,223 +294,276 @@ pub fn render(spec: &KubeDeschedulerSpec, env: &Environment) -> Result<Rendered,
             ),
         ));
     }
-    if kubevirt {
-        policy.node_selector = Some(KUBEVIRT_NODE_SELECTOR.to_owned());
-        policy.max_no_of_pods_to_evict_total = Some(KUBEVIRT_MIGRATIONS_TOTAL);
-        policy.max_no_of_pods_to_evict_per_node = Some(KUBEVIRT_MIGRATIONS_PER_NODE);
-    }
-    let limits = spec.eviction_limits.clone().unwrap_or_default();
-    let node_limit = limits.node.map(|n| n.max(0) as u32);
-    if let Some(total) = limits.total {
-        policy.max_no_of_pods_to_evict_total = Some(total.max(0) as u32);
-    }
-    if let Some(node) = node_limit {
-        policy.max_no_of_pods_to_evict_per_node = Some(node);
-    }
-
-    let evictor = default_evictor(spec, &custom, false);
-    let with_evictor = |mut configs: Vec<PluginConfig>, evictor: &Value| {
-        configs.push(plugin("DefaultEvictor", evictor.clone()));
-        configs
-    };
-    let filter = || ExtensionPoint::of(&["DefaultEvictor"]);
-
-    for requested in &spec.profiles {
-        let rendered = match requested {
-            Profile::AffinityAndTaints => Some(profile(
-                "AffinityAndTaints",
-                with_evictor(
-                    vec![
-                        plugin("RemovePodsViolatingInterPodAntiAffinity", args(json!({}), Some(&scope))),
-                        plugin("RemovePodsViolatingNodeTaints", args(json!({}), Some(&scope))),
-                        plugin(
-                            "RemovePodsViolatingNodeAffinity",
-                            args(
-                                json!({"nodeAffinityType": ["requiredDuringSchedulingIgnoredDuringExecution"]}),
-                                Some(&scope),
-                            ),
-                        ),
-                    ],
-                    &evictor,
-                ),
-                Plugins {
-                    deschedule: ExtensionPoint::of(&[
-                        "RemovePodsViolatingInterPodAntiAffinity",
-                        "RemovePodsViolatingNodeTaints",
-                        "RemovePodsViolatingNodeAffinity",
-                    ]),
-                    filter: filter(),
-                    ..Plugins::default()
-                },
-            )),
-            Profile::TopologyAndDuplicates | Profile::SoftTopologyAndDuplicates => {
-                let constraints = if *requested == Profile::TopologyAndDuplicates {
-                    json!(["DoNotSchedule"])
-                } else {
-                    json!(["DoNotSchedule", "ScheduleAnyway"])
-                };
-                Some(profile(
-                    requested.name(),
-                    with_evictor(
-                        vec![
-                            plugin(
-                                "RemovePodsViolatingTopologySpreadConstraint",
-                                args(json!({"constraints": constraints}), Some(&scope)),
-                            ),
-                            plugin("RemoveDuplicates", args(json!({}), Some(&scope))),
-                        ],
-                        &evictor,
-                    ),
-                    Plugins {
-                        balance: ExtensionPoint::of(&[
-                            "RemovePodsViolatingTopologySpreadConstraint",
-                            "RemoveDuplicates",
-                        ]),
-                        filter: filter(),
-                        ..Plugins::default()
-                    },
-                ))
-            }
-            Profile::LifecycleAndUtilization | Profile::LongLifecycle | Profile::DevPreviewLongLifecycle => {
-                let lifetime = *requested == Profile::LifecycleAndUtilization;
-                let mut configs = Vec::new();
-                let mut deschedule = Vec::new();
-                if lifetime {
-                    let seconds = custom
-                        .pod_lifetime
-                        .as_ref()
-                        .and_then(|d| d.duration().ok())
-                        .map_or(DEFAULT_POD_LIFETIME_SECONDS, |d| d.as_secs());
-                    configs.push(plugin(
-                        "PodLifeTime",
-                        args(json!({"maxPodLifeTimeSeconds": seconds}), Some(&scope)),
-                    ));
-                    deschedule.push("PodLifeTime");
-                }
-                configs.push(plugin(
-                    "RemovePodsHavingTooManyRestarts",
-                    args(
-                        json!({"podRestartThreshold": POD_RESTART_THRESHOLD, "includingInitContainers": true}),
-                        Some(&scope),
-                    ),
-                ));
-                deschedule.push("RemovePodsHavingTooManyRestarts");
-                let (low, high) = low_thresholds(custom.dev_low_node_utilization_thresholds);
-                configs.push(plugin(
-                    "LowNodeUtilization",
-                    low_node_utilization(LowNodeUtilization {
-                        deviation: false,
-                        low,
-                        high,
-                        query: query.clone(),
-                        node_limit,
-                        scope: &scope,
-                    }),
-                ));
-                Some(profile(
-                    if lifetime {
-                        "LifecycleAndUtilization"
-                    } else {
-                        "LongLifecycle"
-                    },
-                    with_evictor(configs, &evictor),
-                    Plugins {
-                        deschedule: ExtensionPoint { enabled: deschedule },
-                        balance: ExtensionPoint::of(&["LowNodeUtilization"]),
-                        filter: filter(),
-                        ..Plugins::default()
-                    },
-                ))
-            }
-            Profile::CompactAndScale => {
-                let level = high_threshold(custom.dev_high_node_utilization_thresholds);
-                let hnu = json!({
-                    "thresholds": thresholds(&NODE_RESOURCES, level),
-                    "evictableNamespaces": scope.evictable_namespaces(),
-                });
-                Some(profile(
-                    "CompactAndScale",
-                    with_evictor(vec![plugin("HighNodeUtilization", hnu)], &evictor),
-                    Plugins {
-                        balance: ExtensionPoint::of(&["HighNodeUtilization"]),
-                        filter: filter(),
-                        ..Plugins::default()
-                    },
-                ))
-            }
-            Profile::KubeVirtRelieveAndMigrate | Profile::DevKubeVirtRelieveAndMigrate => {
-                let (deviation, low, high) = match (
-                    custom.dev_low_node_utilization_thresholds,
-                    custom.dev_deviation_thresholds.and_then(deviation),
-                ) {
-                    (Some(level), None) if level != LowThresholds::Unset => {
-                        let (low, high) = low_thresholds(Some(level));
-                        (false, low, high)
-                    }
-                    (_, Some((low, high))) => (true, low, high),
-                    _ => (true, 0, 10),
-                };
-                let lnu = low_node_utilization(LowNodeUtilization {
-                    deviation,
-                    low,
-                    high,
-                    query: Some(query.clone().unwrap_or_else(|| DEFAULT_KUBEVIRT_QUERY.to_owned())),
-                    node_limit: Some(node_limit.unwrap_or(KUBEVIRT_MIGRATIONS_PER_NODE)),
-                    scope: &scope,
-                });
-                let mut configs = vec![
-                    plugin("LowNodeUtilization", lnu),
-                    plugin("DefaultEvictor", default_evictor(spec, &custom, true)),
-                ];
-                let mut filters = vec!["DefaultEvictor"];
-                let mut preeviction = Vec::new();
-                if env.kubevirt_migration_aware {
-                    configs.push(plugin("KubevirtMigrationAware", migration_aware_args(&custom)));
-                    filters.push("KubevirtMigrationAware");
-                    preeviction.push("KubevirtMigrationAware");
-                } else {
-                    notes.push(
-                        "KubeVirtRelieveAndMigrate runs without the KubevirtMigrationAware plugin (OpenShift's descheduler only): a VM is not held back while its last live migration cools down; the per-node and total eviction limits still bound parallel migrations".to_owned(),
-                    );
-                }
-                Some(profile(
-                    "KubeVirtRelieveAndMigrate",
-                    configs,
-                    Plugins {
-                        balance: ExtensionPoint::of(&["LowNodeUtilization"]),
-                        filter: ExtensionPoint { enabled: filters },
-                        preevictionfilter: ExtensionPoint { enabled: preeviction },
-                        ..Plugins::default()
-                    },
-                ))
-            }
-            Profile::EvictPodsWithPVC | Profile::EvictPodsWithLocalStorage => None,
-        };
-        if let Some(rendered) = rendered {
-            if policy.profiles.iter().any(|p| p.name == rendered.name) {
-                notes.push(format!(
-                    "{} is the deprecated name of {}: it runs once",
-                    requested.name(),
-                    rendered.name
-                ));
-            } else {
-                policy.profiles.push(rendered);
-            }
-        }
-    }
-    if policy.profiles.is_empty() {
+    if spec.profiles.iter().all(only_adjusts) {
         return Err(invalid(
             "spec.profiles",
             "EvictPodsWithPVC and EvictPodsWithLocalStorage only adjust other profiles: add one that evicts, e.g. AffinityAndTaints",
         ));
     }
-    if custom.dev_enable_soft_tainter && !kubevirt {
+    let node_limit = spec
+        .eviction_limits
+        .as_ref()
+        .and_then(|l| l.node)
+        .map(|n| n.max(0) as u32);
+    let evictor = default_evictor(spec, &custom, false);
+    Ok(Checked {
+        spec,
+        env,
+        custom,
+        scope,
+        kubevirt,
+        query,
+        node_limit,
+        evictor,
+    })
+}
+
+/// Profiles that only change what the others may evict.
+fn only_adjusts(profile: &Profile) -> bool {
+    matches!(profile, Profile::EvictPodsWithPVC | Profile::EvictPodsWithLocalStorage)
+}
+
+/// Builds the policy of a checked spec: its limits, then each requested profile once.
+fn build(c: &Checked<'_>) -> Rendered {
+    let mut notes = Vec::new();
+    let mut policy = DeschedulerPolicy::new();
+    if (c.kubevirt || c.query.is_some())
+        && let Some(prometheus) = c.env.prometheus.clone()
+    {
+        policy.metrics_providers.push(MetricsProvider {
+            source: "Prometheus",
+            prometheus,
+        });
+    }
+    if c.kubevirt {
+        policy.node_selector = Some(KUBEVIRT_NODE_SELECTOR.to_owned());
+        policy.max_no_of_pods_to_evict_total = Some(KUBEVIRT_MIGRATIONS_TOTAL);
+        policy.max_no_of_pods_to_evict_per_node = Some(KUBEVIRT_MIGRATIONS_PER_NODE);
+    }
+    if let Some(total) = c.spec.eviction_limits.as_ref().and_then(|l| l.total) {
+        policy.max_no_of_pods_to_evict_total = Some(total.max(0) as u32);
+    }
+    if let Some(node) = c.node_limit {
+        policy.max_no_of_pods_to_evict_per_node = Some(node);
+    }
+    for requested in &c.spec.profiles {
+        let rendered = match requested {
+            Profile::AffinityAndTaints => affinity_and_taints(c),
+            Profile::TopologyAndDuplicates | Profile::SoftTopologyAndDuplicates => {
+                topology_and_duplicates(c, requested)
+            }
+            Profile::LifecycleAndUtilization | Profile::LongLifecycle | Profile::DevPreviewLongLifecycle => {
+                lifecycle_and_utilization(c, requested)
+            }
+            Profile::CompactAndScale => compact_and_scale(c),
+            Profile::KubeVirtRelieveAndMigrate | Profile::DevKubeVirtRelieveAndMigrate => {
+                kubevirt_relieve_and_migrate(c, &mut notes)
+            }
+            Profile::EvictPodsWithPVC | Profile::EvictPodsWithLocalStorage => continue,
+        };
+        if policy.profiles.iter().any(|p| p.name == rendered.name) {
+            notes.push(format!(
+                "{} is the deprecated name of {}: it runs once",
+                requested.name(),
+                rendered.name
+            ));
+        } else {
+            policy.profiles.push(rendered);
+        }
+    }
+    if c.custom.dev_enable_soft_tainter && !c.kubevirt {
         notes.push(
             "devEnableSoftTainter is deprecated and ignored: the soft tainter runs with KubeVirtRelieveAndMigrate"
                 .to_owned(),
         );
     }
-    Ok(Rendered { policy, notes })
+    Rendered { policy, notes }
+}
+
+/// A profile's plugin configurations with the DefaultEvictor's, and its extension points with
+/// the DefaultEvictor as the filter.
+fn evicting_profile(c: &Checked<'_>, name: &str, mut configs: Vec<PluginConfig>, plugins: Plugins) -> PolicyProfile {
+    configs.push(plugin("DefaultEvictor", c.evictor.clone()));
+    profile(
+        name,
+        configs,
+        Plugins {
+            filter: ExtensionPoint::of(&["DefaultEvictor"]),
+            ..plugins
+        },
+    )
+}
+
+fn affinity_and_taints(c: &Checked<'_>) -> PolicyProfile {
+    let scope = Some(&c.scope);
+    evicting_profile(
+        c,
+        "AffinityAndTaints",
+        vec![
+            plugin("RemovePodsViolatingInterPodAntiAffinity", args(json!({}), scope)),
+            plugin("RemovePodsViolatingNodeTaints", args(json!({}), scope)),
+            plugin(
+                "RemovePodsViolatingNodeAffinity",
+                args(
+                    json!({"nodeAffinityType": ["requiredDuringSchedulingIgnoredDuringExecution"]}),
+                    scope,
+                ),
+            ),
+        ],
+        Plugins {
+            deschedule: ExtensionPoint::of(&[
+                "RemovePodsViolatingInterPodAntiAffinity",
+                "RemovePodsViolatingNodeTaints",
+                "RemovePodsViolatingNodeAffinity",
+            ]),
+            ..Plugins::default()
+        },
+    )
+}
+
+fn topology_and_duplicates(c: &Checked<'_>, requested: &Profile) -> PolicyProfile {
+    let constraints = if *requested == Profile::TopologyAndDuplicates {
+        json!(["DoNotSchedule"])
+    } else {
+        json!(["DoNotSchedule", "ScheduleAnyway"])
+    };
+    let scope = Some(&c.scope);
+    evicting_profile(
+        c,
+        requested.name(),
+        vec![
+            plugin(
+                "RemovePodsViolatingTopologySpreadConstraint",
+                args(json!({"constraints": constraints}), scope),
+            ),
+            plugin("RemoveDuplicates", args(json!({}), scope)),
+        ],
+        Plugins {
+            balance: ExtensionPoint::of(&["RemovePodsViolatingTopologySpreadConstraint", "RemoveDuplicates"]),
+            ..Plugins::default()
+        },
+    )
+}
+
+/// LifecycleAndUtilization, and LongLifecycle (its old names too), which leaves out PodLifeTime.
+fn lifecycle_and_utilization(c: &Checked<'_>, requested: &Profile) -> PolicyProfile {
+    let lifetime = *requested == Profile::LifecycleAndUtilization;
+    let scope = Some(&c.scope);
+    let mut configs = Vec::new();
+    let mut deschedule = Vec::new();
+    if lifetime {
+        let seconds = c
+            .custom
+            .pod_lifetime
+            .as_ref()
+            .and_then(|d| d.duration().ok())
+            .map_or(DEFAULT_POD_LIFETIME_SECONDS, |d| d.as_secs());
+        configs.push(plugin(
+            "PodLifeTime",
+            args(json!({"maxPodLifeTimeSeconds": seconds}), scope),
+        ));
+        deschedule.push("PodLifeTime");
+    }
+    configs.push(plugin(
+        "RemovePodsHavingTooManyRestarts",
+        args(
+            json!({"podRestartThreshold": POD_RESTART_THRESHOLD, "includingInitContainers": true}),
+            scope,
+        ),
+    ));
+    deschedule.push("RemovePodsHavingTooManyRestarts");
+    let (low, high) = low_thresholds(c.custom.dev_low_node_utilization_thresholds);
+    configs.push(plugin(
+        "LowNodeUtilization",
+        low_node_utilization(LowNodeUtilization {
+            deviation: false,
+            low,
+            high,
+            query: c.query.clone(),
+            node_limit: c.node_limit,
+            scope: &c.scope,
+        }),
+    ));
+    evicting_profile(
+        c,
+        if lifetime {
+            "LifecycleAndUtilization"
+        } else {
+            "LongLifecycle"
+        },
+        configs,
+        Plugins {
+            deschedule: ExtensionPoint { enabled: deschedule },
+            balance: ExtensionPoint::of(&["LowNodeUtilization"]),
+            ..Plugins::default()
+        },
+    )
+}
+
+fn compact_and_scale(c: &Checked<'_>) -> PolicyProfile {
+    let level = high_threshold(c.custom.dev_high_node_utilization_thresholds);
+    let hnu = json!({
+        "thresholds": thresholds(&NODE_RESOURCES, level),
+        "evictableNamespaces": c.scope.evictable_namespaces(),
+    });
+    evicting_profile(
+        c,
+        "CompactAndScale",
+        vec![plugin("HighNodeUtilization", hnu)],
+        Plugins {
+            balance: ExtensionPoint::of(&["HighNodeUtilization"]),
+            ..Plugins::default()
+        },
+    )
+}
+
+/// KubeVirtRelieveAndMigrate: balances VMs by actual utilization, by live migration.
+fn kubevirt_relieve_and_migrate(c: &Checked<'_>, notes: &mut Vec<String>) -> PolicyProfile {
+    let custom = &c.custom;
+    let (deviation, low, high) = match (
+        custom.dev_low_node_utilization_thresholds,
+        custom.dev_deviation_thresholds.and_then(deviation),
+    ) {
+        (Some(level), None) if level != LowThresholds::Unset => {
+            let (low, high) = low_thresholds(Some(level));
+            (false, low, high)
+        }
+        (_, Some((low, high))) => (true, low, high),
+        _ => (true, 0, 10),
+    };
+    let lnu = low_node_utilization(LowNodeUtilization {
+        deviation,
+        low,
+        high,
+        query: Some(c.query.clone().unwrap_or_else(|| DEFAULT_KUBEVIRT_QUERY.to_owned())),
+        node_limit: Some(c.node_limit.unwrap_or(KUBEVIRT_MIGRATIONS_PER_NODE)),
+        scope: &c.scope,
+    });
+    let mut configs = vec![
+        plugin("LowNodeUtilization", lnu),
+        plugin("DefaultEvictor", default_evictor(c.spec, custom, true)),
+    ];
+    let mut filters = vec!["DefaultEvictor"];
+    let mut preeviction = Vec::new();
+    if c.env.kubevirt_migration_aware {
+        configs.push(plugin("KubevirtMigrationAware", migration_aware_args(custom)));
+        filters.push("KubevirtMigrationAware");
+        preeviction.push("KubevirtMigrationAware");
+    } else {
+        notes.push(
+            "KubeVirtRelieveAndMigrate runs without the KubevirtMigrationAware plugin (OpenShift's descheduler only): a VM is not held back while its last live migration cools down; the per-node and total eviction limits still bound parallel migrations".to_owned(),
+        );
+    }
+    profile(
+        "KubeVirtRelieveAndMigrate",
+        configs,
+        Plugins {
+            balance: ExtensionPoint::of(&["LowNodeUtilization"]),
+            filter: ExtensionPoint { enabled: filters },
+            preevictionfilter: ExtensionPoint { enabled: preeviction },
+            ..Plugins::default()
+        },
+    )
 }
 
 struct LowNodeUtilization<'a> {

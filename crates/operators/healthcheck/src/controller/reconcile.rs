@@ -10,7 +10,7 @@ use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, Resource,
     api::{ApiResource, Patch, PatchParams},
     runtime::controller::Action,
 };
@@ -60,90 +60,12 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         Ok(check) => check,
         Err(why) => return invalid(&ctx, &nhc, &name, why).await,
     };
-
-    let mut templates: BTreeMap<TemplateRef, TemplateState> = BTreeMap::new();
-    let mut resources: BTreeMap<TemplateRef, ApiResource> = BTreeMap::new();
-    let mut kinds = BTreeSet::new();
-    for step in &check.steps {
-        let t = &step.template;
-        let template_kind = ctx.kinds.ensure(Role::Template, &t.api_version, &t.kind).await;
-        let remediation_kind = ctx
-            .kinds
-            .ensure(Role::Remediation, &t.api_version, t.remediation_kind())
-            .await;
-        let state = match (template_kind, remediation_kind) {
-            (Some(_), Some(resource)) => {
-                resources.insert(t.clone(), resource);
-                ctx.index
-                    .templates
-                    .read()
-                    .ok()
-                    .and_then(|all| all.get(t).cloned())
-                    .unwrap_or(TemplateState::NotFound)
-            }
-            _ => TemplateState::KindMissing,
-        };
-        templates.insert(t.clone(), state);
-        kinds.insert((t.api_version.clone(), t.remediation_kind().to_owned()));
-    }
-
+    let templates = Templates::of(&ctx, &check).await;
     let memory = status::memory(nhc.status.as_ref());
-    let remediations = ctx.index.remediations_of(&kinds, &uid);
-    let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
+    let remediations = ctx.index.remediations_of(&templates.kinds, &uid);
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    // Its updates cannot be left half done: a panic elsewhere leaves it usable.
-    let outage = ctx
-        .index
-        .api_contact
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .window(now);
-    let (decision, node_uids) = {
-        let nodes = ctx.index.nodes.read().map_err(|_| Error::Poisoned("node index"))?;
-        // Read once for both uses: a second read of the same lock on this thread could wait
-        // behind a writer forever.
-        let renewals = ctx
-            .index
-            .kubelet_renewals
-            .read()
-            .map_err(|_| Error::Poisoned("kubelet renewals"))?;
-        let refs: Vec<&NodeFacts> = nodes.values().collect();
-        let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
-            decide::decide(&Input {
-                now,
-                check: &check,
-                nodes: &refs,
-                remediations: &remediations,
-                templates: &templates,
-                leases: &lease_facts,
-                memory: &memory,
-                lease_holder: &holder,
-                alive,
-                outage,
-                kubelet_renewals: &renewals,
-            })
-        };
-        let first = decide_with(&BTreeMap::new());
-        // The Ready=Unknown nodes it would remediate: their kubelet renewals may show them alive.
-        let unknown = first
-            .create
-            .iter()
-            .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)));
-        let alive = living(&renewals, unknown, now);
-        // Decided again with the evidence, so everything that follows from a creation (its lease,
-        // the one-control-plane-node rule, the phase) follows from what is created.
-        let decision = if alive.is_empty() { first } else { decide_with(&alive) };
-        let uids: BTreeMap<String, String> = decision
-            .leases
-            .iter()
-            .filter_map(|a| match a {
-                LeaseAction::Request { node, .. } => nodes.get(node).map(|n| (node.clone(), n.uid.clone())),
-                LeaseAction::Release { .. } => None,
-            })
-            .collect();
-        (decision, uids)
-    };
+    let (decision, node_uids) = decide_now(&ctx, &check, &templates.states, &remediations, &memory, &holder, now)?;
 
     // The watch cache can lag the API for minutes after etcd comes back (seed 47, trial 45: a
     // remediation created from a view of the node 111 s old, deleted 76 ms later when the node
@@ -157,7 +79,7 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         nhc: &nhc,
         name: &name,
         holder: &holder,
-        resources: &resources,
+        resources: &templates.resources,
         node_uids: &node_uids,
     }
     .decision(&decision)
@@ -187,6 +109,112 @@ pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<A
         .requeue_after
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+/// The check's templates: whether each is usable, the API resource of its remediation kind, and
+/// the remediation kinds the check owns objects of.
+struct Templates {
+    states: BTreeMap<TemplateRef, TemplateState>,
+    resources: BTreeMap<TemplateRef, ApiResource>,
+    kinds: BTreeSet<(String, String)>,
+}
+
+impl Templates {
+    async fn of(ctx: &Context, check: &decide::CheckSpec) -> Self {
+        let mut templates = Self {
+            states: BTreeMap::new(),
+            resources: BTreeMap::new(),
+            kinds: BTreeSet::new(),
+        };
+        for step in &check.steps {
+            let t = &step.template;
+            let template_kind = ctx.kinds.ensure(Role::Template, &t.api_version, &t.kind).await;
+            let remediation_kind = ctx
+                .kinds
+                .ensure(Role::Remediation, &t.api_version, t.remediation_kind())
+                .await;
+            let state = match (template_kind, remediation_kind) {
+                (Some(_), Some(resource)) => {
+                    templates.resources.insert(t.clone(), resource);
+                    ctx.index
+                        .templates
+                        .read()
+                        .ok()
+                        .and_then(|all| all.get(t).cloned())
+                        .unwrap_or(TemplateState::NotFound)
+                }
+                _ => TemplateState::KindMissing,
+            };
+            templates.states.insert(t.clone(), state);
+            templates
+                .kinds
+                .insert((t.api_version.clone(), t.remediation_kind().to_owned()));
+        }
+        templates
+    }
+}
+
+/// Decides over the index as it is now; with the uid of every node whose lease is requested.
+fn decide_now(
+    ctx: &Context,
+    check: &decide::CheckSpec,
+    templates: &BTreeMap<TemplateRef, TemplateState>,
+    remediations: &[RemediationFacts],
+    memory: &decide::Memory,
+    holder: &str,
+    now: Timestamp,
+) -> Result<(Decision, BTreeMap<String, String>)> {
+    let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
+    // Its updates cannot be left half done: a panic elsewhere leaves it usable.
+    let outage = ctx
+        .index
+        .api_contact
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .window(now);
+    let nodes = ctx.index.nodes.read().map_err(|_| Error::Poisoned("node index"))?;
+    // Read once for both uses: a second read of the same lock on this thread could wait behind a
+    // writer forever.
+    let renewals = ctx
+        .index
+        .kubelet_renewals
+        .read()
+        .map_err(|_| Error::Poisoned("kubelet renewals"))?;
+    let refs: Vec<&NodeFacts> = nodes.values().collect();
+    let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
+        decide::decide(&Input {
+            now,
+            check,
+            nodes: &refs,
+            remediations,
+            templates,
+            leases: &lease_facts,
+            memory,
+            lease_holder: holder,
+            alive,
+            outage,
+            kubelet_renewals: &renewals,
+        })
+    };
+    let first = decide_with(&BTreeMap::new());
+    // The Ready=Unknown nodes it would remediate: their kubelet renewals may show them alive.
+    let unknown = first
+        .create
+        .iter()
+        .filter_map(|new| Some((new.node.clone(), liveness::unknown_since(nodes.get(&new.node)?)?)));
+    let alive = living(&renewals, unknown, now);
+    // Decided again with the evidence, so everything that follows from a creation (its lease, the
+    // one-control-plane-node rule, the phase) follows from what is created.
+    let decision = if alive.is_empty() { first } else { decide_with(&alive) };
+    let uids: BTreeMap<String, String> = decision
+        .leases
+        .iter()
+        .filter_map(|a| match a {
+            LeaseAction::Request { node, .. } => nodes.get(node).map(|n| (node.clone(), n.uid.clone())),
+            LeaseAction::Release { .. } => None,
+        })
+        .collect();
+    Ok((decision, uids))
 }
 
 async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) -> Result<Action> {
@@ -416,12 +444,11 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
 }
 
 pub fn error_policy(nhc: Arc<NodeHealthCheck>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(nhc = %nhc.name_any(), %error, "reconcile failed; retrying in 5s");
     ctx.metrics
         .errors
         .get_or_create(&crate::metrics::ErrorLabels {
             kind: error.kind().into(),
         })
         .inc();
-    Action::requeue(Duration::from_secs(5))
+    nodemedic_kube::steps::retry(nhc.as_ref(), error, Duration::from_secs(5))
 }

@@ -6,6 +6,7 @@ pub mod admission;
 mod budget;
 mod escalation;
 mod health;
+mod holdback;
 pub mod liveness;
 pub mod model;
 mod node;

@@ -15,7 +15,7 @@ use super::*;
 use super::test_time::at;
 
 const NOW: i64 = 10_000;
-const HOLDER: &str = "NodeHealthCheck-nhc";
+pub(super) const HOLDER: &str = "NodeHealthCheck-nhc";
 
 fn template(kind: &str, name: &str) -> TemplateRef {
     TemplateRef {
@@ -46,7 +46,7 @@ fn check(steps: Vec<Step>) -> CheckSpec {
     }
 }
 
-fn classic() -> CheckSpec {
+pub(super) fn classic() -> CheckSpec {
     check(vec![Step {
         order: 0,
         template: template("SelfNodeRemediationTemplate", "snr"),
@@ -69,7 +69,7 @@ fn escalating() -> CheckSpec {
     ])
 }
 
-fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
+pub(super) fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
     NodeFacts {
         name: name.into(),
         uid: format!("uid-{name}"),
@@ -83,12 +83,12 @@ fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
     }
 }
 
-fn control_plane(mut n: NodeFacts) -> NodeFacts {
+pub(super) fn control_plane(mut n: NodeFacts) -> NodeFacts {
     n.labels.insert(labels::ROLE_CONTROL_PLANE.into(), String::new());
     n
 }
 
-fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
+pub(super) fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
     RemediationFacts {
         id: RemediationId {
             api_version: "self-node-remediation.medik8s.io/v1alpha1".into(),
@@ -111,21 +111,21 @@ fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
 }
 
 #[derive(Debug)]
-struct World {
-    check: CheckSpec,
-    nodes: Vec<NodeFacts>,
-    remediations: Vec<RemediationFacts>,
-    templates: BTreeMap<TemplateRef, TemplateState>,
-    leases: BTreeMap<String, LeaseFacts>,
-    memory: Memory,
-    alive: BTreeMap<String, liveness::Alive>,
-    outage: Option<outage::Window>,
-    kubelet_renewals: BTreeMap<String, Timestamp>,
-    now: Timestamp,
+pub(super) struct World {
+    pub(super) check: CheckSpec,
+    pub(super) nodes: Vec<NodeFacts>,
+    pub(super) remediations: Vec<RemediationFacts>,
+    pub(super) templates: BTreeMap<TemplateRef, TemplateState>,
+    pub(super) leases: BTreeMap<String, LeaseFacts>,
+    pub(super) memory: Memory,
+    pub(super) alive: BTreeMap<String, liveness::Alive>,
+    pub(super) outage: Option<outage::Window>,
+    pub(super) kubelet_renewals: BTreeMap<String, Timestamp>,
+    pub(super) now: Timestamp,
 }
 
 impl World {
-    fn new(check: CheckSpec, nodes: Vec<NodeFacts>) -> Self {
+    pub(super) fn new(check: CheckSpec, nodes: Vec<NodeFacts>) -> Self {
         let templates = check
             .steps
             .iter()
@@ -155,10 +155,15 @@ impl World {
 
     fn decide(&self) -> Decision {
         let refs: Vec<&NodeFacts> = self.nodes.iter().collect();
-        decide(&Input {
+        decide(&self.input(&refs))
+    }
+
+    /// The decision's input over this world, its nodes given as `refs`.
+    pub(super) fn input<'a>(&'a self, refs: &'a [&'a NodeFacts]) -> Input<'a> {
+        Input {
             now: self.now,
             check: &self.check,
-            nodes: &refs,
+            nodes: refs,
             remediations: &self.remediations,
             templates: &self.templates,
             leases: &self.leases,
@@ -167,7 +172,7 @@ impl World {
             alive: &self.alive,
             outage: self.outage,
             kubelet_renewals: &self.kubelet_renewals,
-        })
+        }
     }
 }
 

@@ -27,6 +27,7 @@ pub use settings::AgentArgs;
 
 use crate::{
     Result,
+    identity::PeerIdentity,
     protocol::{
         agent::{AgentState, FenceReason},
         manager::{self as rules, Registration},
@@ -72,71 +73,19 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         node_uid: None,
     };
     let timing = rules::timing(settings.licence(), &own_registration(&published));
-    tracing::info!(
-        node = %args.node,
-        means = fencing.means.as_str(),
-        fencing = %fencing.describe(),
-        licence_seconds = timing.licence.as_secs_f64(),
-        safe_seconds = timing.safe_time().as_secs_f64(),
-        "agent starting: fencing armed; no licence yet"
-    );
-    if fencing.means == rules::Means::None {
-        tracing::error!(
-            "no watchdog device and software reboot is disabled: this node cannot fence itself, so it cannot be \
-             self-remediated (its agent still votes for its peers); configure watchdogFilePath, load softdog, or \
-             enable isSoftwareRebootEnabled"
-        );
-    }
+    log_start(&args, &fencing, &timing);
     let mut published = published;
     published.node_uid = register::annotate_node(&client, &args.node, fencing.means, &timing).await;
     let mut initial = AgentState::<Instant>::new(&args.node, timing.licence);
     let boot = inherited::boot_key(args.boot_time_file.as_deref());
-    match boot.as_deref().map(|b| inherited::load(&args.state_dir, b)) {
-        Some(inherited::Inherited::Until(until)) => {
-            tracing::info!("took over the licence of an earlier agent process of this boot");
-            initial.inherit(Some(until));
-        }
-        Some(inherited::Inherited::Lapsed) => {
-            tracing::warn!("an earlier agent process of this boot let its licence lapse: fencing now");
-            initial.inherit(None);
-        }
-        Some(inherited::Inherited::Nothing) => {}
-        None => tracing::warn!("cannot tell which boot this is: an earlier agent process's licence is not taken over"),
-    }
+    take_over_licence(&args, boot.as_deref(), &mut initial);
     let state = Arc::new(Mutex::new(initial));
     let metrics = Metrics::default();
     spawn_feeder(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
         metrics::serve(bind, &metrics).await?;
     }
-    let address = SocketAddr::new(args.address, args.host_port);
-    let server_state = state.clone();
-    let votes = metrics.clone();
-    let server_identity = identity.clone();
-    let (addresses_sender, addresses) = tokio::sync::watch::channel(Default::default());
-    let (messages, inbound) = tokio::sync::mpsc::channel(256);
-    let loopback = messages.clone();
-    let inbound_end = detector::Inbound {
-        node: args.node.clone(),
-        messages: detector_settings.map(|_| messages),
-    };
-    if let Some(settings) = detector_settings {
-        let wiring = detector::Wiring {
-            identity: identity.clone(),
-            client: fast.clone(),
-            namespace: args.namespace.clone(),
-            addresses,
-            inbound,
-            loopback,
-        };
-        tokio::spawn(detector::run(settings, wiring));
-    }
-    tokio::spawn(async move {
-        let on_vote = Arc::new(move |v: &crate::protocol::agent::Verdict| votes.vote_cast(v));
-        if let Err(error) = peers::serve(address, &server_identity, server_state, on_vote, inbound_end).await {
-            tracing::error!(%error, %address, "peer server stopped");
-        }
-    });
+    let addresses_sender = serve_peers(&args, &identity, &fast, &state, &metrics, detector_settings);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let incarnation = published.incarnation.clone();
     let publisher = publisher::Publisher::spawn(fast.clone(), args.namespace.clone());
@@ -182,6 +131,84 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     publisher.stop(args.api_server_timeout * 2).await;
     shutdown::stop(&args, &client, &fast, &state, &incarnation, &disarm).await;
     Ok(())
+}
+
+/// Says how this node fences itself, and when it cannot.
+fn log_start(args: &AgentArgs, fencing: &watchdog::Fencing, timing: &crate::protocol::Timing) {
+    tracing::info!(
+        node = %args.node,
+        means = fencing.means.as_str(),
+        fencing = %fencing.describe(),
+        licence_seconds = timing.licence.as_secs_f64(),
+        safe_seconds = timing.safe_time().as_secs_f64(),
+        "agent starting: fencing armed; no licence yet"
+    );
+    if fencing.means == rules::Means::None {
+        tracing::error!(
+            "no watchdog device and software reboot is disabled: this node cannot fence itself, so it cannot be \
+             self-remediated (its agent still votes for its peers); configure watchdogFilePath, load softdog, or \
+             enable isSoftwareRebootEnabled"
+        );
+    }
+}
+
+/// Takes over the licence an earlier agent process of this boot recorded, or fences at once when
+/// it let its licence lapse.
+fn take_over_licence(args: &AgentArgs, boot: Option<&str>, agent: &mut AgentState<Instant>) {
+    match boot.map(|b| inherited::load(&args.state_dir, b)) {
+        Some(inherited::Inherited::Until(until)) => {
+            tracing::info!("took over the licence of an earlier agent process of this boot");
+            agent.inherit(Some(until));
+        }
+        Some(inherited::Inherited::Lapsed) => {
+            tracing::warn!("an earlier agent process of this boot let its licence lapse: fencing now");
+            agent.inherit(None);
+        }
+        Some(inherited::Inherited::Nothing) => {}
+        None => tracing::warn!("cannot tell which boot this is: an earlier agent process's licence is not taken over"),
+    }
+}
+
+/// Starts the peer side: the server answering votes (and the failure detector's messages) and,
+/// when configured, the peer failure detector. Returns where the licence loop sends the peers'
+/// addresses.
+fn serve_peers(
+    args: &AgentArgs,
+    identity: &PeerIdentity,
+    fast: &kube::Client,
+    state: &Arc<Mutex<AgentState<Instant>>>,
+    metrics: &Metrics,
+    detector_settings: Option<nodemedic_peer_detection::DetectorSettings>,
+) -> tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>> {
+    let address = SocketAddr::new(args.address, args.host_port);
+    let server_state = state.clone();
+    let votes = metrics.clone();
+    let server_identity = identity.clone();
+    let (addresses_sender, addresses) = tokio::sync::watch::channel(Default::default());
+    let (messages, inbound) = tokio::sync::mpsc::channel(256);
+    let loopback = messages.clone();
+    let inbound_end = detector::Inbound {
+        node: args.node.clone(),
+        messages: detector_settings.map(|_| messages),
+    };
+    if let Some(settings) = detector_settings {
+        let wiring = detector::Wiring {
+            identity: identity.clone(),
+            client: fast.clone(),
+            namespace: args.namespace.clone(),
+            addresses,
+            inbound,
+            loopback,
+        };
+        tokio::spawn(detector::run(settings, wiring));
+    }
+    tokio::spawn(async move {
+        let on_vote = Arc::new(move |v: &crate::protocol::agent::Verdict| votes.vote_cast(v));
+        if let Err(error) = peers::serve(address, &server_identity, server_state, on_vote, inbound_end).await {
+            tracing::error!(%error, %address, "peer server stopped");
+        }
+    });
+    addresses_sender
 }
 
 /// The protocol's view of what this agent publishes, for its own timing.

@@ -11,7 +11,10 @@ use kube::{
     api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions},
 };
 use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
-use nodemedic_kube::{CallContext, events::Events};
+use nodemedic_kube::{
+    CallContext,
+    events::{Events, Note},
+};
 
 use super::Metrics;
 use crate::{
@@ -107,35 +110,7 @@ pub async fn reconcile(
     let read = read(client, namespace).await?;
     let gone = orphaned(client, &read).await?;
     let leases = Api::<Lease>::namespaced(client.clone(), namespace);
-    for (node, uid) in &gone {
-        // Only the registration read: one the agent made again since is left for the next pass.
-        let precondition = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match leases.delete(&registration::lease_name(node), &precondition).await {
-            Ok(_) => {
-                events
-                    .normal(
-                        on,
-                        "RegistrationRemoved",
-                        format!("node {node} no longer exists: removed its agent's registration"),
-                    )
-                    .await;
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(error) => {
-                let call = format!(
-                    "deleting the registration Lease {namespace}/{} of a gone node",
-                    registration::lease_name(node)
-                );
-                return Err(nodemedic_kube::Error::call(call, error).into());
-            }
-        }
-    }
+    remove_registrations(&leases, &gone, events, on).await?;
     let desired: BTreeSet<String> = read
         .registrations
         .iter()
@@ -157,69 +132,12 @@ pub async fn reconcile(
     if let Some(next) = &next {
         write(&leases, next, read.version.clone()).await?;
     }
-    match &change {
-        Change::Bootstrap(first) => {
-            metrics.membership_change("bootstrapped");
-            events
-                .normal(
-                    on,
-                    "MembershipBootstrapped",
-                    format!("membership epoch {} with {}", first.epoch, describe(&first.members)),
-                )
-                .await;
-        }
-        Change::Propose(proposed) => {
-            metrics.membership_change("proposed");
-            let committed = read
-                .membership
-                .as_ref()
-                .map(|m| m.committed.members.clone())
-                .unwrap_or_default();
-            let joining: BTreeSet<String> = proposed.members.difference(&committed).cloned().collect();
-            let leaving: BTreeSet<String> = committed.difference(&proposed.members).cloned().collect();
-            events
-                .normal(
-                    on,
-                    "MembershipProposed",
-                    format!(
-                        "proposed membership epoch {} (joining: [{}], leaving: [{}]); it takes effect once a majority of [{}] acknowledge it",
-                        proposed.epoch,
-                        describe(&joining),
-                        describe(&leaving),
-                        describe(&committed)
-                    ),
-                )
-                .await;
-        }
-        Change::Commit => {
-            metrics.membership_change("committed");
-            if let Some(m) = &next {
-                events
-                    .normal(
-                        on,
-                        "MembershipCommitted",
-                        format!(
-                            "membership epoch {} committed: {}",
-                            m.committed.epoch,
-                            describe(&m.committed.members)
-                        ),
-                    )
-                    .await;
-            }
-        }
-        Change::Lost { highest_acknowledged } => {
-            events
-                .warning(
-                    on,
-                    "MembershipLost",
-                    format!(
-                        "the membership Lease {} is gone while agents acknowledged epoch {highest_acknowledged}: nodemedic starts no new membership an old one could outvote, so self remediation waits and the agent DaemonSet is not re-created; to reset: delete the DaemonSet nodemedic-agent, wait until no agent runs on any node (power off nodes you cannot reach), then delete every nodemedic-agent-* Lease in {namespace}",
-                        registration::MEMBERSHIP_LEASE
-                    ),
-                )
-                .await;
-        }
-        Change::Keep => {}
+    let (counted, note) = said(&change, read.membership.as_ref(), next.as_ref(), namespace);
+    if let Some(counted) = counted {
+        metrics.membership_change(counted);
+    }
+    if let Some(note) = note {
+        events.record(on, &note).await;
     }
     let current = next.or(read.membership);
     if let Some(m) = &current {
@@ -239,6 +157,103 @@ pub async fn reconcile(
         registrations,
         lost: matches!(change, Change::Lost { .. }),
     })
+}
+
+/// Deletes the registrations of gone nodes, each only as read: one the agent made again since is
+/// left for the next pass.
+async fn remove_registrations(
+    leases: &Api<Lease>,
+    gone: &BTreeMap<String, Option<String>>,
+    events: &Events,
+    on: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<()> {
+    for (node, uid) in gone {
+        let precondition = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let name = registration::lease_name(node);
+        match leases.delete(&name, &precondition).await {
+            Ok(_) => {
+                events
+                    .normal(
+                        on,
+                        "RegistrationRemoved",
+                        format!("node {node} no longer exists: removed its agent's registration"),
+                    )
+                    .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(error) => {
+                let call = format!("deleting the registration Lease {name} of a gone node");
+                return Err(nodemedic_kube::Error::call(call, error).into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a membership change says: the change it counts, and its event.
+fn said(
+    change: &Change,
+    before: Option<&Membership>,
+    next: Option<&Membership>,
+    namespace: &str,
+) -> (Option<&'static str>, Option<Note>) {
+    match change {
+        Change::Bootstrap(first) => (
+            Some("bootstrapped"),
+            Some(Note::normal(
+                "MembershipBootstrapped",
+                format!("membership epoch {} with {}", first.epoch, describe(&first.members)),
+            )),
+        ),
+        Change::Propose(proposed) => {
+            let committed = before.map(|m| m.committed.members.clone()).unwrap_or_default();
+            let joining: BTreeSet<String> = proposed.members.difference(&committed).cloned().collect();
+            let leaving: BTreeSet<String> = committed.difference(&proposed.members).cloned().collect();
+            (
+                Some("proposed"),
+                Some(Note::normal(
+                    "MembershipProposed",
+                    format!(
+                        "proposed membership epoch {} (joining: [{}], leaving: [{}]); it takes effect once a majority of [{}] acknowledge it",
+                        proposed.epoch,
+                        describe(&joining),
+                        describe(&leaving),
+                        describe(&committed)
+                    ),
+                )),
+            )
+        }
+        Change::Commit => (
+            Some("committed"),
+            next.map(|m| {
+                Note::normal(
+                    "MembershipCommitted",
+                    format!(
+                        "membership epoch {} committed: {}",
+                        m.committed.epoch,
+                        describe(&m.committed.members)
+                    ),
+                )
+            }),
+        ),
+        Change::Lost { highest_acknowledged } => (
+            None,
+            Some(Note::warning(
+                "MembershipLost",
+                format!(
+                    "the membership Lease {} is gone while agents acknowledged epoch {highest_acknowledged}: nodemedic starts no new membership an old one could outvote, so self remediation waits and the agent DaemonSet is not re-created; to reset: delete the DaemonSet nodemedic-agent, wait until no agent runs on any node (power off nodes you cannot reach), then delete every nodemedic-agent-* Lease in {namespace}",
+                    registration::MEMBERSHIP_LEASE
+                ),
+            )),
+        ),
+        Change::Keep => (None, None),
+    }
 }
 
 async fn write(leases: &Api<Lease>, membership: &Membership, version: Option<String>) -> Result<()> {

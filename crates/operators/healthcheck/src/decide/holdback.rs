@@ -1,0 +1,356 @@
+//! The rules that hold back remediating an unhealthy node, each a plain function of the facts that
+//! says why as data ([`HoldBack`]); [`record`] turns a reason into what the decision records and
+//! says. Two rules concern the node whatever its remediation's state ([`NODE_RULES`]); the others
+//! only the creation of a new remediation object ([`CREATION_RULES`]), asked in order, the first
+//! that holds winning.
+
+use jiff::Timestamp;
+use nodemedic_api::names::labels;
+
+use super::{
+    Decision, Health, Input, NodeFacts, Severity, TemplateState,
+    budget::until,
+    health, liveness,
+    model::{LeaseFacts, Step},
+};
+
+/// Why new remediation may be held back for every node.
+pub struct Gate {
+    pub paused: bool,
+    pub over_budget: bool,
+}
+
+/// An unhealthy node, and the escalation step whose object would be created next.
+pub struct Candidate<'a> {
+    pub input: &'a Input<'a>,
+    pub node: &'a NodeFacts,
+    pub gate: &'a Gate,
+    pub step: &'a Step,
+    /// Control-plane nodes being remediated, this one included once it is.
+    pub control_plane_busy: &'a [String],
+}
+
+/// Why the node is not remediated now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldBack {
+    /// Said (RemediationSkipped) when the node has just turned unhealthy.
+    Skipped(String),
+    /// Counted in the status's budget condition instead.
+    OverBudget,
+    /// An outage of the API may explain the node's Unknown: wait until it no longer can.
+    Deferred { at: Timestamp },
+    /// The node's kubelet renews its lease: the Unknown is stale.
+    Alive(liveness::Alive),
+    /// The template is not usable; the check's own condition says why.
+    TemplateNotReady,
+}
+
+pub type NodeRule = fn(&Input<'_>, &NodeFacts) -> Option<HoldBack>;
+pub type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
+
+pub const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
+
+pub const CREATION_RULES: [CreationRule; 7] = [
+    paused,
+    over_budget,
+    // Before the control-plane rule: a node whose Unknown an outage may explain, or that is
+    // alive, is not being remediated and must not keep another control-plane node waiting.
+    deferred_by_outage,
+    alive,
+    control_plane_busy,
+    template_not_ready,
+    name_taken,
+];
+
+pub fn for_node(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
+    NODE_RULES.iter().find_map(|rule| rule(input, node))
+}
+
+pub fn for_creation(candidate: &Candidate<'_>) -> Option<HoldBack> {
+    CREATION_RULES.iter().find_map(|rule| rule(candidate))
+}
+
+pub fn is_control_plane(node: &NodeFacts) -> bool {
+    node.labels.contains_key(labels::ROLE_CONTROL_PLANE) || node.labels.contains_key(labels::ROLE_MASTER)
+}
+
+/// The node's valid lease, when someone other than this check holds it.
+pub fn foreign_lease<'a>(input: &'a Input<'_>, node: &str) -> Option<&'a LeaseFacts> {
+    input
+        .leases
+        .get(node)
+        .filter(|l| l.valid_at(input.now) && l.holder != input.lease_holder)
+}
+
+/// Labelled out of remediation (a node under maintenance).
+fn excluded(_: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
+    let label = node.labels.get(labels::EXCLUDE_FROM_REMEDIATION)?;
+    (label == "true").then(|| {
+        HoldBack::Skipped(format!(
+            "Skipped remediation of node {}: it is labelled {}=true (node maintenance)",
+            node.name,
+            labels::EXCLUDE_FROM_REMEDIATION
+        ))
+    })
+}
+
+/// Its node lease is held by someone else (a maintenance, another check).
+fn leased_elsewhere(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
+    let held = foreign_lease(input, &node.name)?;
+    Some(HoldBack::Skipped(format!(
+        "Skipped remediation of node {} because node lease is already taken by {}",
+        node.name, held.holder
+    )))
+}
+
+fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
+    c.gate.paused.then(|| {
+        HoldBack::Skipped(format!(
+            "Skipped remediation of node {}: the health check is paused ({})",
+            c.node.name,
+            c.input.check.pause_requests.join(",")
+        ))
+    })
+}
+
+fn over_budget(c: &Candidate<'_>) -> Option<HoldBack> {
+    c.gate.over_budget.then_some(HoldBack::OverBudget)
+}
+
+/// The node's unhealthy condition counts as held for its duration only later than now, once the
+/// outage window is taken into account.
+fn deferred_by_outage(c: &Candidate<'_>) -> Option<HoldBack> {
+    let input = c.input;
+    let window = input
+        .outage?
+        .for_node(input.kubelet_renewals.get(&c.node.name).copied())?;
+    match health::classify(c.node, &input.check.rules, input.now, Some(window)) {
+        Health::Soon { at } => Some(HoldBack::Deferred { at }),
+        Health::Healthy | Health::Unhealthy { .. } => None,
+    }
+}
+
+fn alive(c: &Candidate<'_>) -> Option<HoldBack> {
+    c.input.alive.get(&c.node.name).copied().map(HoldBack::Alive)
+}
+
+/// Control-plane nodes are remediated one at a time.
+fn control_plane_busy(c: &Candidate<'_>) -> Option<HoldBack> {
+    let name = c.node.name.as_str();
+    if !is_control_plane(c.node) {
+        return None;
+    }
+    let busy = c.control_plane_busy.iter().find(|n| n.as_str() != name)?;
+    Some(HoldBack::Skipped(format!(
+        "Skipped remediation of control-plane node {name}: control-plane node {busy} is being remediated, one at a time"
+    )))
+}
+
+fn template_not_ready(c: &Candidate<'_>) -> Option<HoldBack> {
+    match c.input.templates.get(&c.step.template) {
+        Some(TemplateState::Ready { .. }) => None,
+        _ => Some(HoldBack::TemplateNotReady),
+    }
+}
+
+/// The object's fixed name (the node's) is taken by an object this check does not own.
+fn name_taken(c: &Candidate<'_>) -> Option<HoldBack> {
+    let name = c.node.name.as_str();
+    let Some(TemplateState::Ready {
+        multiple_templates: false,
+        ..
+    }) = c.input.templates.get(&c.step.template)
+    else {
+        return None;
+    };
+    let template = &c.step.template;
+    let namespace = template.namespace.as_deref().unwrap_or_default();
+    let taken = c.input.remediations.iter().any(|r| {
+        !r.owned && r.id.kind == template.remediation_kind() && r.id.namespace == namespace && r.id.name == name
+    });
+    taken.then(|| {
+        HoldBack::Skipped(format!(
+            "Skipped remediation of node {name}: a {} named {name} owned by someone else already exists",
+            template.remediation_kind()
+        ))
+    })
+}
+
+/// Records a hold-back in the decision: its status entry, its event, when to look again.
+pub fn record(hold: HoldBack, node: &str, newly: bool, now: Timestamp, d: &mut Decision) {
+    match hold {
+        HoldBack::Skipped(why) => {
+            if newly {
+                d.notice(Some(node), Severity::Warning, "RemediationSkipped", why);
+            }
+        }
+        HoldBack::OverBudget => {
+            d.blocked_by_budget.insert(node.to_owned());
+        }
+        HoldBack::Deferred { at } => {
+            d.deferred.insert(node.to_owned());
+            d.notice(
+                Some(node),
+                Severity::Normal,
+                "RemediationDeferred",
+                format!(
+                    "Node {node} turned Unknown after the health check last heard from the API server before losing it, when no node could renew its lease: its remediation waits until {at}, a lease duration after the API answered again plus the condition's duration, in case the node renews meanwhile"
+                ),
+            );
+            d.requeue(until(now, at));
+        }
+        HoldBack::Alive(alive) => {
+            d.held_back_alive.insert(node.to_owned());
+            d.notice(
+                Some(node),
+                Severity::Normal,
+                "RemediationHeldBack",
+                format!(
+                    "Node {node} is Ready=Unknown since {}, but its kubelet renewed its node lease at {}, after that: the status is stale (as after a control-plane outage), so no remediation is created while the renewals go on",
+                    alive.unknown_since, alive.renewed
+                ),
+            );
+            d.requeue(liveness::LOOK_AGAIN);
+        }
+        HoldBack::TemplateNotReady => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        super::tests::{HOLDER, World, classic, control_plane, cr, node},
+        *,
+    };
+    use crate::decide::{model::TemplateState, test_time::at};
+
+    fn gate() -> Gate {
+        Gate {
+            paused: false,
+            over_budget: false,
+        }
+    }
+
+    /// The first creation rule that holds for node `name` of `world` at the check's first step.
+    fn creation(world: &World, name: &str, gate: &Gate, busy: &[String]) -> Option<HoldBack> {
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        let input = world.input(&refs);
+        let node = world.nodes.iter().find(|n| n.name == name).expect("node in world");
+        for_creation(&Candidate {
+            input: &input,
+            node,
+            gate,
+            step: &world.check.steps[0],
+            control_plane_busy: busy,
+        })
+    }
+
+    fn skipped(hold: Option<HoldBack>) -> String {
+        match hold {
+            Some(HoldBack::Skipped(why)) => why,
+            other => panic!("expected a skip, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_excluded_node_is_skipped_and_only_true_excludes() {
+        let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        assert_eq!(for_node(&world.input(&refs), &world.nodes[0]), None);
+        world.nodes[0]
+            .labels
+            .insert(labels::EXCLUDE_FROM_REMEDIATION.into(), "yes".into());
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        assert_eq!(for_node(&world.input(&refs), &world.nodes[0]), None);
+        world.nodes[0]
+            .labels
+            .insert(labels::EXCLUDE_FROM_REMEDIATION.into(), "true".into());
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        assert!(skipped(for_node(&world.input(&refs), &world.nodes[0])).contains("labelled"));
+    }
+
+    #[test]
+    fn a_lease_held_by_someone_else_skips_the_node_and_ours_does_not() {
+        let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
+        let lease = |holder: &str| LeaseFacts {
+            holder: holder.into(),
+            acquired: Some(at(9_000)),
+            renewed: at(9_900),
+            duration: std::time::Duration::from_secs(600),
+        };
+        world.leases.insert("w1".into(), lease(HOLDER));
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        assert_eq!(for_node(&world.input(&refs), &world.nodes[0]), None);
+        world.leases.insert("w1".into(), lease("node-maintenance"));
+        let refs: Vec<&NodeFacts> = world.nodes.iter().collect();
+        assert!(skipped(for_node(&world.input(&refs), &world.nodes[0])).contains("node-maintenance"));
+    }
+
+    #[test]
+    fn paused_comes_before_the_budget_and_names_the_requests() {
+        let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
+        world.check.pause_requests = vec!["upgrade".into()];
+        let both = Gate {
+            paused: true,
+            over_budget: true,
+        };
+        assert!(skipped(creation(&world, "w1", &both, &[])).contains("paused (upgrade)"));
+        let budget_only = Gate {
+            paused: false,
+            over_budget: true,
+        };
+        assert_eq!(creation(&world, "w1", &budget_only, &[]), Some(HoldBack::OverBudget));
+        assert_eq!(creation(&world, "w1", &gate(), &[]), None);
+    }
+
+    #[test]
+    fn a_living_node_is_held_back() {
+        let mut world = World::new(classic(), vec![node("w1", "Unknown", 0)]);
+        let alive = liveness::Alive {
+            unknown_since: at(0),
+            renewed: at(9_990),
+        };
+        world.alive.insert("w1".into(), alive);
+        assert_eq!(creation(&world, "w1", &gate(), &[]), Some(HoldBack::Alive(alive)));
+    }
+
+    #[test]
+    fn one_control_plane_node_at_a_time_and_workers_do_not_wait() {
+        let world = World::new(
+            classic(),
+            vec![control_plane(node("a", "False", 0)), node("w1", "False", 0)],
+        );
+        let busy = vec!["b".to_owned()];
+        assert!(skipped(creation(&world, "a", &gate(), &busy)).contains("control-plane node b"));
+        assert_eq!(creation(&world, "a", &gate(), &["a".to_owned()]), None);
+        assert_eq!(creation(&world, "w1", &gate(), &busy), None);
+    }
+
+    #[test]
+    fn a_template_not_ready_holds_back_silently() {
+        let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
+        let template = world.check.steps[0].template.clone();
+        world.templates.insert(template, TemplateState::NotFound);
+        assert_eq!(creation(&world, "w1", &gate(), &[]), Some(HoldBack::TemplateNotReady));
+    }
+
+    #[test]
+    fn a_fixed_name_taken_by_someone_else_skips_the_node() {
+        let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
+        let mut foreign = cr("w1", "SelfNodeRemediation", 0);
+        foreign.owned = false;
+        world.remediations.push(foreign);
+        assert!(skipped(creation(&world, "w1", &gate(), &[])).contains("owned by someone else"));
+    }
+
+    #[test]
+    fn recording_a_skip_says_it_only_when_the_node_just_turned_unhealthy() {
+        let mut d = Decision::default();
+        record(HoldBack::Skipped("why".into()), "w1", false, at(0), &mut d);
+        assert!(d.notices.is_empty());
+        record(HoldBack::Skipped("why".into()), "w1", true, at(0), &mut d);
+        assert_eq!(d.notices.len(), 1);
+        record(HoldBack::OverBudget, "w1", true, at(0), &mut d);
+        assert!(d.blocked_by_budget.contains("w1"));
+    }
+}
