@@ -9,6 +9,9 @@ pub mod manager;
 pub mod membership;
 #[cfg(test)]
 mod model;
+pub mod rounds;
+#[cfg(test)]
+mod rounds_model;
 pub mod wait;
 
 use std::time::Duration;

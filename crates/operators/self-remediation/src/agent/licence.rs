@@ -1,10 +1,11 @@
-//! The licence loop: every `apiCheckInterval`, and at once when a remediation changes, a
-//! consistent read of the remediations; every `peerUpdateInterval`, and at once when the
-//! membership changes, a read of the peers and the membership; when the remediations cannot be
-//! read, a vote round. What it accepts and the epoch it adopts it records in its registration.
+//! The licence loop's I/O: every `apiCheckInterval`, and at once when a remediation changes, a
+//! consistent read of the remediations; a read of the peers and the membership when the
+//! protocol's [`Rounds`] says; when the remediations cannot be read, a vote round. What it
+//! accepts and the epoch it adopts it records in its registration. Every decision about what to
+//! read, write or record next is [`Rounds`]'s, model-checked with the protocol.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -21,6 +22,7 @@ use crate::{
     protocol::{
         agent::{AgentState, ApiRead, Intent, Round},
         membership::Configuration,
+        rounds::{Answer, Record, Rounds},
     },
     registration::{self, Published},
     remediation_object,
@@ -84,8 +86,6 @@ pub struct Clients {
 
 /// The shortest time between the start of one read and an early one.
 const EARLY_READ_GAP: Duration = Duration::from_secs(1);
-/// Vote rounds in a row when answers keep moving the agent to newer configurations.
-const ROUNDS_PER_CHECK: usize = 3;
 
 pub struct Loop<'a> {
     pub args: &'a AgentArgs,
@@ -102,18 +102,152 @@ pub struct Loop<'a> {
 }
 
 impl Loop<'_> {
-    /// Records the licence for a later process of this boot (see [`super::inherited`]).
-    fn record_licence(&self, last: &mut Option<Option<Instant>>) -> Result<()> {
-        let Some(boot) = &self.boot else { return Ok(()) };
-        let until = {
-            let s = self.lock()?;
-            s.licence_until().filter(|_| s.fenced().is_none())
-        };
-        if *last != Some(until) {
-            match super::inherited::save(&self.args.state_dir, boot, until) {
-                Ok(()) => *last = Some(until),
-                Err(error) => tracing::warn!(%error, "cannot record the licence for a restarted agent"),
+    /// The rounds, as [`Rounds`] sequences them, until `stop` says to stop.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
+        let remediation_changed = super::wake::watch_remediations(self.clients.client.clone());
+        let membership_changed = super::wake::watch_membership(self.clients.client.clone(), &self.args.namespace);
+        let booted = self.published.boot_time;
+        let mut rounds = Rounds::<Instant>::default();
+        let mut addresses: BTreeMap<String, String> = BTreeMap::new();
+        loop {
+            let sent = Instant::now();
+            let plan = rounds.plan(sent, self.args.peer_update_interval);
+            let peer_read = async {
+                if plan.read_peers {
+                    Some(read_peers(&self.clients.peers, &self.args.namespace).await)
+                } else {
+                    None
+                }
+            };
+            // The licence read comes first and waits for nothing else, the registration included.
+            let (intents, peers) = tokio::join!(read_intents(&self.clients.fast, booted), peer_read);
+            match peers {
+                Some(Ok(read)) => {
+                    let latest = self.take_peers(read, &mut addresses).await;
+                    rounds.on_peers(sent, latest.as_ref(), &mut *self.lock()?);
+                }
+                Some(Err(error)) => tracing::debug!(%error, "cannot read the peers; keeping the last list"),
+                None => {}
             }
+            self.answer(&mut rounds, sent, intents, &addresses).await?;
+            if let Some(why) = self.lock()?.fenced() {
+                tracing::warn!(reason = super::describe(why), "this node is fenced");
+            }
+            self.record_licence(&mut rounds)?;
+            if !rounds.kept()
+                && let Some(recorded) = self.read_registration().await
+            {
+                rounds.on_registration(recorded);
+                self.published.accepts = rounds.record().accepts.clone();
+                self.published.epoch = rounds.record().epoch;
+            }
+            if rounds.wants_announcement() {
+                self.publisher.want(&self.published);
+                let landed = self
+                    .publisher
+                    .landed(&self.published, self.args.api_server_timeout)
+                    .await;
+                if rounds.on_announced(landed) {
+                    continue;
+                }
+            }
+            // Stopping only here, between rounds; the publisher's writes are stopped after this.
+            tokio::select! {
+                _ = tokio::time::sleep(self.args.api_check_interval) => {}
+                _ = remediation_changed.notified() => {
+                    // At most one early read a second: a burst of new remediations wakes every agent.
+                    tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
+                }
+                _ = membership_changed.notified() => {
+                    rounds.on_membership_changed();
+                    tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
+                }
+                _ = stop.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// A read of the peers: registers again if this agent's registration is gone and passes the
+    /// addresses on. Returns the membership's newest configuration.
+    async fn take_peers(&mut self, read: Peers, addresses: &mut BTreeMap<String, String>) -> Option<Configuration> {
+        // Its registration went with its Node object (deleted and registered again by the
+        // kubelet): register again, owned by the Node as it is now.
+        if !read.addresses.contains_key(&self.args.node) {
+            tracing::warn!("this agent's registration is gone; registering again");
+            self.published.node_uid = self.node_uid().await;
+            self.publisher.rewrite(&self.published);
+        }
+        *addresses = read.addresses;
+        self.addresses.send_if_modified(|known| {
+            let changed = known != addresses;
+            if changed {
+                known.clone_from(addresses);
+            }
+            changed
+        });
+        read.latest
+    }
+
+    /// The remediations read renews the licence and what it changes goes into the registration;
+    /// when they cannot be read, the agent asks its peers.
+    async fn answer(
+        &mut self,
+        rounds: &mut Rounds<Instant>,
+        sent: Instant,
+        intents: Result<Vec<Intent>>,
+        addresses: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let intents = match intents {
+            Ok(intents) => intents,
+            Err(error) => {
+                Metrics::count(&self.metrics.api_checks, "failed");
+                if rounds.on_intents(None, &mut *self.lock()?) == (Answer::Failed { first: true }) {
+                    tracing::warn!(%error, "API check failed; asking the peers");
+                    self.probe_endpoint().await;
+                }
+                return self.vote_round(addresses).await;
+            }
+        };
+        Metrics::count(&self.metrics.api_checks, "ok");
+        let read = ApiRead {
+            sent,
+            intents,
+            configuration: None,
+        };
+        let (answer, epoch) = {
+            let mut s = self.lock()?;
+            (rounds.on_intents(Some(&read), &mut s), s.epoch())
+        };
+        self.metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
+        let Answer::Answered { back, record } = answer else {
+            return Ok(());
+        };
+        if back {
+            tracing::info!("the API server answers again");
+        }
+        if let Some(change) = record {
+            for node in &change.newly_accepted {
+                tracing::info!(%node, "accepted the remediation of a peer: no more votes for it");
+            }
+            if let Some(epoch) = change.epoch_raised {
+                tracing::info!(epoch, "adopted a membership epoch");
+            }
+            self.published.accepts = rounds.record().accepts.clone();
+            self.published.epoch = rounds.record().epoch;
+            self.publisher.want(&self.published);
+        }
+        Ok(())
+    }
+
+    /// Records the licence for a later process of this boot (see [`super::inherited`]).
+    fn record_licence(&self, rounds: &mut Rounds<Instant>) -> Result<()> {
+        let Some(boot) = &self.boot else { return Ok(()) };
+        let Some(until) = rounds.licence_to_record(&*self.lock()?) else {
+            return Ok(());
+        };
+        match super::inherited::save(&self.args.state_dir, boot, until) {
+            Ok(()) => rounds.licence_recorded(until),
+            Err(error) => tracing::warn!(%error, "cannot record the licence for a restarted agent"),
         }
         Ok(())
     }
@@ -124,7 +258,7 @@ impl Loop<'_> {
 
     /// Votes while the API cannot be read; moves to a newer configuration a voter names.
     async fn vote_round(&self, addresses: &BTreeMap<String, String>) -> Result<()> {
-        for _ in 0..ROUNDS_PER_CHECK {
+        for done in 1.. {
             let sent = Instant::now();
             let (peers, epoch) = {
                 let s = self.lock()?;
@@ -153,144 +287,16 @@ impl Loop<'_> {
             };
             Metrics::count(&self.metrics.vote_rounds, result);
             tracing::debug!(asked = peers.len(), epoch, result, "vote round");
-            if round != Round::Adopted {
-                return Ok(());
+            if round == Round::Adopted {
+                let adopted = self.lock()?.epoch();
+                self.metrics.epoch.set(i64::try_from(adopted).unwrap_or(i64::MAX));
+                tracing::info!(epoch = adopted, "a peer knew a newer membership: asking again in it");
             }
-            let adopted = self.lock()?.epoch();
-            self.metrics.epoch.set(i64::try_from(adopted).unwrap_or(i64::MAX));
-            tracing::info!(epoch = adopted, "a peer knew a newer membership: asking again in it");
+            if !Rounds::<Instant>::vote_again(round, done) {
+                break;
+            }
         }
         Ok(())
-    }
-
-    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
-        let remediation_changed = super::wake::watch_remediations(self.clients.client.clone());
-        let membership_changed = super::wake::watch_membership(self.clients.client.clone(), &self.args.namespace);
-        let booted = self.published.boot_time;
-        let mut kept = false;
-        // Whether this process's registration says `disarmed: false`: only then may it take a
-        // configuration in, from a read made after (the manager counts a disarmed registration
-        // as having acknowledged every epoch, which only an agent that votes for no one does).
-        let mut announced = false;
-        let mut addresses: BTreeMap<String, String> = BTreeMap::new();
-        let mut peers_due = true;
-        let mut last_peer_read: Option<Instant> = None;
-        let mut api_was_up = true;
-        let mut recorded: Option<Option<Instant>> = None;
-        loop {
-            let sent = Instant::now();
-            let peers_wanted = announced
-                && (peers_due || last_peer_read.is_none_or(|t| t.elapsed() >= self.args.peer_update_interval));
-            let peer_read = async {
-                if peers_wanted {
-                    Some(read_peers(&self.clients.peers, &self.args.namespace).await)
-                } else {
-                    None
-                }
-            };
-            // The licence read comes first and waits for nothing else, the registration included.
-            let (intents, peers) = tokio::join!(read_intents(&self.clients.fast, booted), peer_read);
-            match peers {
-                Some(Ok(read)) => {
-                    // Its registration went with its Node object (deleted and registered again by
-                    // the kubelet): register again, owned by the Node as it is now.
-                    if !read.addresses.contains_key(&self.args.node) {
-                        tracing::warn!("this agent's registration is gone; registering again");
-                        self.published.node_uid = self.node_uid().await;
-                        self.publisher.rewrite(&self.published);
-                    }
-                    addresses = read.addresses;
-                    self.addresses.send_if_modified(|known| {
-                        let changed = *known != addresses;
-                        if changed {
-                            known.clone_from(&addresses);
-                        }
-                        changed
-                    });
-                    if let Some(latest) = read.latest {
-                        self.lock()?.on_configuration(&latest);
-                        peers_due = false;
-                    }
-                    last_peer_read = Some(sent);
-                }
-                Some(Err(error)) => tracing::debug!(%error, "cannot read the peers; keeping the last list"),
-                None => {}
-            }
-            match intents {
-                Ok(intents) => {
-                    Metrics::count(&self.metrics.api_checks, "ok");
-                    if !api_was_up {
-                        tracing::info!("the API server answers again");
-                        api_was_up = true;
-                    }
-                    let (accepted, epoch) = {
-                        let mut s = self.lock()?;
-                        s.on_api_read(&ApiRead {
-                            sent,
-                            intents,
-                            configuration: None,
-                        });
-                        let accepted: BTreeSet<(String, String)> =
-                            s.accepted().iter().map(|(n, u)| (n.clone(), u.clone())).collect();
-                        (accepted, s.epoch())
-                    };
-                    self.metrics.epoch.set(i64::try_from(epoch).unwrap_or(i64::MAX));
-                    // The acknowledged epoch is only ever raised: what it says stays true.
-                    if kept && (accepted != self.published.accepts || epoch > self.published.epoch) {
-                        for (node, _) in accepted.difference(&self.published.accepts) {
-                            tracing::info!(%node, "accepted the remediation of a peer: no more votes for it");
-                        }
-                        if epoch > self.published.epoch {
-                            tracing::info!(epoch, "adopted a membership epoch");
-                        }
-                        self.published.accepts = accepted;
-                        self.published.epoch = self.published.epoch.max(epoch);
-                        self.publisher.want(&self.published);
-                    }
-                }
-                Err(error) => {
-                    Metrics::count(&self.metrics.api_checks, "failed");
-                    if api_was_up {
-                        tracing::warn!(%error, "API check failed; asking the peers");
-                        api_was_up = false;
-                        self.probe_endpoint().await;
-                    }
-                    self.vote_round(&addresses).await?;
-                }
-            }
-            if let Some(why) = self.lock()?.fenced() {
-                tracing::warn!(reason = super::describe(why), "this node is fenced");
-            }
-            self.record_licence(&mut recorded)?;
-            if !kept {
-                kept = self.keep_recorded().await;
-            }
-            if kept && !announced {
-                self.publisher.want(&self.published);
-                announced = self
-                    .publisher
-                    .landed(&self.published, self.args.api_server_timeout)
-                    .await;
-                if announced {
-                    // Read the peers and the membership now, after the registration landed.
-                    peers_due = true;
-                    continue;
-                }
-            }
-            // Stopping only here, between rounds; the publisher's writes are stopped after this.
-            tokio::select! {
-                _ = tokio::time::sleep(self.args.api_check_interval) => {}
-                _ = remediation_changed.notified() => {
-                    // At most one early read a second: a burst of new remediations wakes every agent.
-                    tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
-                }
-                _ = membership_changed.notified() => {
-                    peers_due = true;
-                    tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
-                }
-                _ = stop.changed() => return Ok(()),
-            }
-        }
     }
 
     /// The uid of this agent's Node, its registration's owner.
@@ -308,22 +314,23 @@ impl Loop<'_> {
     /// A restarted agent keeps what its registration recorded (acceptances, acknowledged epoch):
     /// it refuses every vote until it has read the API, and that read shows it the same or
     /// newer, so the record stays true; clearing it would only make the manager count less.
-    /// Returns whether the registration could be read (absent counts): until then nothing is
-    /// written, lest an acknowledgement go down.
-    async fn keep_recorded(&mut self) -> bool {
+    /// `None` while the registration cannot be read; `Some(None)` when there is none.
+    async fn read_registration(&self) -> Option<Option<Record>> {
         let name = registration::lease_name(&self.args.node);
         let leases = Api::<Lease>::namespaced(self.clients.client.clone(), &self.args.namespace);
         match leases.get_opt(&name).await {
-            Ok(existing) => {
-                if let Some(recorded) = existing.as_ref().and_then(Published::from_lease) {
-                    self.published.accepts = recorded.accepts;
-                    self.published.epoch = recorded.epoch;
-                }
-                true
-            }
+            Ok(existing) => Some(
+                existing
+                    .as_ref()
+                    .and_then(Published::from_lease)
+                    .map(|recorded| Record {
+                        accepts: recorded.accepts,
+                        epoch: recorded.epoch,
+                    }),
+            ),
             Err(error) => {
                 tracing::debug!(%error, "cannot read this agent's registration yet");
-                false
+                None
             }
         }
     }
