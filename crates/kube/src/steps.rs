@@ -2,8 +2,8 @@
 //! operator's pure decision for one step, perform that step, write the status and publish the
 //! events the step returned as data; again, reading everything afresh, until a step says to wait.
 //!
-//! An operator supplies only its pieces ([`Operator`]): how it observes, how it decides, and how
-//! it performs a step. What a step leaves for afterwards ([`Outcome`]) runs in one fixed order:
+//! An operator supplies only its pieces ([`Operator`]): what it observes besides the object (which
+//! the runner reads afresh before every step), how it decides, and how it performs a step. What a step leaves for afterwards ([`Outcome`]) runs in one fixed order:
 //! the status edit, then the step's follow-up (work that must come after the status is written,
 //! such as deleting what the status records, or dropping in-memory state the status now holds),
 //! then the events. An event can be kept for when the status edit changed something, so a step
@@ -17,6 +17,7 @@ use kube::{Api, Resource, ResourceExt, core::object::HasStatus, runtime::control
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
+    CallContext,
     events::{Events, Note},
     status::{self, Edit},
 };
@@ -50,12 +51,8 @@ pub trait Operator: Send + Sync + 'static {
     /// The API the object is read and written through (namespaced or cluster-wide).
     fn api(&self, object: &Self::Object) -> Result<Api<Self::Object>, Self::Error>;
 
-    /// Reads the object afresh and what the decision needs; `None` when the object is gone.
-    fn observe(
-        &self,
-        api: &Api<Self::Object>,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Self::Observed>, Self::Error>> + Send;
+    /// Reads what the decision needs about `current`, the object as just read.
+    fn observe(&self, current: Self::Object) -> impl Future<Output = Result<Self::Observed, Self::Error>> + Send;
 
     /// The object as the observation read it: the status edit is computed from and locked to it.
     fn current(seen: &Self::Observed) -> &Self::Object;
@@ -181,9 +178,15 @@ pub async fn reconcile<O: Operator>(object: Arc<O::Object>, operator: Arc<O>) ->
     let api = operator.api(&object)?;
     let name = object.name_any();
     for _ in 0..O::STEPS {
-        let Some(seen) = operator.observe(&api, &name).await? else {
+        // Read afresh: the controller's copy may predate the last step's writes.
+        let Some(current) = api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading {}", status::describe(object.as_ref())))?
+        else {
             return Ok(Action::await_change());
         };
+        let seen = operator.observe(current).await?;
         let step = operator.decide(&seen);
         if !O::routine(&step) {
             tracing::info!(object = %status::describe(O::current(&seen)), ?step, "{} step", O::NAME);

@@ -263,15 +263,15 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         escalated.duration_since(failed_at) < jiff::SignedDuration::from_secs(15),
         "escalated {escalated} long after the failure {failed_at}"
     );
-    let snr = snr_for(&client, "node-1")
-        .await
-        .into_iter()
-        .next()
-        .expect("kept until the node is healthy");
-    assert!(
-        snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"),
-        "the failed remediation is told to stop"
-    );
+    // Kept until the node is healthy, and told to stop once the next one is created.
+    eventually("node-1's failed remediation told to stop", LONG, || async {
+        snr_for(&client, "node-1")
+            .await
+            .into_iter()
+            .next()
+            .filter(|snr| snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"))
+    })
+    .await;
 
     let first = eventually("node-2's SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
@@ -291,11 +291,16 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         waited >= jiff::SignedDuration::from_secs(60),
         "escalated after {waited:?}, before the 1m timeout"
     );
-    let snr = snr_for(&client, "node-2").await.into_iter().next().expect("kept");
-    assert!(
-        snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"),
-        "the timed-out remediation is told so"
-    );
+    // The annotation is written after the next remediation is created (the creations of one
+    // decision go first), so it is awaited rather than read once.
+    eventually("node-2's timed-out remediation told so", LONG, || async {
+        snr_for(&client, "node-2")
+            .await
+            .into_iter()
+            .next()
+            .filter(|snr| snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"))
+    })
+    .await;
     // The status write follows the create, so it is awaited rather than read once.
     let node2 = eventually("node-2 listed with both remediations", LONG, || async {
         nhc(&client, "escalating")

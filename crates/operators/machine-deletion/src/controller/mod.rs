@@ -61,8 +61,8 @@ impl steps::Operator for Context {
         Ok(Api::namespaced(self.client.clone(), &namespace))
     }
 
-    async fn observe(&self, api: &Api<MachineDeletionRemediation>, name: &str) -> Result<Option<observe::Observed>> {
-        observe::observe(api, name, self).await
+    async fn observe(&self, current: MachineDeletionRemediation) -> Result<observe::Observed> {
+        observe::observe(current, self).await
     }
 
     fn current(seen: &observe::Observed) -> &MachineDeletionRemediation {

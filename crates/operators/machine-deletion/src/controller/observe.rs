@@ -40,15 +40,7 @@ pub struct Observed {
     ),
 }
 
-/// `None` once the remediation is gone.
-pub async fn observe(api: &Api<MachineDeletionRemediation>, name: &str, ctx: &Context) -> Result<Option<Observed>> {
-    let Some(current) = api
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading MachineDeletionRemediation {name}"))?
-    else {
-        return Ok(None);
-    };
+pub async fn observe(current: MachineDeletionRemediation, ctx: &Context) -> Result<Observed> {
     let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let conditions = current
         .status
@@ -81,13 +73,14 @@ pub async fn observe(api: &Api<MachineDeletionRemediation>, name: &str, ctx: &Co
     } else if !facts.deleting && !facts.finished && !facts.timed_out_by_health_check {
         let (found, reference) = target(ctx, &current).await?;
         if let (Target::Found(Machine { owner: Some(owner), .. }), Some(reference)) = (&found, &reference) {
-            facts.turn_taken_by = turn_taken_by(api, &current, reference, owner).await?;
+            let api = Api::namespaced(ctx.client.clone(), &current.namespace().unwrap_or_default());
+            facts.turn_taken_by = turn_taken_by(&api, &current, reference, owner).await?;
         }
         facts.target = Some(found);
         seen.machine = reference;
     }
     seen.facts = facts;
-    Ok(Some(seen))
+    Ok(seen)
 }
 
 /// Another remediation in the namespace that deleted a Machine of the same owner and is not done

@@ -80,20 +80,7 @@ fn live_and_active(nm: &NodeMaintenance) -> bool {
     nm.metadata.deletion_timestamp.is_none() && phase(nm) != Phase::Failed
 }
 
-/// `None` once the NodeMaintenance is gone. Read afresh: the controller's copy may predate our
-/// own last write, and acting on it would only conflict.
-pub async fn observe(api: &Api<NodeMaintenance>, name: &str, ctx: &Context) -> Result<Option<Observed>> {
-    let Some(current) = api
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading NodeMaintenance {name}"))?
-    else {
-        return Ok(None);
-    };
-    read(ctx, current).await.map(Some)
-}
-
-async fn read(ctx: &Context, current: NodeMaintenance) -> Result<Observed> {
+pub async fn observe(ctx: &Context, current: NodeMaintenance) -> Result<Observed> {
     let nm = &current;
     let node_name = nm.spec.node_name.as_str();
     let node = Api::<Node>::all(ctx.client.clone())

@@ -47,8 +47,8 @@ impl nodemedic_kube::steps::Operator for Context {
         Ok(Api::all(self.client.clone()))
     }
 
-    async fn observe(&self, api: &Api<NodeMaintenance>, name: &str) -> Result<Option<Observed>> {
-        observe::observe(api, name, self).await
+    async fn observe(&self, current: NodeMaintenance) -> Result<Observed> {
+        observe::observe(self, current).await
     }
 
     fn current(seen: &Observed) -> &NodeMaintenance {

@@ -65,8 +65,8 @@ impl steps::Operator for Context {
         Ok(Api::namespaced(self.client.clone(), &namespace))
     }
 
-    async fn observe(&self, api: &Api<FenceAgentsRemediation>, name: &str) -> Result<Option<Seen>> {
-        observe::observe(api, name, self).await
+    async fn observe(&self, current: FenceAgentsRemediation) -> Result<Seen> {
+        observe::observe(current, self).await
     }
 
     fn current(seen: &Seen) -> &FenceAgentsRemediation {

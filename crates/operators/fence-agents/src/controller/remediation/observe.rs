@@ -30,15 +30,7 @@ pub struct Observed {
     pub facts: Facts,
 }
 
-/// `None` once the remediation is gone.
-pub async fn observe(api: &Api<FenceAgentsRemediation>, name: &str, ctx: &Context) -> Result<Option<Seen>> {
-    let Some(current) = api
-        .get_opt(name)
-        .await
-        .with_context(|| format!("reading FenceAgentsRemediation {name}"))?
-    else {
-        return Ok(None);
-    };
+pub async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> Result<Seen> {
     let namespace = current.namespace().unwrap_or_default();
     let Some(node) = node_name(&current) else {
         let settled = current.metadata.deletion_timestamp.is_some() || current_step(&current).finished();
@@ -47,10 +39,10 @@ pub async fn observe(api: &Api<FenceAgentsRemediation>, name: &str, ctx: &Contex
         } else {
             Some(machine_nodes::resolve_node(&ctx.client, &current.metadata).await?)
         };
-        return Ok(Some(Seen::Unresolved {
+        return Ok(Seen::Unresolved {
             current: Box::new(current),
             resolved,
-        }));
+        });
     };
     let uid = current.uid().unwrap_or_default();
     let step = current_step(&current);
@@ -92,7 +84,7 @@ pub async fn observe(api: &Api<FenceAgentsRemediation>, name: &str, ctx: &Contex
         pods_left: pods.len(),
         attachments_left: attachments.len(),
     };
-    Ok(Some(Seen::Fencing(Box::new(Observed {
+    Ok(Seen::Fencing(Box::new(Observed {
         current,
         node,
         uid,
@@ -100,7 +92,7 @@ pub async fn observe(api: &Api<FenceAgentsRemediation>, name: &str, ctx: &Contex
         pods,
         attachments,
         facts,
-    }))))
+    })))
 }
 
 /// The node-name annotation, else the CR's name (medik8s), except for a Machine-owned remediation

@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{Api, Client, ResourceExt};
 use nodemedic_api::self_remediation::SelfNodeRemediation;
 use nodemedic_kube::{
-    CallContext,
     events::Events,
     machines::{self, Resolved},
     steps::{self, Outcome},
@@ -117,23 +116,16 @@ impl steps::Operator for Context {
         ))
     }
 
-    async fn observe(&self, api: &Api<SelfNodeRemediation>, name: &str) -> Result<Option<Seen>> {
-        let Some(current) = api
-            .get_opt(name)
-            .await
-            .with_context(|| format!("reading SelfNodeRemediation {name}"))?
-        else {
-            return Ok(None);
-        };
+    async fn observe(&self, current: SelfNodeRemediation) -> Result<Seen> {
         if crate::remediation_object::node_of(&current).is_none() {
             let resolved = match current.metadata.deletion_timestamp {
                 Some(_) => None,
                 None => Some(machines::resolve_node(&self.client, &current.metadata).await?),
             };
-            return Ok(Some(Seen::Unresolved { current, resolved }));
+            return Ok(Seen::Unresolved { current, resolved });
         }
         let observed = Box::new(observe::observe(&current, self).await?);
-        Ok(Some(Seen::Remediating { current, observed }))
+        Ok(Seen::Remediating { current, observed })
     }
 
     fn current(seen: &Seen) -> &SelfNodeRemediation {
