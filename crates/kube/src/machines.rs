@@ -53,6 +53,39 @@ impl Resolved {
     }
 }
 
+/// What a remediation that names no node yet (one a MachineHealthCheck created, named after its
+/// Machine) does before its own steps, once its Machine is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Nothing to resolve: the remediation is being deleted or has finished.
+    Settled,
+    /// Record the Machine's node on the remediation; the next observation remediates it.
+    RecordNode(String),
+    /// The Machine names no node, for this reason: nothing to remediate.
+    NoNode(String),
+}
+
+impl From<Resolved> for Resolution {
+    fn from(resolved: Resolved) -> Self {
+        match resolved {
+            Resolved::Node(node) => Self::RecordNode(node),
+            unresolved => Self::NoNode(unresolved.why_no_node().unwrap_or_default()),
+        }
+    }
+}
+
+/// Reads the Machine of a remediation that names no node, unless it is `settled`.
+pub async fn resolution(
+    client: &Client,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    settled: bool,
+) -> Result<Resolution> {
+    if settled || meta.deletion_timestamp.is_some() {
+        return Ok(Resolution::Settled);
+    }
+    Ok(resolve_node(client, meta).await?.into())
+}
+
 pub async fn resolve_node(
     client: &Client,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -81,5 +114,35 @@ where
     api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .with_context(|| format!("recording node {node} on {} {}", K::kind(&()), object.name_any()))?;
+    tracing::info!(remediation = %object.name_any(), %node, "node of the owning Machine recorded");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use nodemedic_api::machines::{MachineApi, MachineRef};
+
+    use super::*;
+
+    #[test]
+    fn a_machine_named_remediation_records_its_node_or_says_why_there_is_none() {
+        assert_eq!(
+            Resolution::from(Resolved::Node("w1".into())),
+            Resolution::RecordNode("w1".into())
+        );
+        let machine = MachineRef {
+            api: MachineApi::ClusterApi,
+            version: "v1beta2".into(),
+            namespace: "ns".into(),
+            name: "m1".into(),
+        };
+        let Resolution::NoNode(why) = Resolution::from(Resolved::MachineNotFound(machine.clone())) else {
+            panic!("a missing Machine has no node");
+        };
+        assert!(why.contains("ns/m1") && why.contains("does not exist"), "{why}");
+        let Resolution::NoNode(why) = Resolution::from(Resolved::MachineWithoutNode(machine)) else {
+            panic!("a Machine still provisioning has no node");
+        };
+        assert!(why.contains("no node yet"), "{why}");
+    }
 }

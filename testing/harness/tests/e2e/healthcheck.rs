@@ -45,6 +45,20 @@ async fn phase_is(client: &Client, name: &str, phase: NodeHealthCheckPhase) {
     .await
 }
 
+/// Waits until the node's self remediation carries the annotation that tells it its check timed
+/// out: written after the next remediation is created (the creations of one decision go first),
+/// so awaited rather than read once.
+async fn told_timed_out(client: &Client, node: &str) {
+    eventually(&format!("{node}'s timed-out remediation told so"), LONG, || async {
+        snr_for(client, node)
+            .await
+            .into_iter()
+            .next()
+            .filter(|snr| snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"))
+    })
+    .await;
+}
+
 async fn snr_for(client: &Client, node: &str) -> Vec<SelfNodeRemediation> {
     list::<SelfNodeRemediation>(client, NS)
         .await
@@ -264,14 +278,7 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         "escalated {escalated} long after the failure {failed_at}"
     );
     // Kept until the node is healthy, and told to stop once the next one is created.
-    eventually("node-1's failed remediation told to stop", LONG, || async {
-        snr_for(&client, "node-1")
-            .await
-            .into_iter()
-            .next()
-            .filter(|snr| snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"))
-    })
-    .await;
+    told_timed_out(&client, "node-1").await;
 
     let first = eventually("node-2's SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
@@ -291,16 +298,7 @@ async fn escalation_moves_on_when_a_remediation_fails_or_times_out() {
         waited >= jiff::SignedDuration::from_secs(60),
         "escalated after {waited:?}, before the 1m timeout"
     );
-    // The annotation is written after the next remediation is created (the creations of one
-    // decision go first), so it is awaited rather than read once.
-    eventually("node-2's timed-out remediation told so", LONG, || async {
-        snr_for(&client, "node-2")
-            .await
-            .into_iter()
-            .next()
-            .filter(|snr| snr.annotations().contains_key("remediation.medik8s.io/nhc-timed-out"))
-    })
-    .await;
+    told_timed_out(&client, "node-2").await;
     // The status write follows the create, so it is awaited rather than read once.
     let node2 = eventually("node-2 listed with both remediations", LONG, || async {
         nhc(&client, "escalating")

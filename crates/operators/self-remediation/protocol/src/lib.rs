@@ -5,6 +5,8 @@
 //! debug builds (the model checker explores millions of states), not the operator around it.
 
 pub mod agent;
+#[cfg(test)]
+mod explore;
 pub mod manager;
 pub mod membership;
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! node 0 ran when its remediation was created is dead.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet},
     time::Duration,
 };
 
@@ -611,25 +611,7 @@ fn describe(s: &State) -> String {
 
 /// Explores every reachable state; returns the number explored, or the first violation.
 fn explore(k: Knobs) -> Result<usize, String> {
-    use std::hash::{Hash, Hasher};
-    let fingerprint = |s: &State| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        s.hash(&mut h);
-        h.finish()
-    };
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut stack = vec![initial(&k)];
-    while let Some(s) = stack.pop() {
-        if !seen.insert(fingerprint(&s)) {
-            continue;
-        }
-        for x in successors(&s, &k)? {
-            if !seen.contains(&fingerprint(&x)) {
-                stack.push(x);
-            }
-        }
-    }
-    Ok(seen.len())
+    crate::explore::explore(initial(&k), |_| Ok(()), |s| successors(s, &k))
 }
 
 fn strict(others: usize) -> usize {

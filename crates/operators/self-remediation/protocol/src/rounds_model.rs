@@ -9,7 +9,7 @@
 //! - an agent holds a configuration only after its registration saying it is armed landed;
 //! - no agent process can grant a vote in an epoch older than its registration acknowledges.
 
-use std::{collections::HashSet, time::Duration};
+use std::time::Duration;
 
 use super::{
     Tick,
@@ -291,26 +291,7 @@ fn check(s: &State) -> Result<(), String> {
 
 /// Explores every reachable state; returns how many, or the first violation.
 fn explore(broken: Broken) -> Result<usize, String> {
-    use std::hash::{Hash, Hasher};
-    let fingerprint = |s: &State| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        s.hash(&mut h);
-        h.finish()
-    };
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut stack = vec![initial(broken)];
-    while let Some(s) = stack.pop() {
-        if !seen.insert(fingerprint(&s)) {
-            continue;
-        }
-        check(&s)?;
-        for x in successors(&s)? {
-            if !seen.contains(&fingerprint(&x)) {
-                stack.push(x);
-            }
-        }
-    }
-    Ok(seen.len())
+    crate::explore::explore(initial(broken), check, successors)
 }
 
 #[test]

@@ -3,20 +3,13 @@
 
 use kube::ResourceExt;
 use nodemedic_api::fence_agents::FenceAgentsRemediation;
-use nodemedic_kube::{events::Note, machines, steps::Outcome};
+use nodemedic_kube::{events::Note, steps::Outcome};
 
 use super::{
     super::{Context, status::set_failed},
     observe::current_step,
 };
-use crate::{Result, decide::fencing::FailureReason};
-
-/// Records the Machine's node on the remediation; the next observation fences it.
-pub async fn record<'a>(far: &FenceAgentsRemediation, node: String, ctx: &'a Context) -> Result<Outcome<'a, Context>> {
-    machines::record_node(&ctx.client, far, &node).await?;
-    tracing::info!(remediation = %far.name_any(), %node, "node of the owning Machine recorded");
-    Ok(Outcome::again())
-}
+use crate::decide::fencing::FailureReason;
 
 /// The Machine names no node: the remediation ends (NodeNotFound), said once.
 pub fn no_node<'a>(far: &FenceAgentsRemediation, why: String, ctx: &'a Context) -> Outcome<'a, Context> {

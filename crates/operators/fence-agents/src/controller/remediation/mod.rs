@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use nodemedic_api::fence_agents::FenceAgentsRemediation;
 use nodemedic_kube::{
     events::Events,
-    machines::Resolved,
+    machines::Resolution,
     steps::{self, Outcome},
 };
 
@@ -27,28 +27,16 @@ pub enum Seen {
     /// (being deleted, or finished).
     Unresolved {
         current: Box<FenceAgentsRemediation>,
-        resolved: Option<Resolved>,
+        resolution: Resolution,
     },
     Fencing(Box<observe::Observed>),
 }
 
 #[derive(Debug)]
 pub enum Step {
-    /// Record the Machine's node on the remediation, then fence it.
-    RecordNode(String),
-    /// The Machine names no node: nothing to fence (NodeNotFound).
-    NoNode(String),
-    Idle,
+    /// A Machine-named remediation's node: record it, then fence it, or say there is none.
+    Resolve(Resolution),
     Fence(Decision),
-}
-
-/// A Machine-named remediation's first step, over what resolving its Machine gave.
-fn resolution_step(resolved: Option<&Resolved>) -> Step {
-    match resolved {
-        None => Step::Idle,
-        Some(Resolved::Node(node)) => Step::RecordNode(node.clone()),
-        Some(unresolved) => Step::NoNode(unresolved.why_no_node().unwrap_or_default()),
-    }
 }
 
 impl steps::Operator for Context {
@@ -78,13 +66,16 @@ impl steps::Operator for Context {
 
     fn decide(&self, seen: &Seen) -> Step {
         match seen {
-            Seen::Unresolved { resolved, .. } => resolution_step(resolved.as_ref()),
+            Seen::Unresolved { resolution, .. } => Step::Resolve(resolution.clone()),
             Seen::Fencing(observed) => Step::Fence(fencing::next(&observed.facts)),
         }
     }
 
     fn routine(step: &Step) -> bool {
-        matches!(step, Step::Idle | Step::Fence(Decision::Idle | Decision::AwaitRun))
+        matches!(
+            step,
+            Step::Resolve(Resolution::Settled) | Step::Fence(Decision::Idle | Decision::AwaitRun)
+        )
     }
 
     async fn perform<'a>(
@@ -95,8 +86,13 @@ impl steps::Operator for Context {
     ) -> Result<Outcome<'a, Self>> {
         match (step, seen) {
             (Step::Fence(decision), Seen::Fencing(observed)) => perform::perform(decision, observed, api, self).await,
-            (Step::RecordNode(node), Seen::Unresolved { current, .. }) => machine::record(current, node, self).await,
-            (Step::NoNode(why), Seen::Unresolved { current, .. }) => Ok(machine::no_node(current, why, self)),
+            (Step::Resolve(Resolution::RecordNode(node)), Seen::Unresolved { current, .. }) => {
+                nodemedic_kube::machines::record_node(&self.client, current.as_ref(), &node).await?;
+                Ok(Outcome::again())
+            }
+            (Step::Resolve(Resolution::NoNode(why)), Seen::Unresolved { current, .. }) => {
+                Ok(machine::no_node(current, why, self))
+            }
             _ => Ok(Outcome::await_change()),
         }
     }
@@ -107,31 +103,5 @@ impl steps::Operator for Context {
 
     fn count_error(&self, error: &Error) {
         self.metrics.error(error.kind());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use nodemedic_api::machines::{MachineApi, MachineRef};
-
-    use super::*;
-
-    #[test]
-    fn a_machine_named_remediation_records_its_node_or_says_why_there_is_none() {
-        assert!(matches!(resolution_step(None), Step::Idle));
-        assert!(matches!(
-            resolution_step(Some(&Resolved::Node("w1".into()))),
-            Step::RecordNode(node) if node == "w1"
-        ));
-        let machine = MachineRef {
-            api: MachineApi::ClusterApi,
-            version: "v1beta2".into(),
-            namespace: "ns".into(),
-            name: "m1".into(),
-        };
-        assert!(matches!(
-            resolution_step(Some(&Resolved::MachineNotFound(machine))),
-            Step::NoNode(why) if why.contains("ns/m1")
-        ));
     }
 }

@@ -33,15 +33,11 @@ pub struct Observed {
 pub async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> Result<Seen> {
     let namespace = current.namespace().unwrap_or_default();
     let Some(node) = node_name(&current) else {
-        let settled = current.metadata.deletion_timestamp.is_some() || current_step(&current).finished();
-        let resolved = if settled {
-            None
-        } else {
-            Some(machine_nodes::resolve_node(&ctx.client, &current.metadata).await?)
-        };
+        let settled = current_step(&current).finished();
+        let resolution = machine_nodes::resolution(&ctx.client, &current.metadata, settled).await?;
         return Ok(Seen::Unresolved {
             current: Box::new(current),
-            resolved,
+            resolution,
         });
     };
     let uid = current.uid().unwrap_or_default();

@@ -15,7 +15,7 @@ use kube::{Api, Client, ResourceExt};
 use nodemedic_api::self_remediation::SelfNodeRemediation;
 use nodemedic_kube::{
     events::Events,
-    machines::{self, Resolved},
+    machines::{self, Resolution},
     steps::{self, Outcome},
 };
 
@@ -72,7 +72,7 @@ pub enum Seen {
     /// Named after its Machine and its node not yet recorded; `None` while being deleted.
     Unresolved {
         current: SelfNodeRemediation,
-        resolved: Option<Resolved>,
+        resolution: Resolution,
     },
     Remediating {
         current: SelfNodeRemediation,
@@ -82,21 +82,9 @@ pub enum Seen {
 
 #[derive(Debug)]
 pub enum Act {
-    /// Record the Machine's node on the remediation, then remediate it.
-    RecordNode(String),
-    /// The Machine names no node: nothing to fence, said the way a missing node is.
-    NoNode(String),
-    Idle,
+    /// A Machine-named remediation's node: record it, then remediate it, or say there is none.
+    Resolve(Resolution),
     Remediate(Step),
-}
-
-/// A Machine-named remediation's first step, over what resolving its Machine gave.
-fn resolution_step(resolved: Option<&Resolved>) -> Act {
-    match resolved {
-        None => Act::Idle,
-        Some(Resolved::Node(node)) => Act::RecordNode(node.clone()),
-        Some(unresolved) => Act::NoNode(unresolved.why_no_node().unwrap_or_default()),
-    }
 }
 
 impl steps::Operator for Context {
@@ -118,11 +106,8 @@ impl steps::Operator for Context {
 
     async fn observe(&self, current: SelfNodeRemediation) -> Result<Seen> {
         if crate::remediation_object::node_of(&current).is_none() {
-            let resolved = match current.metadata.deletion_timestamp {
-                Some(_) => None,
-                None => Some(machines::resolve_node(&self.client, &current.metadata).await?),
-            };
-            return Ok(Seen::Unresolved { current, resolved });
+            let resolution = machines::resolution(&self.client, &current.metadata, false).await?;
+            return Ok(Seen::Unresolved { current, resolution });
         }
         let observed = Box::new(observe::observe(&current, self).await?);
         Ok(Seen::Remediating { current, observed })
@@ -136,16 +121,15 @@ impl steps::Operator for Context {
 
     fn decide(&self, seen: &Seen) -> Act {
         match seen {
-            Seen::Unresolved { resolved, .. } => resolution_step(resolved.as_ref()),
+            Seen::Unresolved { resolution, .. } => Act::Resolve(resolution.clone()),
             Seen::Remediating { observed, .. } => Act::Remediate(decide::next(&observed.facts)),
         }
     }
 
     fn routine(act: &Act) -> bool {
         match act {
-            Act::Idle => true,
+            Act::Resolve(resolution) => *resolution == Resolution::Settled,
             Act::Remediate(step) => routine_step(step),
-            Act::RecordNode(_) | Act::NoNode(_) => false,
         }
     }
 
@@ -162,12 +146,11 @@ impl steps::Operator for Context {
                 }
                 perform::perform(step, current, observed, api, self).await
             }
-            (Act::RecordNode(node), Seen::Unresolved { current, .. }) => {
+            (Act::Resolve(Resolution::RecordNode(node)), Seen::Unresolved { current, .. }) => {
                 machines::record_node(&self.client, current, &node).await?;
-                tracing::info!(remediation = %current.name_any(), %node, "node of the owning Machine recorded");
                 Ok(Outcome::again())
             }
-            (Act::NoNode(why), Seen::Unresolved { .. }) => Ok(perform::no_node(why)),
+            (Act::Resolve(Resolution::NoNode(why)), Seen::Unresolved { .. }) => Ok(perform::no_node(why)),
             _ => Ok(Outcome::await_change()),
         }
     }
@@ -187,19 +170,5 @@ impl steps::Operator for Context {
                 result: error.kind().to_owned(),
             })
             .inc();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_machine_named_remediation_records_its_node_and_waits_while_deleted() {
-        assert!(matches!(resolution_step(None), Act::Idle));
-        assert!(matches!(
-            resolution_step(Some(&Resolved::Node("w1".into()))),
-            Act::RecordNode(node) if node == "w1"
-        ));
     }
 }
