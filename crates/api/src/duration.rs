@@ -9,9 +9,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 /// The pattern medik8s puts on its non-negative durations.
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+pub(crate) const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
 /// The same, allowing a leading minus (only `healthyDelay` uses it).
-pub const SIGNED_DURATION_PATTERN: &str = r"^-?([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+pub(crate) const SIGNED_DURATION_PATTERN: &str = r"^-?([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not a duration: {why}; write it like 300s, 1m30s or 1.5h")]
@@ -21,7 +21,7 @@ pub struct DurationError {
 }
 
 /// Parses a Go duration into whole nanoseconds, keeping its sign.
-pub fn parse_go_duration(text: &str) -> Result<i128, DurationError> {
+pub(crate) fn parse_go_duration(text: &str) -> Result<i128, DurationError> {
     let err = |why| DurationError {
         text: text.to_owned(),
         why,
@@ -83,7 +83,7 @@ pub fn parse_go_duration(text: &str) -> Result<i128, DurationError> {
 }
 
 /// Formats a duration the way Go's `time.Duration.String()` does for whole milliseconds and up.
-pub fn format_go_duration(d: Duration) -> String {
+pub(crate) fn format_go_duration(d: Duration) -> String {
     let total_ms = d.as_millis();
     if total_ms == 0 {
         return "0s".into();

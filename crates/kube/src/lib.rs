@@ -5,13 +5,13 @@
 pub mod admission;
 pub mod client;
 pub mod conditions;
-pub mod context;
+pub(crate) mod context;
 pub mod events;
 pub mod finalizers;
 pub mod leader;
 pub mod logging;
 pub mod machines;
-pub mod merge_patch;
+pub(crate) mod merge_patch;
 pub mod metrics_server;
 pub mod node_lease;
 pub mod paged;

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// `after` as a merge patch over `before`, with `null` for each top-level field `after` dropped.
-pub fn replacing<T: Serialize>(before: &T, after: &T) -> Value {
+pub(crate) fn replacing<T: Serialize>(before: &T, after: &T) -> Value {
     let before = serde_json::to_value(before).unwrap_or(Value::Null);
     let mut after = serde_json::to_value(after).unwrap_or(Value::Null);
     if let (Value::Object(old), Value::Object(new)) = (&before, &mut after) {

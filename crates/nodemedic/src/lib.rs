@@ -4,4 +4,4 @@
 
 pub mod agent;
 pub mod controller;
-pub mod process;
+pub(crate) mod process;

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-pub fn run<E>(log_json: bool, work: impl Future<Output = Result<(), E>>) -> anyhow::Result<()>
+pub(crate) fn run<E>(log_json: bool, work: impl Future<Output = Result<(), E>>) -> anyhow::Result<()>
 where
     anyhow::Error: From<E>,
 {

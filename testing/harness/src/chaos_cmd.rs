@@ -18,7 +18,7 @@ use nodemedic_harness::{
 use serde_json::json;
 
 #[derive(Args, Debug)]
-pub struct ChaosArgs {
+pub(crate) struct ChaosArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(long, default_value_t = 200)]
@@ -36,6 +36,10 @@ pub struct ChaosArgs {
     /// Where the JSON and markdown reports go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
+    /// Draw plans as this plan version did (1 to the latest, the default): what a seed draws
+    /// changes only with a new version, and every report names the version it ran.
+    #[arg(long, default_value_t = chaos::plan::PLAN_VERSION, value_parser = clap::value_parser!(u32).range(1..=i64::from(chaos::plan::PLAN_VERSION)))]
+    pub plan_version: u32,
     /// Print the trials' plans (JSON lines) and run nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -67,13 +71,16 @@ fn trial_indices(args: &ChaosArgs) -> anyhow::Result<Vec<usize>> {
     })
 }
 
-pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: ChaosArgs) -> anyhow::Result<()> {
     crate::interruptible::run(campaign(args))
 }
 
 async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let options = Options { nodes: args.nodes };
+    let options = Options {
+        nodes: args.nodes,
+        version: args.plan_version,
+    };
     let indices = trial_indices(&args)?;
     if args.dry_run {
         let plans: Vec<_> = indices
@@ -145,6 +152,7 @@ fn write_report(
     let json_path = args.out.join(format!("chaos-{stamp}.json"));
     let report = json!({
         "seed": args.seed,
+        "planVersion": args.plan_version,
         "nodes": args.nodes,
         "peerDetection": args.peer_detection,
         "machine": machine,

@@ -20,7 +20,7 @@ use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, Timings, witness};
 use serde_json::json;
 
 #[derive(Args, Debug)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Fence through each node's Redfish BMC with the fence agents, instead of self remediation;
     /// the agents' peer failure detector tells the health check a node is gone in seconds.
     #[arg(long)]
@@ -34,7 +34,7 @@ pub struct DemoArgs {
     pub report_dir: PathBuf,
 }
 
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: DemoArgs) -> anyhow::Result<()> {
     crate::interruptible::run(demo(&args))
 }
 

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 /// Runs `work` on a two-worker runtime until it ends or the process is interrupted.
-pub fn run<F>(work: F) -> anyhow::Result<()>
+pub(crate) fn run<F>(work: F) -> anyhow::Result<()>
 where
     F: Future<Output = anyhow::Result<()>>,
 {

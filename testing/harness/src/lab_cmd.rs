@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use nodemedic_harness::scenario::{self, NS};
-use nodemedic_lab::{Lab, LabConfig, NodeSpec, Timings};
+use nodemedic_lab::{Fault, Lab, LabConfig, NodeSpec, Timings};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt},
@@ -25,7 +25,7 @@ fn socket_path() -> PathBuf {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum LabCommand {
+pub(crate) enum LabCommand {
     /// Start a lab in the background and print how to reach it.
     Up(UpArgs),
     /// Stop the lab and remove everything it made.
@@ -41,53 +41,23 @@ pub enum LabCommand {
         #[arg(long, default_value_t = 60)]
         lines: usize,
     },
-    /// Power a node off and leave it off.
-    Crash {
-        node: String,
-    },
-    /// Power-cycle a node.
-    Reset {
-        node: String,
-    },
-    PowerOff {
-        node: String,
-    },
-    PowerOn {
-        node: String,
-    },
-    /// Stop every process of a node (SIGSTOP).
-    Freeze {
-        node: String,
-    },
-    Thaw {
-        node: String,
-    },
-    /// Cut these nodes from everything except each other.
-    Partition {
-        nodes: Vec<String>,
-    },
-    /// Drop only the node's traffic to the API server.
-    IsolateFromApi {
-        node: String,
-    },
-    /// Undo a partition or isolation of a node.
-    Heal {
-        node: String,
-    },
-    StopApiserver,
-    StartApiserver,
-    RestartEtcd,
     /// Restart a process the lab runs (e.g. kube-scheduler, node-1/kwok).
-    Restart {
-        process: String,
+    Restart { process: String },
+    /// Undo a fault: `undo crash node-1` powers node-1 on, `undo partition node-1 node-2` heals
+    /// both, `undo stop-etcd` starts etcd.
+    Undo {
+        #[command(subcommand)]
+        fault: Fault,
     },
+    #[command(flatten)]
+    Inject(Fault),
     /// Runs the lab in the foreground (what `up` starts).
     #[command(hide = true)]
     Serve(UpArgs),
 }
 
 #[derive(Args, Debug, Clone, Serialize, Deserialize)]
-pub struct UpArgs {
+pub(crate) struct UpArgs {
     /// Number of nodes; each is control-plane and worker unless --workers.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
@@ -140,18 +110,8 @@ enum Request {
     Timeline,
     Logs { process: String, lines: usize },
     Down,
-    Crash { node: String },
-    Reset { node: String },
-    PowerOff { node: String },
-    PowerOn { node: String },
-    Freeze { node: String },
-    Thaw { node: String },
-    Partition { nodes: Vec<String> },
-    IsolateFromApi { node: String },
-    Heal { node: String },
-    StopApiserver,
-    StartApiserver,
-    RestartEtcd,
+    Inject { fault: Fault },
+    Undo { fault: Fault },
     Restart { process: String },
 }
 
@@ -161,7 +121,7 @@ struct Response {
     text: String,
 }
 
-pub fn run(command: LabCommand) -> anyhow::Result<()> {
+pub(crate) fn run(command: LabCommand) -> anyhow::Result<()> {
     let request = match command {
         LabCommand::Up(args) => return up(&args),
         LabCommand::Serve(args) => return serve(args),
@@ -169,18 +129,8 @@ pub fn run(command: LabCommand) -> anyhow::Result<()> {
         LabCommand::Status => Request::Status,
         LabCommand::Timeline => Request::Timeline,
         LabCommand::Logs { process, lines } => Request::Logs { process, lines },
-        LabCommand::Crash { node } => Request::Crash { node },
-        LabCommand::Reset { node } => Request::Reset { node },
-        LabCommand::PowerOff { node } => Request::PowerOff { node },
-        LabCommand::PowerOn { node } => Request::PowerOn { node },
-        LabCommand::Freeze { node } => Request::Freeze { node },
-        LabCommand::Thaw { node } => Request::Thaw { node },
-        LabCommand::Partition { nodes } => Request::Partition { nodes },
-        LabCommand::IsolateFromApi { node } => Request::IsolateFromApi { node },
-        LabCommand::Heal { node } => Request::Heal { node },
-        LabCommand::StopApiserver => Request::StopApiserver,
-        LabCommand::StartApiserver => Request::StartApiserver,
-        LabCommand::RestartEtcd => Request::RestartEtcd,
+        LabCommand::Inject(fault) => Request::Inject { fault },
+        LabCommand::Undo { fault } => Request::Undo { fault },
         LabCommand::Restart { process } => Request::Restart { process },
     };
     let down = matches!(request, Request::Down);
@@ -311,7 +261,7 @@ fn next_steps(args: &UpArgs, kubeconfig: &str, kubectl: &str) -> String {
 ",
         );
     }
-    out.push_str("  nodemedic-lab status | crash | freeze | partition | heal | ... (nodemedic-lab --help)\n  nodemedic-lab down\n");
+    out.push_str("  nodemedic-lab status | crash | freeze | partition | slow-links | fill-disk | stop-etcd | hang-bmc | ... (nodemedic-lab --help)\n  nodemedic-lab undo <fault>                              # e.g. undo partition node-1\n  nodemedic-lab down\n");
     out
 }
 
@@ -391,21 +341,8 @@ async fn handle(lab: &Lab, request: Request) -> Response {
         }
         Request::Logs { process, lines } => return logs(lab, &process, lines),
         Request::Down => Ok(()),
-        Request::Crash { node } => lab.crash(&node).await,
-        Request::Reset { node } => lab.reset(&node).await,
-        Request::PowerOff { node } => lab.power_off(&node).await,
-        Request::PowerOn { node } => lab.power_on(&node).await,
-        Request::Freeze { node } => lab.freeze(&node).await,
-        Request::Thaw { node } => lab.thaw(&node).await,
-        Request::Partition { nodes } => {
-            lab.partition(&nodes.iter().map(String::as_str).collect::<Vec<_>>())
-                .await
-        }
-        Request::IsolateFromApi { node } => lab.isolate_from_api(&node).await,
-        Request::Heal { node } => lab.heal(&node).await,
-        Request::StopApiserver => lab.stop_apiserver().await,
-        Request::StartApiserver => lab.start_apiserver().await,
-        Request::RestartEtcd => lab.restart_etcd().await,
+        Request::Inject { fault } => lab.inject(&fault).await,
+        Request::Undo { fault } => lab.undo(&fault).await,
         Request::Restart { process } => lab.restart_process(&process),
     };
     match result {
@@ -458,13 +395,14 @@ async fn status(lab: &Lab) -> String {
         .map(|l| l.items)
         .unwrap_or_default();
     let mut out = format!(
-        "lab {} - kubeconfig {}\n{:<10} {:<8} {:<8} {:<12} {:<10} {}\n",
+        "lab {} - kubeconfig {}\n{:<10} {:<8} {:<8} {:<12} {:<6} {:<10} {}\n",
         lab.id(),
         lab.kubeconfig().display(),
         "NODE",
         "POWER",
         "FROZEN",
         "NETWORK",
+        "DISK",
         "READY",
         "IP"
     );
@@ -493,9 +431,10 @@ async fn status(lab: &Lab) -> String {
         let ip = lab.node_ip(&name).map(|i| i.to_string()).unwrap_or_default();
         let bmc = lab.bmc(&name).map(|b| format!(" bmc {}", b.ip)).unwrap_or_default();
         out.push_str(&format!(
-            "{name:<10} {:<8} {:<8} {network:<12} {ready:<10} {ip}{bmc}\n",
+            "{name:<10} {:<8} {:<8} {network:<12} {:<6} {ready:<10} {ip}{bmc}\n",
             if c.powered { "on" } else { "off" },
-            c.frozen
+            c.frozen,
+            if c.disk_full { "full" } else { "ok" }
         ));
     }
     out

@@ -17,7 +17,7 @@ pub fn version(name: &str) -> &'static str {
         .unwrap_or("unknown")
 }
 
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     std::env::var_os("NODEMEDIC_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -111,7 +111,7 @@ impl Binaries {
 }
 
 /// A tool the lab shells out to (`ip`, `nft`), with the same clear error when it is missing.
-pub fn tool(name: &str) -> Result<PathBuf> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf> {
     ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
         .iter()
         .map(|d| Path::new(d).join(name))

@@ -6,11 +6,11 @@ use std::{io::Write, process::Command};
 use crate::{Error, Result};
 
 /// Runs `program args...`; returns stdout, or an error carrying stderr.
-pub fn run(program: &str, args: &[&str]) -> Result<String> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String> {
     run_with_stdin(program, args, None)
 }
 
-pub fn run_with_stdin(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+pub(crate) fn run_with_stdin(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
     let command = format!("{program} {}", args.join(" "));
     let mut child = Command::new(program)
         .args(args)
@@ -47,7 +47,7 @@ pub fn run_with_stdin(program: &str, args: &[&str], stdin: Option<&str>) -> Resu
 }
 
 /// Best effort, for teardown: failures are logged, not returned.
-pub fn run_quietly(program: &str, args: &[&str]) {
+pub(crate) fn run_quietly(program: &str, args: &[&str]) {
     if let Err(error) = run(program, args) {
         tracing::debug!(%error, "teardown step failed");
     }

@@ -75,7 +75,7 @@ pub(crate) struct Containers {
 }
 
 impl Containers {
-    pub fn new(shm: &Path, lab_id: &str) -> Self {
+    pub(crate) fn new(shm: &Path, lab_id: &str) -> Self {
         Self {
             root: shm.join("containers"),
             lab_id: lab_id.to_owned(),
@@ -88,7 +88,7 @@ impl Containers {
 
     /// The process that runs `spec` as container `name` (`controller`, `node-1/agent`), in the
     /// network namespace `spec.network` names, or the host's.
-    pub fn process(&self, name: &str, spec: &ContainerSpec) -> Result<ProcessSpec> {
+    pub(crate) fn process(&self, name: &str, spec: &ContainerSpec) -> Result<ProcessSpec> {
         let (state, id, bundle) = self.prepare(name, spec)?;
         // The container's init starts a session of its own, out of reach of a kill of runc's
         // process group: a kill of the process deletes the container too.
@@ -116,7 +116,7 @@ impl Containers {
     }
 
     /// Runs `spec` to completion as container `name` on the host; returns its output.
-    pub fn run(&self, name: &str, spec: &ContainerSpec) -> Result<String> {
+    pub(crate) fn run(&self, name: &str, spec: &ContainerSpec) -> Result<String> {
         let (state, id, bundle) = self.prepare(name, spec)?;
         cmd::run_quietly("runc", &["--root", &state, "delete", "--force", &id]);
         let output = cmd::run("runc", &["--root", &state, "run", "--bundle", &bundle, &id]);
@@ -184,7 +184,7 @@ impl Containers {
     }
 
     /// Stops and deletes every container of the lab (teardown; best effort).
-    pub fn remove_all(&self) {
+    pub(crate) fn remove_all(&self) {
         let state = self.state();
         let Ok(entries) = std::fs::read_dir(&state) else { return };
         let root = state.display().to_string();

@@ -5,14 +5,14 @@ use std::{net::Ipv4Addr, path::Path};
 
 use crate::{Timings, binaries::Binaries, pki::LabPki, process::ProcessSpec};
 
-pub const API_PORT: u16 = 6443;
+pub(crate) const API_PORT: u16 = 6443;
 
-pub struct Ports {
+pub(crate) struct Ports {
     pub etcd_client: u16,
     pub etcd_peer: u16,
 }
 
-pub fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
+pub(crate) fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
     let client = format!("http://127.0.0.1:{}", ports.etcd_client);
     let peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
     ProcessSpec::new(
@@ -36,7 +36,7 @@ pub fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
 /// What the API server's audit log records: every request nodemedic makes (the controller's
 /// ServiceAccount and the agents), with its verb and resource, once it completes (for a watch:
 /// once it starts). Benchmarks count them; nothing else is logged.
-pub fn audit_policy() -> String {
+pub(crate) fn audit_policy() -> String {
     format!(
         r#"apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -50,12 +50,12 @@ rules:
     )
 }
 
-pub struct Audit<'a> {
+pub(crate) struct Audit<'a> {
     pub policy: &'a Path,
     pub log: &'a Path,
 }
 
-pub fn apiserver(
+pub(crate) fn apiserver(
     bins: &Binaries,
     pki: &LabPki,
     ip: Ipv4Addr,
@@ -95,7 +95,7 @@ pub fn apiserver(
     )
 }
 
-pub fn controller_manager(bins: &Binaries, pki: &LabPki, kubeconfig: &Path, timings: &Timings) -> ProcessSpec {
+pub(crate) fn controller_manager(bins: &Binaries, pki: &LabPki, kubeconfig: &Path, timings: &Timings) -> ProcessSpec {
     let p = |f: &str| pki.path(f).display().to_string();
     ProcessSpec::new(
         &bins.kube_controller_manager,
@@ -125,7 +125,7 @@ pub fn controller_manager(bins: &Binaries, pki: &LabPki, kubeconfig: &Path, timi
     )
 }
 
-pub fn scheduler(bins: &Binaries, kubeconfig: &Path) -> ProcessSpec {
+pub(crate) fn scheduler(bins: &Binaries, kubeconfig: &Path) -> ProcessSpec {
     ProcessSpec::new(
         &bins.kube_scheduler,
         [

@@ -22,7 +22,7 @@ use crate::{Result, wait};
 const BACKDATE: Duration = Duration::from_secs(10);
 
 /// Server-side applies the CRDs and waits until each is established (and backdated).
-pub async fn install(client: &Client, crds: Vec<CustomResourceDefinition>) -> Result<()> {
+pub(crate) async fn install(client: &Client, crds: Vec<CustomResourceDefinition>) -> Result<()> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     let params = PatchParams::apply("nodemedic-lab").force();
     let mut names = Vec::new();
@@ -51,7 +51,7 @@ fn established(crd: &CustomResourceDefinition) -> bool {
 /// Backdates the `Established` condition of every established CRD that turned so recently that
 /// kube-apiserver would still hold creates. A conflict with the API server's own status writers
 /// (which keep a transition time they did not change) is retried.
-pub async fn backdate_established(client: &Client) -> Result<()> {
+pub(crate) async fn backdate_established(client: &Client) -> Result<()> {
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     let recent = jiff::Timestamp::now() - jiff::SignedDuration::try_from(BACKDATE).unwrap_or_default();
     let past = Time(recent - jiff::SignedDuration::from_secs(1));

@@ -1,9 +1,13 @@
-//! Faults, each a method: power, freeze, partitions, API isolation, control-plane restarts.
+//! Faults' effects, each a method: power, freeze, partitions, API isolation, slow links,
+//! control-plane restarts, a full disk. [`crate::Fault`] names them.
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, api::DeleteParams};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api,
+    api::{DeleteParams, Patch, PatchParams},
+};
 use nix::sys::signal::Signal;
 
 use crate::{
@@ -37,7 +41,7 @@ impl Inner {
     /// Kills every process of the node and takes its link down, as pulling its power would. All under the process
     /// lock, so a boot under way sees the new epoch and stays off, and no boot can start a
     /// process or mark the node powered between the kill and the condition.
-    pub fn power_off(&self, node: &str, cause: &str) -> Result<()> {
+    pub(crate) fn power_off(&self, node: &str, cause: &str) -> Result<()> {
         self.index(node)?;
         let mut procs = self
             .resources
@@ -73,7 +77,7 @@ impl Inner {
     /// Boots the node: after the boot delay, starts its processes again. A second power-on
     /// while a boot is under way does nothing (that boot starts them); a power-off during the
     /// boot delay cancels it.
-    pub async fn power_on(&self, node: &str, cause: &str) -> Result<()> {
+    pub(crate) async fn power_on(&self, node: &str, cause: &str) -> Result<()> {
         self.index(node)?;
         let epoch = {
             let mut procs = self
@@ -263,6 +267,51 @@ impl Lab {
         for node in nodes {
             links.remove(*node);
         }
+        Ok(())
+    }
+
+    /// The nodes whose links are slowed.
+    pub(crate) fn slowed_nodes(&self) -> Result<Vec<String>> {
+        Ok(self
+            .inner
+            .slow_links
+            .lock()
+            .map_err(|_| Error::Invalid("slow-link table poisoned".into()))?
+            .keys()
+            .cloned()
+            .collect())
+    }
+
+    /// Fills the node's disk: its kubelet reports DiskPressure until [`Lab::free_disk`]. A kwok
+    /// node has no disk of its own to fill, so the lab marks its Node and the kwok stage
+    /// `node-disk-pressure` reports the condition, as a kubelet's eviction manager would; the mark
+    /// outlives a reboot, as a full disk does.
+    pub async fn fill_disk(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "fill-disk")?;
+        self.mark_disk_full(node, true).await?;
+        self.inner.set_condition(node, |c| c.disk_full = true)?;
+        Ok(())
+    }
+
+    pub async fn free_disk(&self, node: &str) -> Result<()> {
+        self.fault(Some(node), "free-disk")?;
+        self.mark_disk_full(node, false).await?;
+        self.inner.set_condition(node, |c| c.disk_full = false)?;
+        Ok(())
+    }
+
+    async fn mark_disk_full(&self, node: &str, full: bool) -> Result<()> {
+        let value = full.then_some("true");
+        let patch = serde_json::json!({"metadata": {"annotations": {crate::nodes::DISK_FULL_ANNOTATION: value}}});
+        Api::<Node>::all(self.client())
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "marking {node}'s disk {}: {e}",
+                    if full { "full" } else { "free" }
+                ))
+            })?;
         Ok(())
     }
 

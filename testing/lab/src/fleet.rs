@@ -29,7 +29,7 @@ const SILENCED: &str = "silenced";
 const PARALLEL_WRITES: usize = 32;
 
 /// Fleet node names, `fleet-00001` onwards.
-pub fn names(count: usize) -> Vec<String> {
+pub(crate) fn names(count: usize) -> Vec<String> {
     (1..=count).map(|i| format!("fleet-{i:05}")).collect()
 }
 

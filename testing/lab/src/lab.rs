@@ -628,7 +628,7 @@ impl Lab {
 
 impl Inner {
     /// See [`Lab::add_node_process`].
-    pub fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
+    pub(crate) fn add_node_process(&self, node: &str, name: &str, mut spec: ProcessSpec) -> Result<()> {
         self.index(node)?;
         spec.netns = Some(self.resources.net.netns(node));
         self.add_to_node(node, name, spec)
@@ -672,7 +672,7 @@ impl Inner {
     }
 
     /// Stops a process (`<node>/<name>` for a node's) and forgets it: it is not started again.
-    pub fn remove_process(&self, name: &str) -> Result<()> {
+    pub(crate) fn remove_process(&self, name: &str) -> Result<()> {
         let mut procs = self
             .resources
             .processes
@@ -686,7 +686,7 @@ impl Inner {
     }
 
     /// Waits until the API shows the node's Ready condition with `status`.
-    pub async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
+    pub(crate) async fn wait_ready_status(&self, node: &str, status: &str, timeout: Duration) -> Result<()> {
         let api = Api::<Node>::all(self.client.clone());
         wait::until(&format!("node {node} Ready={status}"), timeout, || {
             let api = api.clone();
@@ -702,17 +702,17 @@ impl Inner {
         .await
     }
 
-    pub fn index(&self, node: &str) -> Result<usize> {
+    pub(crate) fn index(&self, node: &str) -> Result<usize> {
         self.nodes
             .index(node)
             .ok_or_else(|| Error::UnknownNode(node.to_owned()))
     }
 
-    pub fn watchdog_path(&self, node: &str) -> PathBuf {
+    pub(crate) fn watchdog_path(&self, node: &str) -> PathBuf {
         self.resources.dir.join("nodes").join(format!("{node}.watchdog"))
     }
 
-    pub fn boot_file(&self, node: &str) -> PathBuf {
+    pub(crate) fn boot_file(&self, node: &str) -> PathBuf {
         boot_file(&self.resources.dir, node)
     }
 }

@@ -1,7 +1,7 @@
 //! The nodemedic lab: a real Kubernetes control plane (etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler built from the upstream modules) with nodes simulated
 //! by one kwok each, every node in its own network namespace, ReadWriteOnce storage, a watchdog
-//! per node, and faults as methods. Used by every lab test, the demo and the benchmarks.
+//! per node, and faults ([`Fault`], [`Lab::inject`]). Used by every lab test, the demo and the benchmarks.
 //!
 //! ```no_run
 //! # async fn demo() -> nodemedic_lab::Result<()> {
@@ -17,6 +17,7 @@ mod container;
 mod control_plane;
 mod crds;
 mod error;
+mod fault;
 mod faults;
 mod fleet;
 pub mod kubevirt;
@@ -49,6 +50,7 @@ pub use binaries::{build_dir, machine_layer_dir, rebalancing_dir, tools_dir, ver
 pub use bmc::{Bmc, BmcOptions, PowerDelays};
 pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};
+pub use fault::{Fault, NodeId};
 pub use fleet::FLEET_LABEL;
 pub use lab::{Lab, preflight};
 pub use lock::LabKind;

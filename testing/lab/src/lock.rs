@@ -18,13 +18,13 @@ use nix::fcntl::{Flock, FlockArg};
 
 use crate::{Result, cmd, error::io, process};
 
-pub fn labs_root() -> PathBuf {
+pub(crate) fn labs_root() -> PathBuf {
     PathBuf::from("/tmp/nodemedic-labs")
 }
 
 /// At most this many short-timings labs run at once, however many cores the machine has: each
 /// runs a control plane and a few nodes, and many at once contend for memory and disk instead.
-pub const MOST_SHORT_TIMINGS_LABS: usize = 4;
+pub(crate) const MOST_SHORT_TIMINGS_LABS: usize = 4;
 
 /// The kind of lab a lock admits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl LabKind {
 }
 
 /// How many short-timings labs this machine runs at once: one per core.
-pub fn short_timings_slots() -> usize {
+pub(crate) fn short_timings_slots() -> usize {
     std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, MOST_SHORT_TIMINGS_LABS)
@@ -65,12 +65,12 @@ fn slot_file(slot: usize) -> String {
 const TOLERANT_LOCK: &str = "/run/nodemedic/lab-tolerant.lock";
 
 /// Held for the lab's whole life: the locks of each kind the lab counts as.
-pub struct LabLock {
+pub(crate) struct LabLock {
     _locks: Vec<Flock<File>>,
 }
 
 impl LabLock {
-    pub async fn acquire(kinds: &[LabKind]) -> Result<Self> {
+    pub(crate) async fn acquire(kinds: &[LabKind]) -> Result<Self> {
         let mut locks = Vec::new();
         for &kind in kinds {
             match kind {
@@ -127,12 +127,12 @@ fn try_lock(path: &str) -> Result<Option<Flock<File>>> {
 }
 
 /// Held while a starting lab sweeps and claims its directory and network, not longer.
-pub struct SetupLock {
+pub(crate) struct SetupLock {
     _lock: Flock<File>,
 }
 
 impl SetupLock {
-    pub async fn acquire() -> Result<Self> {
+    pub(crate) async fn acquire() -> Result<Self> {
         lock(
             "/run/nodemedic/lab-setup.lock".to_owned(),
             "another lab is being set up",
@@ -166,7 +166,7 @@ fn alive(pid: i32) -> bool {
 /// Removes the processes, namespaces, bridges and tmpfs of labs whose owner process is gone.
 /// Runs under the [`SetupLock`], under which every lab records its owner before anything else,
 /// so no live lab is touched.
-pub fn sweep() {
+pub(crate) fn sweep() {
     let Ok(entries) = std::fs::read_dir(labs_root()) else {
         return;
     };

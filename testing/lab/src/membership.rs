@@ -47,7 +47,7 @@ struct LabNode {
 pub(crate) struct NodeTable(RwLock<BTreeMap<String, LabNode>>);
 
 impl NodeTable {
-    pub fn new(specs: &[NodeSpec]) -> Self {
+    pub(crate) fn new(specs: &[NodeSpec]) -> Self {
         let nodes = specs.iter().enumerate().map(|(index, spec)| {
             let node = LabNode {
                 index,
@@ -67,19 +67,19 @@ impl NodeTable {
         self.0.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn index(&self, node: &str) -> Option<usize> {
+    pub(crate) fn index(&self, node: &str) -> Option<usize> {
         self.read().get(node).map(|n| n.index)
     }
 
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.read().keys().cloned().collect()
     }
 
-    pub fn indices(&self) -> Vec<(String, usize)> {
+    pub(crate) fn indices(&self) -> Vec<(String, usize)> {
         self.read().iter().map(|(name, n)| (name.clone(), n.index)).collect()
     }
 
-    pub fn specs(&self) -> Vec<NodeSpec> {
+    pub(crate) fn specs(&self) -> Vec<NodeSpec> {
         self.read().values().map(|n| n.spec.clone()).collect()
     }
 
@@ -106,14 +106,14 @@ pub(crate) struct Namespaces {
 
 impl Namespaces {
     /// The nodes of the lab's configuration, numbered in order.
-    pub fn planned(names: &[String]) -> Self {
+    pub(crate) fn planned(names: &[String]) -> Self {
         Self {
             made: names.iter().cloned().zip(0..).collect(),
             next: names.len(),
         }
     }
 
-    pub fn made(&self) -> BTreeMap<String, usize> {
+    pub(crate) fn made(&self) -> BTreeMap<String, usize> {
         self.made.clone()
     }
 
@@ -162,7 +162,7 @@ impl NodeTasks {
         self.lock().remove(node).unwrap_or_default()
     }
 
-    pub fn abort_all(&self) {
+    pub(crate) fn abort_all(&self) {
         for task in self.lock().values().flatten() {
             task.abort();
         }

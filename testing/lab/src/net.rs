@@ -10,10 +10,10 @@ use crate::{Result, cmd};
 const FAULT_TABLE: &str = "nodemedic_fault";
 
 /// Node indices the node bridge has addresses for: .11 to .254.
-pub const NODE_SLOTS: usize = 244;
+pub(crate) const NODE_SLOTS: usize = 244;
 
 #[derive(Clone, Debug)]
-pub struct Network {
+pub(crate) struct Network {
     pub id: String,
     pub slot: u8,
     pub bridge: String,
@@ -22,7 +22,7 @@ pub struct Network {
 
 impl Network {
     /// Picks the first 10.213.<slot>.0/24 that no interface on this host uses.
-    pub fn plan(id: &str) -> Result<Self> {
+    pub(crate) fn plan(id: &str) -> Result<Self> {
         let used = cmd::run("ip", &["-4", "-o", "addr", "show"])?;
         let slot = (1..=250u8)
             .find(|s| !used.contains(&format!(" 10.213.{s}.")) && !used.contains(&format!(" 10.214.{s}.")))
@@ -36,11 +36,11 @@ impl Network {
     }
 
     /// The host's address on the node bridge, where the API server listens.
-    pub fn host_ip(&self) -> Ipv4Addr {
+    pub(crate) fn host_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.slot, 1)
     }
 
-    pub fn node_ip(&self, index: usize) -> Ipv4Addr {
+    pub(crate) fn node_ip(&self, index: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.slot, 11 + index as u8)
     }
 
@@ -50,12 +50,12 @@ impl Network {
     }
 
     /// The host's address on the management bridge.
-    pub fn mgmt_host_ip(&self) -> Ipv4Addr {
+    pub(crate) fn mgmt_host_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 214, self.slot, 1)
     }
 
     /// The BMC of the node with this index, on the management bridge.
-    pub fn bmc_ip(&self, index: usize) -> Result<Ipv4Addr> {
+    pub(crate) fn bmc_ip(&self, index: usize) -> Result<Ipv4Addr> {
         u8::try_from(101 + index)
             .ok()
             .filter(|last| *last < 255)
@@ -65,24 +65,24 @@ impl Network {
 
     /// Gives the host the BMC's address on the management bridge, so a BMC emulator on the host
     /// can listen there; it goes away with the bridge.
-    pub fn add_bmc_address(&self, index: usize) -> Result<Ipv4Addr> {
+    pub(crate) fn add_bmc_address(&self, index: usize) -> Result<Ipv4Addr> {
         let ip = self.bmc_ip(index)?;
         cmd::run("ip", &["addr", "add", &format!("{ip}/24"), "dev", &self.mgmt_bridge])?;
         Ok(ip)
     }
 
     /// Takes a BMC's address off the management bridge (its node left the lab).
-    pub fn remove_bmc_address(&self, index: usize) {
+    pub(crate) fn remove_bmc_address(&self, index: usize) {
         if let Ok(ip) = self.bmc_ip(index) {
             cmd::run_quietly("ip", &["addr", "del", &format!("{ip}/24"), "dev", &self.mgmt_bridge]);
         }
     }
 
-    pub fn netns(&self, node: &str) -> String {
+    pub(crate) fn netns(&self, node: &str) -> String {
         format!("nm{}-{node}", self.id)
     }
 
-    pub fn create_bridges(&self) -> Result<()> {
+    pub(crate) fn create_bridges(&self) -> Result<()> {
         for (bridge, ip, which) in [
             (&self.bridge, self.host_ip(), 1),
             (&self.mgmt_bridge, self.mgmt_host_ip(), 2),
@@ -99,7 +99,7 @@ impl Network {
         Ok(())
     }
 
-    pub fn create_node(&self, node: &str, index: usize) -> Result<()> {
+    pub(crate) fn create_node(&self, node: &str, index: usize) -> Result<()> {
         let ns = self.netns(node);
         let host_end = format!("nm{}v{index}", self.id);
         let node_end = format!("nm{}p{index}", self.id);
@@ -130,7 +130,7 @@ impl Network {
     }
 
     /// Drops every packet of `node` except to and from `allowed` (its partition's members).
-    pub fn cut_off(&self, node: &str, allowed: &[Ipv4Addr]) -> Result<()> {
+    pub(crate) fn cut_off(&self, node: &str, allowed: &[Ipv4Addr]) -> Result<()> {
         let set = if allowed.is_empty() {
             String::new()
         } else {
@@ -147,7 +147,7 @@ impl Network {
     }
 
     /// Drops only the node's traffic to and from the API server; peers stay reachable.
-    pub fn isolate_from(&self, node: &str, api: Ipv4Addr, port: u16) -> Result<()> {
+    pub(crate) fn isolate_from(&self, node: &str, api: Ipv4Addr, port: u16) -> Result<()> {
         let rules = format!(
             "table inet {FAULT_TABLE} {{\n\
              chain input {{ type filter hook input priority 0; policy accept; ip saddr {api} tcp sport {port} drop\n}}\n\
@@ -159,7 +159,7 @@ impl Network {
     /// Removes the node's fault rules, if it has any. Tried a few times because a simulated
     /// power-off kills every process in the node's namespace, `nft` included, and one may land
     /// in the middle of a heal.
-    pub fn heal(&self, node: &str) -> Result<()> {
+    pub(crate) fn heal(&self, node: &str) -> Result<()> {
         let ns = self.netns(node);
         let list = ["netns", "exec", &ns, "nft", "list", "tables"];
         let delete = ["netns", "exec", &ns, "nft", "delete", "table", "inet", FAULT_TABLE];
@@ -197,21 +197,21 @@ impl Network {
 
     /// Brings the node's interface up or down: a machine without power answers nothing, not
     /// even a refused connection.
-    pub fn set_link(&self, node: &str, up: bool) -> Result<()> {
+    pub(crate) fn set_link(&self, node: &str, up: bool) -> Result<()> {
         let state = if up { "up" } else { "down" };
         cmd::run("ip", &["-n", &self.netns(node), "link", "set", "eth0", state])?;
         Ok(())
     }
 
     /// Every process running in the node's namespace.
-    pub fn pids(&self, node: &str) -> Vec<i32> {
+    pub(crate) fn pids(&self, node: &str) -> Vec<i32> {
         cmd::run("ip", &["netns", "pids", &self.netns(node)])
             .map(|out| out.split_whitespace().filter_map(|p| p.parse().ok()).collect())
             .unwrap_or_default()
     }
 
     /// Removes one node's veth and namespace (its processes should be gone first).
-    pub fn destroy_node(&self, node: &str, index: usize) {
+    pub(crate) fn destroy_node(&self, node: &str, index: usize) {
         // Deleting the host end removes the pair now; a namespace's own removal is deferred
         // until the kernel drops its last reference.
         cmd::run_quietly("ip", &["link", "del", &format!("nm{}v{index}", self.id)]);
@@ -219,7 +219,7 @@ impl Network {
     }
 
     /// Removes every node's namespace (by name, with its index) and both bridges.
-    pub fn destroy(&self, nodes: &BTreeMap<String, usize>) {
+    pub(crate) fn destroy(&self, nodes: &BTreeMap<String, usize>) {
         for (node, index) in nodes {
             self.destroy_node(node, *index);
         }

@@ -15,10 +15,12 @@ use nodemedic_api::names::labels;
 
 use crate::{binaries::Binaries, process::ProcessSpec};
 
-pub const KWOK_STAGES: &str = include_str!("../kwok/stages.yaml");
+pub(crate) const KWOK_STAGES: &str = include_str!("../kwok/stages.yaml");
+/// On a Node whose disk the lab filled: its kwok reports DiskPressure (see the stages).
+pub(crate) const DISK_FULL_ANNOTATION: &str = "lab.nodemedic.io/disk-full";
 
 /// Where the lab writes [`KWOK_STAGES`] at start, for every node's kwok.
-pub fn stages_file(dir: &Path) -> PathBuf {
+pub(crate) fn stages_file(dir: &Path) -> PathBuf {
     dir.join("kwok-stages.yaml")
 }
 
@@ -59,13 +61,13 @@ impl NodeSpec {
 
 /// The node's machine, as a cloud provider names it in `spec.providerID`: what the lab's machine
 /// layer matches Machines to nodes by.
-pub fn provider_id(node: &str) -> String {
+pub(crate) fn provider_id(node: &str) -> String {
     format!("{PROVIDER_ID_SCHEME}{node}")
 }
 
-pub const PROVIDER_ID_SCHEME: &str = "lab://";
+pub(crate) const PROVIDER_ID_SCHEME: &str = "lab://";
 
-pub fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
+pub(crate) fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
     let mut node_labels = spec.labels.clone();
     for (k, v) in [
         (labels::HOSTNAME, spec.name.as_str()),
@@ -113,7 +115,7 @@ pub fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
     }
 }
 
-pub struct KwokArgs<'a> {
+pub(crate) struct KwokArgs<'a> {
     pub node: &'a str,
     pub netns: &'a str,
     pub kubeconfig: &'a Path,
@@ -123,7 +125,7 @@ pub struct KwokArgs<'a> {
     pub lease_seconds: u32,
 }
 
-pub fn kwok(bins: &Binaries, a: &KwokArgs<'_>) -> ProcessSpec {
+pub(crate) fn kwok(bins: &Binaries, a: &KwokArgs<'_>) -> ProcessSpec {
     let mut spec = ProcessSpec::new(
         &bins.kwok,
         [

@@ -25,7 +25,7 @@ const WATCHED_TAINTS: &[&str] = &[
     taints::DRAIN_KEY,
 ];
 
-pub fn spawn(client: &Client, timeline: &Timeline) -> Vec<tokio::task::JoinHandle<()>> {
+pub(crate) fn spawn(client: &Client, timeline: &Timeline) -> Vec<tokio::task::JoinHandle<()>> {
     vec![
         tokio::spawn(nodes(client.clone(), timeline.clone())),
         tokio::spawn(pods(client.clone(), timeline.clone())),

@@ -61,7 +61,7 @@ pub(crate) struct Supervised {
 }
 
 impl Supervised {
-    pub fn new(name: &str, spec: ProcessSpec, dir: &Path) -> Self {
+    pub(crate) fn new(name: &str, spec: ProcessSpec, dir: &Path) -> Self {
         let file = name.replace('/', "_");
         let sysrq_trigger = name
             .split_once('/')
@@ -77,7 +77,7 @@ impl Supervised {
         }
     }
 
-    pub fn start(&mut self) -> Result<()> {
+    pub(crate) fn start(&mut self) -> Result<()> {
         if self.running() {
             return Ok(());
         }
@@ -135,23 +135,23 @@ impl Supervised {
     }
 
     /// The node a `<node>/<process>` belongs to.
-    pub fn node(&self) -> Option<&str> {
+    pub(crate) fn node(&self) -> Option<&str> {
         self.name.split_once('/').map(|(node, _)| node)
     }
 
-    pub fn running(&mut self) -> bool {
+    pub(crate) fn running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => false,
         }
     }
 
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
 
     /// SIGKILL the whole group and reap it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = Pid::from_raw(child.id() as i32);
             let _ = killpg(pid, Signal::SIGKILL);
@@ -166,14 +166,14 @@ impl Supervised {
     }
 
     /// Signals the whole group (e.g. SIGSTOP: a process that no longer answers).
-    pub fn signal(&self, signal: Signal) {
+    pub(crate) fn signal(&self, signal: Signal) {
         if let Some(child) = &self.child {
             let _ = killpg(Pid::from_raw(child.id() as i32), signal);
         }
     }
 
     /// Reaps the child if it died on its own (a powered-off node's processes were killed by pid).
-    pub fn reap(&mut self) {
+    pub(crate) fn reap(&mut self) {
         if let Some(child) = self.child.as_mut()
             && matches!(child.try_wait(), Ok(Some(_)))
         {
@@ -185,7 +185,7 @@ impl Supervised {
     /// Whether this run exited on its own with kwok 0.8's startup race: easycel's type cache, a Go
     /// map, written by two goroutines building their CEL environments at once (`fatal error:
     /// concurrent map writes`). A kill or a power-off is never taken for it.
-    pub fn died_of_kwok_startup_race(&mut self) -> bool {
+    pub(crate) fn died_of_kwok_startup_race(&mut self) -> bool {
         let exited = self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
         if !exited {
             return false;
@@ -195,12 +195,12 @@ impl Supervised {
         this_run.contains("fatal error: concurrent map writes") && this_run.contains("easycel")
     }
 
-    pub fn log_tail(&self, lines: usize) -> String {
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
         tail(&self.log, lines)
     }
 }
 
-pub fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")

@@ -13,7 +13,7 @@ use kube::{
 use crate::{Error, Result};
 
 /// A client for `kubeconfig` whose failures reach only its caller.
-pub async fn quiet_client(kubeconfig: &Path) -> Result<Client> {
+pub(crate) async fn quiet_client(kubeconfig: &Path) -> Result<Client> {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -29,7 +29,7 @@ pub async fn quiet_client(kubeconfig: &Path) -> Result<Client> {
 }
 
 /// `/readyz` answers "ok".
-pub async fn api_ready(client: &Client) -> Result<bool> {
+pub(crate) async fn api_ready(client: &Client) -> Result<bool> {
     let request = http::Request::get("/readyz")
         .body(Vec::new())
         .map_err(|e| Error::Invalid(e.to_string()))?;

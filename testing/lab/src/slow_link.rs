@@ -31,14 +31,14 @@ static NEXT_QUEUE: AtomicU16 = AtomicU16::new(0);
 
 /// How the link misbehaves.
 #[derive(Clone, Copy, Debug)]
-pub struct Impairment {
+pub(crate) struct Impairment {
     pub delay: Duration,
     pub jitter: Duration,
     pub loss_percent: f64,
 }
 
 /// One node's slowed link; dropping it restores the link.
-pub struct SlowLink {
+pub(crate) struct SlowLink {
     netns: String,
     queue: u16,
     stop: Arc<AtomicBool>,
@@ -68,7 +68,7 @@ fn rule(netns: &str, queue: u16, action: &str) -> Result<String> {
 }
 
 impl SlowLink {
-    pub fn start(netns: &str, impairment: Impairment) -> Result<Self> {
+    pub(crate) fn start(netns: &str, impairment: Impairment) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let queue = NEXT_QUEUE.fetch_add(1, Ordering::Relaxed);
         let (ready, bound) = std::sync::mpsc::channel();

@@ -16,6 +16,9 @@ pub struct NodeCondition {
     pub partitioned: bool,
     /// Only its traffic to the API server is dropped.
     pub api_isolated: bool,
+    /// Its disk is full: its kubelet reports DiskPressure (it stays connected).
+    #[serde(default)]
+    pub disk_full: bool,
 }
 
 impl NodeCondition {

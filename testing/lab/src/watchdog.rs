@@ -43,18 +43,18 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub fn arm(&mut self, timeout: Duration) -> u64 {
+    pub(crate) fn arm(&mut self, timeout: Duration) -> u64 {
         self.generation += 1;
         self.deadline = Some(Instant::now() + timeout);
         self.generation
     }
 
     /// Whether a handle of `generation` still speaks for the armed watchdog.
-    pub fn current(&self, generation: u64) -> bool {
+    pub(crate) fn current(&self, generation: u64) -> bool {
         self.generation == generation && self.deadline.is_some()
     }
 
-    pub fn feed(&mut self, generation: u64, timeout: Duration) -> bool {
+    pub(crate) fn feed(&mut self, generation: u64, timeout: Duration) -> bool {
         let current = self.current(generation);
         if current {
             self.deadline = Some(Instant::now() + timeout);
@@ -62,7 +62,7 @@ impl State {
         current
     }
 
-    pub fn disarm(&mut self, generation: u64) -> bool {
+    pub(crate) fn disarm(&mut self, generation: u64) -> bool {
         let current = self.generation == generation;
         if current {
             self.deadline = None;
@@ -76,7 +76,7 @@ pub(crate) struct Watchdogs(Arc<Mutex<BTreeMap<String, State>>>);
 
 impl Watchdogs {
     /// Disarms a node's watchdog (its machine lost power: the timer is gone with it).
-    pub fn power_lost(&self, node: &str) {
+    pub(crate) fn power_lost(&self, node: &str) {
         if let Ok(mut all) = self.0.lock()
             && let Some(state) = all.get_mut(node)
         {
@@ -87,27 +87,27 @@ impl Watchdogs {
     }
 
     /// Gives the node a watchdog (disarmed until something opens it).
-    pub fn register(&self, node: &str) {
+    pub(crate) fn register(&self, node: &str) {
         if let Ok(mut all) = self.0.lock() {
             all.entry(node.to_owned()).or_default();
         }
     }
 
     /// Drops the node's watchdog altogether (the node left the lab; its servers are stopped).
-    pub fn forget(&self, node: &str) {
+    pub(crate) fn forget(&self, node: &str) {
         if let Ok(mut all) = self.0.lock() {
             all.remove(node);
         }
     }
 
     /// Runs `f` on the node's state under the lock (none for a node without a watchdog).
-    pub fn with_node<T>(&self, node: &str, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+    pub(crate) fn with_node<T>(&self, node: &str, f: impl FnOnce(&mut State) -> T) -> Option<T> {
         let mut all = self.0.lock().ok()?;
         all.get_mut(node).map(f)
     }
 
     /// Whether the node's watchdog is armed right now.
-    pub fn armed(&self, node: &str) -> bool {
+    pub(crate) fn armed(&self, node: &str) -> bool {
         self.0
             .lock()
             .map(|all| all.get(node).is_some_and(|s| s.deadline.is_some()))
@@ -115,7 +115,7 @@ impl Watchdogs {
     }
 
     /// Serves the node's watchdog socket at `path`.
-    pub fn serve(&self, node: &str, path: PathBuf, timeout: Duration) -> Result<tokio::task::JoinHandle<()>> {
+    pub(crate) fn serve(&self, node: &str, path: PathBuf, timeout: Duration) -> Result<tokio::task::JoinHandle<()>> {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(io(format!("binding watchdog socket {}", path.display())))?;
         let this = self.clone();
@@ -175,7 +175,7 @@ impl Watchdogs {
     }
 
     /// Sends the name of every node whose watchdog expires, once per expiry.
-    pub fn expiries(&self, tx: mpsc::UnboundedSender<String>) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn expiries(&self, tx: mpsc::UnboundedSender<String>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(50));

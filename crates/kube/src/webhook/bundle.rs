@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::{CallContext, Result};
 
 /// The webhooks of `configuration` whose caBundle is not `ca`.
-pub fn stale(configuration: &ValidatingWebhookConfiguration, ca: &[u8]) -> Vec<String> {
+pub(crate) fn stale(configuration: &ValidatingWebhookConfiguration, ca: &[u8]) -> Vec<String> {
     configuration
         .webhooks
         .iter()
@@ -24,7 +24,7 @@ pub fn stale(configuration: &ValidatingWebhookConfiguration, ca: &[u8]) -> Vec<S
 
 /// A strategic merge patch setting the caBundle of the named webhooks (merged by name, so the
 /// rest of each webhook, and the webhooks not named, stay as they are).
-pub fn patch(webhooks: &[String], ca: &[u8]) -> serde_json::Value {
+pub(crate) fn patch(webhooks: &[String], ca: &[u8]) -> serde_json::Value {
     let bundle = ByteString(ca.to_vec());
     json!({
         "webhooks": webhooks
@@ -35,14 +35,14 @@ pub fn patch(webhooks: &[String], ca: &[u8]) -> serde_json::Value {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The configuration does not exist (not installed by the chart, or not yet).
     Missing,
     UpToDate,
     Patched(Vec<String>),
 }
 
-pub async fn ensure(client: &Client, name: &str, ca: &[u8]) -> Result<Outcome> {
+pub(crate) async fn ensure(client: &Client, name: &str, ca: &[u8]) -> Result<Outcome> {
     let api = Api::<ValidatingWebhookConfiguration>::all(client.clone());
     let Some(configuration) = api
         .get_opt(name)

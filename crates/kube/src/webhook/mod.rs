@@ -8,9 +8,9 @@
 //! down (the chart registers it with failurePolicy Ignore). Remediation matters more than
 //! admission checks.
 
-pub mod bundle;
+pub(crate) mod bundle;
 pub mod certs;
-pub mod tls;
+pub(crate) mod tls;
 
 use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 

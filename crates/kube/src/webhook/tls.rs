@@ -27,10 +27,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The certificate handshakes present right now; none until the first is set.
 #[derive(Debug, Default)]
-pub struct Certificate(RwLock<Option<Arc<CertifiedKey>>>);
+pub(crate) struct Certificate(RwLock<Option<Arc<CertifiedKey>>>);
 
 impl Certificate {
-    pub fn set(&self, pem: &Pem) -> Result<()> {
+    pub(crate) fn set(&self, pem: &Pem) -> Result<()> {
         let bad =
             |what: &str, e: &dyn std::fmt::Display| Error::Webhook(format!("the serving {what} is unusable: {e}"));
         let cert = CertificateDer::from_pem_slice(pem.cert.as_bytes()).map_err(|e| bad("certificate", &e))?;
@@ -65,12 +65,12 @@ fn config(certificate: Arc<Certificate>) -> Result<ServerConfig> {
 
 /// Accepted connections, handshakes done; handshakes run on their own tasks so one slow client
 /// does not hold up the others.
-pub struct Listener {
+pub(crate) struct Listener {
     incoming: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
 }
 
-pub async fn bind(addr: SocketAddr, certificate: Arc<Certificate>) -> Result<Listener> {
+pub(crate) async fn bind(addr: SocketAddr, certificate: Arc<Certificate>) -> Result<Listener> {
     let serve_error = |source| Error::Serve {
         what: "the admission webhook",
         source,

@@ -13,7 +13,7 @@ use super::facts::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(super) enum Severity {
     /// nodemedic cannot do its job somewhere until this is fixed.
     Blocking,
     Warning,
@@ -21,7 +21,7 @@ pub enum Severity {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Finding {
+pub(super) struct Finding {
     pub severity: Severity,
     pub check: &'static str,
     pub subject: String,
@@ -50,7 +50,7 @@ fn ok(check: &'static str, subject: impl Into<String>, message: String) -> Findi
     finding(Severity::Ok, check, subject, message, String::new())
 }
 
-pub fn findings(f: &Facts) -> Vec<Finding> {
+pub(super) fn findings(f: &Facts) -> Vec<Finding> {
     let mut out = vec![version(f)];
     out.extend(controller(f));
     out.extend(agents(f));

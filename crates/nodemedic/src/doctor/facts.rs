@@ -15,13 +15,13 @@ use nodemedic_self_remediation::protocol::manager::Registration;
 
 use super::rbac::Permission;
 
-pub const SELF_REMEDIATION_TEMPLATE: &str = "SelfNodeRemediationTemplate";
+pub(super) const SELF_REMEDIATION_TEMPLATE: &str = "SelfNodeRemediationTemplate";
 /// Self remediation under its former name: the same agents carry it out.
-pub const POISON_PILL_TEMPLATE: &str = "PoisonPillRemediationTemplate";
-pub const FENCE_AGENTS_TEMPLATE: &str = "FenceAgentsRemediationTemplate";
+pub(super) const POISON_PILL_TEMPLATE: &str = "PoisonPillRemediationTemplate";
+pub(super) const FENCE_AGENTS_TEMPLATE: &str = "FenceAgentsRemediationTemplate";
 
 #[derive(Clone, Debug, Default)]
-pub struct Facts {
+pub(super) struct Facts {
     /// Where nodemedic runs: its controller's lease, its agents' registrations, its templates.
     pub namespace: String,
     pub version: Option<Version>,
@@ -44,7 +44,7 @@ pub struct Facts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Version {
+pub(super) struct Version {
     pub major: u32,
     pub minor: u32,
     /// As the API server says it, e.g. `v1.36.3`.
@@ -53,7 +53,7 @@ pub struct Version {
 
 impl Version {
     /// Managed clusters report minors such as `28+`.
-    pub fn parse(major: &str, minor: &str, text: &str) -> Option<Self> {
+    pub(super) fn parse(major: &str, minor: &str, text: &str) -> Option<Self> {
         let number = |s: &str| s.trim_end_matches('+').parse::<u32>().ok();
         Some(Self {
             major: number(major)?,
@@ -64,13 +64,13 @@ impl Version {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+pub(super) struct NodeFacts {
     pub name: String,
     pub labels: BTreeMap<String, String>,
 }
 
 impl NodeFacts {
-    pub fn from_node(node: &Node) -> Self {
+    pub(super) fn from_node(node: &Node) -> Self {
         Self {
             name: node.name_any(),
             labels: node.labels().clone(),
@@ -81,13 +81,13 @@ impl NodeFacts {
 /// What the self-remediation manager reads from the SelfNodeRemediationConfig when it decides
 /// whether a node can be fenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SelfRemediationSettings {
+pub(super) struct SelfRemediationSettings {
     pub software_reboot_enabled: bool,
     pub min_peers: usize,
 }
 
 impl SelfRemediationSettings {
-    pub fn from_spec(spec: &SelfNodeRemediationConfigSpec) -> Self {
+    pub(super) fn from_spec(spec: &SelfNodeRemediationConfigSpec) -> Self {
         Self {
             software_reboot_enabled: spec.is_software_reboot_enabled,
             min_peers: spec.min_peers_for_remediation.max(0) as usize,
@@ -103,14 +103,14 @@ impl Default for SelfRemediationSettings {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControllerLease {
+pub(super) struct ControllerLease {
     pub holder: String,
     /// Seconds since the last renewal, past the lease's duration: no controller renews it.
     pub stale_for: Option<i64>,
 }
 
 impl ControllerLease {
-    pub fn from_lease(lease: &Lease, now: Timestamp) -> Self {
+    pub(super) fn from_lease(lease: &Lease, now: Timestamp) -> Self {
         let spec = lease.spec.clone().unwrap_or_default();
         let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
         let age = spec
@@ -125,7 +125,7 @@ impl ControllerLease {
 }
 
 #[derive(Clone, Debug)]
-pub struct HealthCheck {
+pub(super) struct HealthCheck {
     pub name: String,
     /// Parsed as the health check's controller parses it; `Err` says why it refuses it.
     pub spec: Result<CheckSpec, String>,
@@ -134,7 +134,7 @@ pub struct HealthCheck {
 }
 
 impl HealthCheck {
-    pub fn from_object(nhc: &NodeHealthCheck) -> Self {
+    pub(super) fn from_object(nhc: &NodeHealthCheck) -> Self {
         let selector = &nhc.spec.selector;
         let selector_keys = selector
             .match_labels
@@ -151,22 +151,22 @@ impl HealthCheck {
     }
 
     /// The same selector semantics the health check's controller applies.
-    pub fn selects(&self, node: &NodeFacts) -> bool {
+    pub(super) fn selects(&self, node: &NodeFacts) -> bool {
         self.spec.as_ref().is_ok_and(|s| s.selector.matches(&node.labels))
     }
 
-    pub fn templates(&self) -> Vec<&TemplateRef> {
+    pub(super) fn templates(&self) -> Vec<&TemplateRef> {
         self.spec
             .as_ref()
             .map(|s| s.steps.iter().map(|step| &step.template).collect())
             .unwrap_or_default()
     }
 
-    pub fn uses(&self, kind: &str) -> bool {
+    pub(super) fn uses(&self, kind: &str) -> bool {
         self.templates().iter().any(|t| t.kind == kind)
     }
 
-    pub fn references(&self, kind: &str, namespace: &str, name: &str) -> bool {
+    pub(super) fn references(&self, kind: &str, namespace: &str, name: &str) -> bool {
         self.templates()
             .iter()
             .any(|t| t.kind == kind && t.namespace.as_deref() == Some(namespace) && t.name == name)
@@ -174,7 +174,7 @@ impl HealthCheck {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TemplateLookup {
+pub(super) enum TemplateLookup {
     Found,
     NotFound,
     /// No CRD serves the kind.
@@ -183,7 +183,7 @@ pub enum TemplateLookup {
 
 /// What the fence-agents controller found when it checked something, as its condition says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(super) enum Verdict {
     Passed,
     Failed(String),
     /// No condition for the template's current generation.
@@ -191,7 +191,7 @@ pub enum Verdict {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FenceTemplate {
+pub(super) struct FenceTemplate {
     pub namespace: String,
     pub name: String,
     /// ParametersValid: the agent's metadata accepts every parameter, for every node named.
@@ -201,7 +201,7 @@ pub struct FenceTemplate {
 }
 
 impl FenceTemplate {
-    pub fn from_object(template: &FenceAgentsRemediationTemplate) -> Self {
+    pub(super) fn from_object(template: &FenceAgentsRemediationTemplate) -> Self {
         let conditions = template
             .status
             .as_ref()
@@ -224,7 +224,7 @@ impl FenceTemplate {
 
 /// Whom the permissions were asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Subject {
+pub(super) enum Subject {
     /// The account itself (SubjectAccessReview).
     Account,
     /// Whoever runs the doctor (SelfSubjectAccessReview): it may not ask for others.
@@ -232,7 +232,7 @@ pub enum Subject {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AccountAccess {
+pub(super) struct AccountAccess {
     /// The ServiceAccount's name, in [`Facts::namespace`].
     pub account: String,
     /// The chart's ClusterRole that grants it.

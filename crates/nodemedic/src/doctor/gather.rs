@@ -40,7 +40,7 @@ const CONTROLLER_LEASE: &str = "nodemedic-controller";
 /// Access reviews in flight at once: enough to be quick, few enough to spare the API server.
 const REVIEWS_AT_ONCE: usize = 8;
 
-pub async fn facts(client: &Client, namespace: &str) -> anyhow::Result<Facts> {
+pub(super) async fn facts(client: &Client, namespace: &str) -> anyhow::Result<Facts> {
     let version = async {
         client
             .apiserver_version()

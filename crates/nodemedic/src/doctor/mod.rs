@@ -12,13 +12,13 @@ use serde::Serialize;
 use checks::{Finding, Severity};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
 }
 
 #[derive(Args, Debug)]
-pub struct DoctorArgs {
+pub(crate) struct DoctorArgs {
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Format,
     /// The namespace nodemedic runs in (its controller's lease and agents' registrations).
@@ -26,7 +26,7 @@ pub struct DoctorArgs {
     pub namespace: String,
 }
 
-pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<()> {
     nodemedic_kube::logging::init_with_default(false, "warn,kube_client=off");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let facts = runtime.block_on(async {

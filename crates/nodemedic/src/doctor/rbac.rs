@@ -7,11 +7,11 @@ use serde::Serialize;
 const RENDERED_CHART: &str = include_str!("../../../../deploy/nodemedic.yaml");
 
 /// The chart's ServiceAccounts, each with the ClusterRole of the same name bound to it.
-pub const ACCOUNTS: [&str; 2] = ["nodemedic-controller", "nodemedic-agent"];
+pub(super) const ACCOUNTS: [&str; 2] = ["nodemedic-controller", "nodemedic-agent"];
 
 /// One verb on one resource (optionally one object of it), cluster-wide.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Permission {
+pub(super) struct Permission {
     pub verb: String,
     pub group: String,
     pub resource: String,
@@ -36,7 +36,7 @@ impl std::fmt::Display for Permission {
 }
 
 /// Every permission the chart's ClusterRole `role` grants, one per verb, resource and name.
-pub fn required(role: &str) -> Result<Vec<Permission>, String> {
+pub(super) fn required(role: &str) -> Result<Vec<Permission>, String> {
     let documents: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(RENDERED_CHART).map_err(|e| format!("the rendered chart: {e}"))?;
     let document = documents
@@ -47,7 +47,7 @@ pub fn required(role: &str) -> Result<Vec<Permission>, String> {
     Ok(permissions(&role))
 }
 
-pub fn permissions(role: &ClusterRole) -> Vec<Permission> {
+pub(super) fn permissions(role: &ClusterRole) -> Vec<Permission> {
     let mut out = Vec::new();
     for rule in role.rules.iter().flatten() {
         // Names unset means any object; one `None` stands for that.

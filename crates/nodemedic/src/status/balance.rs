@@ -12,7 +12,7 @@ const DESCHEDULER: &str = "sigs.k8s.io.descheduler";
 const RECENT: usize = 10;
 
 /// `overutilized`, `appropriate`, or `-`: the soft tainter's verdict on the node.
-pub fn soft_taint(node: &Node) -> String {
+pub(super) fn soft_taint(node: &Node) -> String {
     let keys: Vec<&str> = node
         .spec
         .as_ref()
@@ -32,7 +32,7 @@ pub fn soft_taint(node: &Node) -> String {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct EvictionView {
+pub(super) struct EvictionView {
     pub pod: String,
     /// The strategy that evicted it (the event's reason), e.g. RemoveDuplicates.
     pub strategy: String,
@@ -41,7 +41,7 @@ pub struct EvictionView {
 }
 
 /// The descheduler's most recent evictions, newest first.
-pub fn recent_evictions(events: &[Event], now: Timestamp) -> Vec<EvictionView> {
+pub(super) fn recent_evictions(events: &[Event], now: Timestamp) -> Vec<EvictionView> {
     let mut evictions: Vec<(Timestamp, EvictionView)> = events
         .iter()
         .filter(|e| {
@@ -74,7 +74,7 @@ pub fn recent_evictions(events: &[Event], now: Timestamp) -> Vec<EvictionView> {
 }
 
 /// The lines under the table.
-pub fn section(evictions: &[EvictionView]) -> String {
+pub(super) fn section(evictions: &[EvictionView]) -> String {
     if evictions.is_empty() {
         return String::new();
     }

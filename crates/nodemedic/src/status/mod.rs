@@ -21,17 +21,17 @@ use nodemedic_api::{
 };
 use serde::de::DeserializeOwned;
 
-pub use view::{Snapshot, rows, table};
+pub(crate) use view::{Snapshot, rows, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
     Yaml,
 }
 
 #[derive(Args, Debug)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Keep the view updated as nodes, checks, remediations and maintenance change.
     #[arg(short, long)]
     pub watch: bool,
@@ -39,7 +39,7 @@ pub struct StatusArgs {
     pub output: Format,
 }
 
-pub fn run(args: StatusArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: StatusArgs) -> anyhow::Result<()> {
     nodemedic_kube::logging::init_with_default(false, "warn,kube_client=off");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(status(args))

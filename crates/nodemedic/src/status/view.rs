@@ -17,7 +17,7 @@ use serde::Serialize;
 
 /// Everything one view is built from.
 #[derive(Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub nodes: Vec<Node>,
     pub checks: Vec<NodeHealthCheck>,
     pub self_remediations: Vec<SelfNodeRemediation>,
@@ -31,7 +31,7 @@ pub struct Snapshot {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeRow {
+pub(crate) struct NodeRow {
     pub node: String,
     /// The Ready condition's status: True, False or Unknown.
     pub ready: String,
@@ -53,7 +53,7 @@ pub struct NodeRow {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RemediationView {
+pub(crate) struct RemediationView {
     pub kind: String,
     pub namespace: String,
     pub name: String,
@@ -63,7 +63,7 @@ pub struct RemediationView {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MaintenanceView {
+pub(crate) struct MaintenanceView {
     pub name: String,
     pub phase: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,7 +105,7 @@ fn fencing(registrations: &[Lease], node: &str) -> String {
         })
 }
 
-pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
+pub(crate) fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
     let selectors: Vec<(String, Option<Selector>)> = s
         .checks
         .iter()
@@ -207,7 +207,7 @@ pub fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
 
 /// What a person must know beyond the rows: health checks that watch no node (their
 /// NodesSelected condition is False), with the condition's reason why.
-pub fn warnings(s: &Snapshot) -> Vec<String> {
+pub(super) fn warnings(s: &Snapshot) -> Vec<String> {
     s.checks
         .iter()
         .filter_map(|check| {
@@ -228,7 +228,7 @@ pub fn warnings(s: &Snapshot) -> Vec<String> {
 }
 
 /// `42s`, `3m05s`, `2h10m`, `3d4h`.
-pub fn human_age(seconds: i64) -> String {
+pub(super) fn human_age(seconds: i64) -> String {
     let s = seconds.max(0);
     match s {
         0..60 => format!("{s}s"),
@@ -239,7 +239,7 @@ pub fn human_age(seconds: i64) -> String {
 }
 
 /// A kubectl-style table.
-pub fn table(rows: &[NodeRow]) -> String {
+pub(crate) fn table(rows: &[NodeRow]) -> String {
     let header = [
         "NODE",
         "READY",

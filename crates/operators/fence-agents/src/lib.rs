@@ -5,7 +5,7 @@
 
 pub mod agent;
 pub mod controller;
-pub mod decide;
+pub(crate) mod decide;
 mod error;
 
 pub use error::{Error, Result};

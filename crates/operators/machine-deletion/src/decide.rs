@@ -114,7 +114,7 @@ impl CannotStart {
 
 /// Whether the replacement node will have a new name: PermanentNodeDeletionExpected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Permanence {
+pub(crate) enum Permanence {
     /// Cloud providers name the new instance's node anew: the old node is gone for good.
     NewName,
     /// Bare metal re-provisions the same host under the same node name.
@@ -123,7 +123,7 @@ pub enum Permanence {
 }
 
 impl Permanence {
-    pub fn of(provider_id: Option<&str>) -> Self {
+    pub(crate) fn of(provider_id: Option<&str>) -> Self {
         match provider_id.filter(|p| !p.is_empty()) {
             None => Self::Unknown,
             Some(p) if p.starts_with("baremetal") => Self::SameName,
@@ -132,7 +132,7 @@ impl Permanence {
     }
 
     /// The condition's status and reason (medik8s's).
-    pub fn condition(self) -> (&'static str, &'static str, &'static str) {
+    pub(crate) fn condition(self) -> (&'static str, &'static str, &'static str) {
         match self {
             Self::NewName => (
                 "True",
@@ -190,7 +190,7 @@ pub enum Step {
     RemoveFinalizer,
 }
 
-pub fn next(f: &Facts) -> Step {
+pub(crate) fn next(f: &Facts) -> Step {
     if f.deleting {
         return while_deleted(f);
     }
@@ -281,7 +281,7 @@ fn before_deletion(target: Option<&Target>) -> Step {
 /// counts once its node is Ready: that is the replacement. An older one counts while its node
 /// exists, whatever its health: requiring it Ready would make two remediations of one owner
 /// wait on each other's broken node forever.
-pub fn replacements(owned: &[OwnedMachine], remediation_created: Option<Timestamp>) -> usize {
+pub(crate) fn replacements(owned: &[OwnedMachine], remediation_created: Option<Timestamp>) -> usize {
     owned
         .iter()
         .filter(|m| !m.deleting)

@@ -6,7 +6,7 @@
 //! facts and carries the answer out.
 
 pub mod controller;
-pub mod decide;
+pub(crate) mod decide;
 mod error;
 
 pub use error::{Error, Result};

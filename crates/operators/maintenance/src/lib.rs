@@ -4,7 +4,7 @@
 //! etcd keeps its quorum, the next step); [`controller`] observes, asks them, and acts.
 
 pub mod controller;
-pub mod decide;
+pub(crate) mod decide;
 mod error;
 
 pub use error::{Error, Result};

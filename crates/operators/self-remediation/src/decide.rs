@@ -7,13 +7,13 @@ use nodemedic_api::self_remediation::phases;
 
 /// The strategy once `Automatic` is resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applied {
+pub(crate) enum Applied {
     ResourceDeletion,
     OutOfServiceTaint,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
+pub(crate) enum Phase {
     New,
     FencingStarted,
     PreRebootCompleted,
@@ -22,7 +22,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub fn parse(phase: Option<&str>) -> Phase {
+    pub(crate) fn parse(phase: Option<&str>) -> Phase {
         match phase {
             Some(phases::FENCING_STARTED) => Phase::FencingStarted,
             Some(phases::PRE_REBOOT_COMPLETED) => Phase::PreRebootCompleted,
@@ -32,7 +32,7 @@ impl Phase {
         }
     }
 
-    pub fn as_str(self) -> Option<&'static str> {
+    pub(crate) fn as_str(self) -> Option<&'static str> {
         match self {
             Phase::New => None,
             Phase::FencingStarted => Some(phases::FENCING_STARTED),
@@ -45,7 +45,7 @@ impl Phase {
 
 /// Everything one decision reads.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Facts {
+pub(crate) struct Facts {
     pub deleting: bool,
     pub has_finalizer: bool,
     /// The health check gave up on this remediation (`nhc-timed-out`).
@@ -70,7 +70,7 @@ pub struct Facts {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     // Deletion (the node is healthy again) or a stop by the health check.
     RemoveOutOfServiceTaint,
     RemoveNoScheduleTaint,
@@ -103,7 +103,7 @@ pub enum Step {
 
 /// The next step. Deletion and a health-check stop win over everything: once the object is going
 /// or timed out, agents no longer honour it, so no workload may be deleted on its behalf.
-pub fn next(f: &Facts) -> Step {
+pub(crate) fn next(f: &Facts) -> Step {
     if f.deleting || f.timed_out {
         if f.out_of_service_taint {
             return Step::RemoveOutOfServiceTaint;
@@ -173,8 +173,10 @@ pub fn next(f: &Facts) -> Step {
     Step::MarkCompleted
 }
 
-/// Where the node's workloads may be deleted: only after the proof.
-pub fn deletes_workloads(step: &Step) -> bool {
+/// Where the node's workloads may be deleted: only after the proof (what the tests hold the
+/// decisions to).
+#[cfg(test)]
+fn deletes_workloads(step: &Step) -> bool {
     matches!(
         step,
         Step::DeletePods | Step::DeleteAttachments | Step::AddOutOfServiceTaint

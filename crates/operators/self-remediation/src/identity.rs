@@ -6,21 +6,21 @@ use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 /// The `signerName` of nodemedic's CertificateSigningRequests.
-pub const SIGNER_NAME: &str = "nodemedic.medik8s.io/peer";
+pub(crate) const SIGNER_NAME: &str = "nodemedic.medik8s.io/peer";
 /// Secret (in nodemedic's namespace) holding the signer's CA certificate and key.
-pub const CA_SECRET: &str = "nodemedic-peer-ca";
+pub(crate) const CA_SECRET: &str = "nodemedic-peer-ca";
 /// ConfigMap publishing the CA certificate to the agents.
-pub const CA_CONFIGMAP: &str = "nodemedic-peer-ca";
-pub const CA_KEY: &str = "ca.crt";
+pub(crate) const CA_CONFIGMAP: &str = "nodemedic-peer-ca";
+pub(crate) const CA_KEY: &str = "ca.crt";
 /// The key of [`CA_CONFIGMAP`] where the leading controller publishes the `ip:port` its agents
 /// send peer-detection reports to.
-pub const REPORTS_ENDPOINT_KEY: &str = "peer-reports";
+pub(crate) const REPORTS_ENDPOINT_KEY: &str = "peer-reports";
 /// The name in the controller's report-server certificate (signed by the same CA).
-pub const REPORTS_SERVER_NAME: &str = "nodemedic-peer-reports";
+pub(crate) const REPORTS_SERVER_NAME: &str = "nodemedic-peer-reports";
 
 /// An agent's credentials for the peer protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerIdentity {
+pub(crate) struct PeerIdentity {
     pub node: String,
     pub cert_pem: String,
     pub key_pem: String,
@@ -28,7 +28,7 @@ pub struct PeerIdentity {
 }
 
 impl PeerIdentity {
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         pem_der(&self.cert_pem)
             .map(|der| hex::encode(Sha256::digest(der)))
             .unwrap_or_default()
@@ -36,12 +36,12 @@ impl PeerIdentity {
 }
 
 /// The first block of a PEM text, as DER.
-pub fn pem_der(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn pem_der(text: &str) -> Option<Vec<u8>> {
     pem::parse(text).ok().map(|p| p.into_contents())
 }
 
 /// The node a peer certificate names (its DNS subject alternative name), if it names exactly one.
-pub fn certificate_node(der: &[u8]) -> Option<String> {
+pub(crate) fn certificate_node(der: &[u8]) -> Option<String> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     let san = cert.subject_alternative_name().ok()??;
     let names: Vec<String> = san

@@ -3,14 +3,14 @@
 //! docs/self-remediation-protocol.md, implemented once in [`protocol`] as pure functions.
 
 pub mod agent;
-pub mod decide;
+pub(crate) mod decide;
 mod error;
-pub mod identity;
+pub(crate) mod identity;
 pub mod manager;
-pub mod poison_pill;
+pub(crate) mod poison_pill;
 pub use nodemedic_licence_protocol as protocol;
 pub mod registration;
-pub mod remediation_object;
+pub(crate) mod remediation_object;
 pub mod watchdog;
 
 pub use error::{Error, Result};

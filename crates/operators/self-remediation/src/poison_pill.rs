@@ -18,15 +18,15 @@ use serde_json::{Value, json};
 /// Holds a PoisonPillRemediation until its carrier is gone, as the SelfNodeRemediation's own
 /// finalizer holds it until the node's taints are removed: a health check that sees the
 /// remediation gone may start the next one.
-pub const CARRIER_FINALIZER: &str = "medik8s.io/poison-pill-carrier";
+pub(crate) const CARRIER_FINALIZER: &str = "medik8s.io/poison-pill-carrier";
 
 /// The field manager that owns the SelfNodeRemediationConfig fields a PoisonPillConfig sets.
-pub const CONFIG_FIELD_MANAGER: &str = "nodemedic-poison-pill-config";
+pub(crate) const CONFIG_FIELD_MANAGER: &str = "nodemedic-poison-pill-config";
 
 /// The SelfNodeRemediation that carries out `ppr`: its name, namespace, labels and annotations
 /// (the health check's node name and timed-out marks among them), its strategy, owned by it
 /// and by the Machine that owns it, if any (whose node the manager then resolves).
-pub fn carrier(ppr: &PoisonPillRemediation) -> SelfNodeRemediation {
+pub(crate) fn carrier(ppr: &PoisonPillRemediation) -> SelfNodeRemediation {
     let mut owners = vec![owned_by(ppr)];
     owners.extend(
         ppr.owner_references()
@@ -66,7 +66,7 @@ fn owned_by(ppr: &PoisonPillRemediation) -> OwnerReference {
 }
 
 /// Whether `snr` carries out `ppr` (and not an earlier remediation of the same name).
-pub fn carries(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
+pub(crate) fn carries(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
     let uid = ppr.uid();
     snr.owner_references()
         .iter()
@@ -75,7 +75,7 @@ pub fn carries(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
 
 /// Whether `snr` carries out a PoisonPillRemediation other than `ppr` (an earlier one of the
 /// same name): another PoisonPillRemediation controls it.
-pub fn carried_for_another(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
+pub(crate) fn carried_for_another(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediation) -> bool {
     let uid = ppr.uid();
     snr.owner_references().iter().any(|o| {
         o.controller == Some(true) && o.kind == PoisonPillRemediation::kind(&()) && Some(&o.uid) != uid.as_ref()
@@ -85,7 +85,7 @@ pub fn carried_for_another(snr: &SelfNodeRemediation, ppr: &PoisonPillRemediatio
 /// The annotations and labels of `ppr` its carrier lacks or holds otherwise, as a merge patch
 /// (the health check marks a remediation timed out after it was created). What the manager
 /// added to the carrier itself stays.
-pub fn carrier_patch(ppr: &PoisonPillRemediation, snr: &SelfNodeRemediation) -> Option<Value> {
+pub(crate) fn carrier_patch(ppr: &PoisonPillRemediation, snr: &SelfNodeRemediation) -> Option<Value> {
     let missing = |want: &BTreeMap<String, String>, have: &BTreeMap<String, String>| -> BTreeMap<String, String> {
         want.iter()
             .filter(|(k, v)| have.get(*k) != Some(*v))
@@ -99,7 +99,7 @@ pub fn carrier_patch(ppr: &PoisonPillRemediation, snr: &SelfNodeRemediation) -> 
 }
 
 /// The PoisonPillRemediation's status: its carrier's.
-pub fn status_of(snr: &SelfNodeRemediation) -> PoisonPillRemediationStatus {
+pub(crate) fn status_of(snr: &SelfNodeRemediation) -> PoisonPillRemediationStatus {
     let status = snr.status.clone().unwrap_or_default();
     PoisonPillRemediationStatus {
         phase: status.phase,
@@ -110,7 +110,7 @@ pub fn status_of(snr: &SelfNodeRemediation) -> PoisonPillRemediationStatus {
 }
 
 /// The SelfNodeRemediationConfig fields a PoisonPillConfig sets, as a server-side apply body.
-pub fn config_fields(name: &str, spec: &PoisonPillConfigSpec) -> Value {
+pub(crate) fn config_fields(name: &str, spec: &PoisonPillConfigSpec) -> Value {
     json!({
         "apiVersion": "self-node-remediation.medik8s.io/v1alpha1",
         "kind": "SelfNodeRemediationConfig",

@@ -40,7 +40,7 @@ struct Window {
     max_millicores: f64,
 }
 
-pub async fn run() -> anyhow::Result<Section> {
+pub(super) async fn run() -> anyhow::Result<Section> {
     let agent = scenario::sibling_executable(&nodemedic_harness::product::nodemedic()?, "nodemedic-agent")?;
     let agent_mib = std::fs::metadata(&agent)
         .with_context(|| format!("reading {}", agent.display()))?

@@ -10,7 +10,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// (image, largest archive in MiB).
 const GOALS: [(&str, f64); 2] = [("nodemedic-controller", 150.0), ("nodemedic-agent", 25.0)];
 
-pub fn run() -> anyhow::Result<Section> {
+pub(super) fn run() -> anyhow::Result<Section> {
     let me = std::env::current_exe().context("locating this executable")?;
     // target/<profile>/nodemedic-lab -> target/images/sizes.json
     let path = me

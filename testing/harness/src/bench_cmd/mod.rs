@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-pub use recovery::{Path, Profile, Strategy};
+pub(crate) use recovery::{Path, Profile, Strategy};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Suite {
+pub(crate) enum Suite {
     /// Time to safe recovery per path, strategy and timing profile.
     Recovery,
     /// Fleets of 1,000 and 5,000 nodes: decision latency, controller memory, CPU and requests.
@@ -31,7 +31,7 @@ pub enum Suite {
 }
 
 #[derive(Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Suites to run (all by default).
     #[arg(long = "suite", value_enum)]
     pub suites: Vec<Suite>,
@@ -60,12 +60,12 @@ pub struct BenchArgs {
     pub out: PathBuf,
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::interruptible::run(bench(args))
 }
 
 /// One suite's results: its JSON and its markdown section.
-pub struct Section {
+pub(crate) struct Section {
     pub name: &'static str,
     pub json: serde_json::Value,
     pub markdown: String,
@@ -121,7 +121,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// The machine the numbers come from.
-pub fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -159,6 +159,6 @@ fn commit() -> String {
 }
 
 /// "met" or "MISSED", for target lines.
-pub fn verdict(met: bool) -> &'static str {
+pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**MISSED**" }
 }

@@ -41,7 +41,7 @@ struct Run {
     anon_mib: f64,
 }
 
-pub fn run() -> anyhow::Result<Section> {
+pub(super) fn run() -> anyhow::Result<Section> {
     println!("==> peer aggregation: {MEMBERS} members");
     let runs = vec![
         measure("at rest", 0, true, 30)?,

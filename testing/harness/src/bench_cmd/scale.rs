@@ -55,7 +55,7 @@ struct Fleet {
     peak_rss_mib: f64,
 }
 
-pub async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
+pub(super) async fn run(sizes: &[usize]) -> anyhow::Result<Section> {
     let mut fleets = Vec::new();
     for &nodes in sizes {
         println!("==> scale: {nodes} nodes");

@@ -17,11 +17,14 @@ pub use plan::{Action, Options, PathKind, Shape, Step, Strategy, TrialPlan, plan
 pub use verdict::{Snapshot, Violation, ViolationKind};
 
 /// The command that replays one trial, printed with every violation.
-pub fn replay(seed: u64, index: usize, nodes: Option<usize>, peer_detection: bool) -> String {
+pub fn replay(plan: &TrialPlan, nodes: Option<usize>, peer_detection: bool) -> String {
     let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
     let detection = if peer_detection { " --peer-detection" } else { "" };
     format!(
-        "make chaos SEED={seed} TRIALS={} ARGS=\"--only-trial {index}{nodes}{detection}\"",
-        index + 1
+        "make chaos SEED={} TRIALS={} ARGS=\"--only-trial {}{nodes}{detection} --plan-version {}\"",
+        plan.seed,
+        plan.index + 1,
+        plan.index,
+        plan.version
     )
 }

@@ -1,6 +1,6 @@
 //! A small fixed set of fault-campaign trials through the campaign's own runner (the full,
 //! randomized campaign is `make chaos`): partitions, flapping, freezes, crashes, API server and
-//! etcd restarts, controller and agent restarts mid-remediation, a hung BMC; each judged by the
+//! etcd restarts, controller and agent restarts mid-remediation, a hung BMC, a full disk; each judged by the
 //! witness, the false-fence, remediation and leftover checks.
 
 use nodemedic_harness::chaos::{
@@ -8,6 +8,7 @@ use nodemedic_harness::chaos::{
     plan::validate,
     run::{Runner, TrialResult},
 };
+use nodemedic_lab::Fault;
 
 use crate::support::logs;
 
@@ -38,6 +39,7 @@ fn plans() -> Vec<TrialPlan> {
         strategy,
         steps: steps(list),
         end_ms: list.last().map_or(0, |(s, _)| s * 1000),
+        version: nodemedic_harness::chaos::plan::PLAN_VERSION,
     };
     vec![
         // The workload's node cut off; the controller, a peer's agent and the API server restart
@@ -47,7 +49,7 @@ fn plans() -> Vec<TrialPlan> {
             snr,
             Strategy::OutOfServiceTaint,
             &[
-                (0, Action::Partition { nodes: vec![0] }),
+                (0, Action::Fault(Fault::Partition { nodes: vec![0] })),
                 (17, Action::RestartController { mid_remediation: true }),
                 (
                     20,
@@ -56,24 +58,27 @@ fn plans() -> Vec<TrialPlan> {
                         mid_remediation: true,
                     },
                 ),
-                (24, Action::StopApiserver),
-                (28, Action::StartApiserver),
-                (40, Action::Heal { node: 0 }),
+                (24, Action::Fault(Fault::StopApiserver)),
+                (28, Action::Fault(Fault::StartApiserver)),
+                (40, Action::Fault(Fault::Heal { node: 0 })),
             ],
         ),
-        // A peer flapping, etcd restarting, another peer hanging: nobody healthy may fence.
+        // A peer flapping, etcd restarting, another peer hanging, the workload's node's disk
+        // full: nobody healthy may fence, and the full node is not remediated.
         plan(
             1,
             snr,
             Strategy::ResourceDeletion,
             &[
-                (0, Action::Partition { nodes: vec![1] }),
-                (5, Action::Heal { node: 1 }),
-                (9, Action::Partition { nodes: vec![1] }),
-                (14, Action::Heal { node: 1 }),
-                (17, Action::RestartEtcd),
-                (20, Action::Freeze { node: 2 }),
-                (26, Action::Thaw { node: 2 }),
+                (0, Action::Fault(Fault::FillDisk { node: 0 })),
+                (0, Action::Fault(Fault::Partition { nodes: vec![1] })),
+                (5, Action::Fault(Fault::Heal { node: 1 })),
+                (9, Action::Fault(Fault::Partition { nodes: vec![1] })),
+                (14, Action::Fault(Fault::Heal { node: 1 })),
+                (17, Action::Fault(Fault::RestartEtcd)),
+                (20, Action::Fault(Fault::Freeze { node: 2 })),
+                (26, Action::Fault(Fault::Thaw { node: 2 })),
+                (26, Action::Fault(Fault::FreeDisk { node: 0 })),
             ],
         ),
         // The workload's node crashes with its BMC hung; the controller restarts mid-fencing.
@@ -82,11 +87,11 @@ fn plans() -> Vec<TrialPlan> {
             far,
             Strategy::OutOfServiceTaint,
             &[
-                (0, Action::Crash { node: 0 }),
-                (1, Action::HangBmc { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
+                (1, Action::Fault(Fault::HangBmc { node: 0 })),
                 (17, Action::RestartController { mid_remediation: true }),
-                (24, Action::ResumeBmc { node: 0 }),
-                (40, Action::PowerOn { node: 0 }),
+                (24, Action::Fault(Fault::ResumeBmc { node: 0 })),
+                (40, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
     ]

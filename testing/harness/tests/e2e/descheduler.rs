@@ -21,8 +21,8 @@ use crate::support::{event_with, eventually, lab, start_controller};
 
 const LONG: Duration = Duration::from_secs(180);
 /// The seed's namespace (an openshift-* one: the descheduler never evicts its own pod).
-pub const OPERATOR_NS: &str = "openshift-kube-descheduler-operator";
-pub const DESCHEDULER_ONLY: &[&str] = &[
+pub(crate) const OPERATOR_NS: &str = "openshift-kube-descheduler-operator";
+pub(crate) const DESCHEDULER_ONLY: &[&str] = &[
     "--disable=health-check",
     "--disable=self-remediation",
     "--disable=fence-agents",
@@ -108,7 +108,7 @@ spec:
 
 /// Runs the descheduler's pods with the upstream binary, and the controller with only the
 /// descheduler operator.
-pub fn run_descheduler(lab: &mut Lab) {
+pub(crate) fn run_descheduler(lab: &mut Lab) {
     lab.run_pods(PodRunner {
         selector: "app.kubernetes.io/managed-by=nodemedic-descheduler".into(),
         executable: rebalancing_dir().join("descheduler"),
@@ -116,7 +116,7 @@ pub fn run_descheduler(lab: &mut Lab) {
     start_controller(lab, "controller", DESCHEDULER_ONLY);
 }
 
-pub async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) {
+pub(crate) async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) {
     Api::<Node>::all(client.clone())
         .patch(
             node,
@@ -127,7 +127,7 @@ pub async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool)
         .unwrap_or_else(|e| panic!("cordoning {node}: {e}"));
 }
 
-pub async fn label_node(client: &Client, node: &str, key: &str, value: &str) {
+pub(crate) async fn label_node(client: &Client, node: &str, key: &str, value: &str) {
     Api::<Node>::all(client.clone())
         .patch(
             node,
@@ -139,7 +139,7 @@ pub async fn label_node(client: &Client, node: &str, key: &str, value: &str) {
 }
 
 /// Running pods of `app` in `namespace`: name -> (uid, node).
-pub async fn running(client: &Client, namespace: &str, app: &str) -> BTreeMap<String, (String, String)> {
+pub(crate) async fn running(client: &Client, namespace: &str, app: &str) -> BTreeMap<String, (String, String)> {
     Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("app={app}")))
         .await
@@ -195,7 +195,7 @@ async fn descheduler_log(lab: &Lab) -> String {
     text
 }
 
-pub async fn available(client: &Client) -> bool {
+pub(crate) async fn available(client: &Client) -> bool {
     let Ok(kd) = Api::<KubeDescheduler>::namespaced(client.clone(), OPERATOR_NS)
         .get("cluster")
         .await

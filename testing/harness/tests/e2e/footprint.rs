@@ -96,7 +96,7 @@ async fn what_each_node_costs_the_controller_stays_within_its_share_of_the_scale
 
 /// The agents' peak allocated memory, watched through a test's faults, against the footprint
 /// bench's target less what the shipped agent's executable keeps resident.
-pub fn agents_within_their_ceiling(peak: Peak, through: &str) {
+pub(crate) fn agents_within_their_ceiling(peak: Peak, through: &str) {
     let allowed = budget::agent_allocated_kib();
     println!(
         "agents {through}: at most {:.1} MiB allocated (resident {:.1} MiB) in {} processes; ceiling {:.1} MiB",

@@ -177,6 +177,50 @@ fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_an
     assert!(timeline.contains("SelfNodeRemediation"), "{timeline}");
     assert!(timeline.contains(&format!("Running on {elsewhere}")), "{timeline}");
 
+    // Every lab fault is the playground's, and `undo` undoes one.
+    for (args, shows) in [
+        (vec!["fill-disk", &elsewhere], " full "),
+        (vec!["undo", "fill-disk", &elsewhere], " ok "),
+    ] {
+        let done = nodemedic_lab(&args);
+        assert!(done.status.success(), "{args:?}: {}", text(&done));
+        let status = text(&nodemedic_lab(&["status"]));
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with(elsewhere.as_str()) && l.contains(shows)),
+            "{args:?}: {status}"
+        );
+    }
+    for args in [
+        vec![
+            "slow-links",
+            "--delay-ms",
+            "20",
+            "--jitter-ms",
+            "0",
+            "--loss-permille",
+            "0",
+            "node-1",
+        ],
+        vec!["undo", "slow-links", "node-1"],
+        vec!["hang-bmc", &elsewhere],
+        vec!["undo", "hang-bmc", &elsewhere],
+    ] {
+        let done = nodemedic_lab(&args);
+        assert!(done.status.success(), "{args:?}: {}", text(&done));
+    }
+    let timeline = text(&nodemedic_lab(&["timeline"]));
+    for fault in ["fill-disk", "free-disk", "slow links node-1", "restore links node-1"] {
+        assert!(timeline.contains(&format!("fault: {fault}")), "{fault}: {timeline}");
+    }
+    let nothing = nodemedic_lab(&["undo", "restart-etcd"]);
+    assert!(
+        !nothing.status.success() && text(&nothing).contains("nothing undoes it"),
+        "{}",
+        text(&nothing)
+    );
+
     let down = nodemedic_lab(&["down"]);
     assert!(down.status.success(), "{}", text(&down));
     let after = nodemedic_lab(&["status"]);

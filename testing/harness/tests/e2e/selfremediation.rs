@@ -25,17 +25,21 @@ const LONG: Duration = Duration::from_secs(120);
 /// A lab with nodemedic (controller + agents), the StatefulSet running and the seed health check
 /// watching (every node when the lab's nodes lack the seed's role labels), its durations
 /// shortened to [`scenario::TEST_CONDITION_DURATION`]; returns the pod's node.
-pub async fn cluster(config: LabConfig) -> (Lab, String) {
+pub(crate) async fn cluster(config: LabConfig) -> (Lab, String) {
     cluster_with(config, LabWatchdog::Socket, scenario::FAST_CONFIG).await
 }
 
 /// [`cluster`] with the agents' watchdog and the SelfNodeRemediationConfig patch given.
-pub async fn cluster_with(config: LabConfig, watchdog: LabWatchdog, patch: &str) -> (Lab, String) {
+pub(crate) async fn cluster_with(config: LabConfig, watchdog: LabWatchdog, patch: &str) -> (Lab, String) {
     installed(config, watchdog, patch, scenario::shorten_durations).await
 }
 
 /// [`cluster_with`] with the seed health check's own durations.
-pub async fn cluster_with_seed_durations(config: LabConfig, watchdog: LabWatchdog, patch: &str) -> (Lab, String) {
+pub(crate) async fn cluster_with_seed_durations(
+    config: LabConfig,
+    watchdog: LabWatchdog,
+    patch: &str,
+) -> (Lab, String) {
     installed(config, watchdog, patch, |_| {}).await
 }
 
@@ -68,17 +72,17 @@ async fn installed(
     (lab, node)
 }
 
-pub fn exe() -> std::path::PathBuf {
+pub(crate) fn exe() -> std::path::PathBuf {
     crate::nodemedic_exe()
 }
 
-pub async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
+pub(crate) async fn running_pod(client: &Client, not_on: &[&str]) -> Pod {
     scenario::running_pod(client, not_on, Duration::from_secs(180))
         .await
         .expect("db-0 Running")
 }
 
-pub async fn snr(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
+pub(crate) async fn snr(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
     list::<SelfNodeRemediation>(client, NS).await.into_iter().find(|r| {
         r.annotations()
             .get("remediation.medik8s.io/node-name")
@@ -87,7 +91,7 @@ pub async fn snr(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
     })
 }
 
-pub async fn phase_reached(client: &Client, node: &str, phase: &str) -> SelfNodeRemediation {
+pub(crate) async fn phase_reached(client: &Client, node: &str, phase: &str) -> SelfNodeRemediation {
     eventually(&format!("{node}'s remediation in phase {phase}"), LONG, || async {
         snr(client, node)
             .await
@@ -98,7 +102,7 @@ pub async fn phase_reached(client: &Client, node: &str, phase: &str) -> SelfNode
 
 /// Nodes the lab power-cycled for a watchdog (expiry or an agent's immediate reset) or a
 /// software reboot.
-pub fn fenced(lab: &Lab) -> Vec<String> {
+pub(crate) fn fenced(lab: &Lab) -> Vec<String> {
     let mut nodes: Vec<String> = lab
         .timeline()
         .entries()

@@ -16,7 +16,7 @@ use crate::{
     text,
 };
 
-pub fn status(lab: &Lab, args: &[&str]) -> String {
+pub(crate) fn status(lab: &Lab, args: &[&str]) -> String {
     let out = Command::new(crate::nodemedic_exe())
         .arg("status")
         .args(args)

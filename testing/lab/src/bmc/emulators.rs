@@ -25,7 +25,7 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub fn write(dir: &Path, python: PathBuf) -> Result<Self> {
+    pub(super) fn write(dir: &Path, python: PathBuf) -> Result<Self> {
         let scripts = Self {
             python,
             sushy: dir.join("sushy_bmc.py"),
@@ -65,7 +65,7 @@ impl NodeBmc<'_> {
         self.dir.join("power")
     }
 
-    pub fn processes(&self, scripts: &Scripts) -> Result<Vec<(String, ProcessSpec)>> {
+    pub(super) fn processes(&self, scripts: &Scripts) -> Result<Vec<(String, ProcessSpec)>> {
         std::fs::create_dir_all(&self.dir).map_err(io(format!("creating {}", self.dir.display())))?;
         write(&self.power_file(), "On")?;
         let [redfish_name, ipmi_name] = process_names(self.node);

@@ -8,7 +8,7 @@ use crate::nodes::PROVIDER_ID_SCHEME;
 
 /// Where a Machine's node comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Placement {
+pub(super) enum Placement {
     /// A lab node no Machine holds yet (the lab's first nodes are the pool's hosts).
     Adopt(String),
     /// A new node, named `node-<n>` after the highest number the lab ever gave a node: a cloud
@@ -20,7 +20,7 @@ pub enum Placement {
 
 /// The host asked for (as Metal3 selects a bare-metal host), else the first node (by name) that
 /// no Machine holds, else a new one.
-pub fn place(
+pub(super) fn place(
     nodes: &BTreeSet<String>,
     held: &BTreeSet<String>,
     ever_named: &BTreeSet<String>,
@@ -48,7 +48,7 @@ pub fn place(
 }
 
 /// The lab node a providerID names, if it is one of the lab's.
-pub fn node_of(provider_id: &str) -> Option<&str> {
+pub(super) fn node_of(provider_id: &str) -> Option<&str> {
     provider_id.strip_prefix(PROVIDER_ID_SCHEME).filter(|n| !n.is_empty())
 }
 

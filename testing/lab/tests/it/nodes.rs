@@ -1,9 +1,11 @@
-//! Nodes: crash, power, partitions, freeze, API isolation, each checked from inside the node's
+//! Nodes: crash, power, partitions, freeze, API isolation, slow links, a full disk, each checked from inside the node's
 //! namespace and from the API.
 
 use std::time::{Duration, Instant};
 
-use nodemedic_lab::{Event, Lab, LabConfig};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nodemedic_lab::{Event, Fault, Lab, LabConfig};
 
 use crate::support::{has_taint, listen_in, logs, unknown_within, wait_reachable};
 
@@ -138,7 +140,8 @@ async fn partitions_of_one_and_of_two_nodes_cut_exactly_what_they_promise() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn freeze_stops_every_process_api_isolation_keeps_peers_reachable_and_a_link_slows_again_after_a_restart() {
+async fn freeze_stops_every_process_api_isolation_keeps_peers_reachable_a_link_slows_again_after_a_restart_and_a_full_disk_is_reported()
+ {
     logs();
     let lab = Lab::start(LabConfig::seed()).await.expect("lab starts");
     for node in lab.nodes() {
@@ -216,4 +219,48 @@ async fn freeze_stops_every_process_api_isolation_keeps_peers_reachable_and_a_li
         .expect("the link slows again while the process started in the last slow window lives");
     lab.restore_links(&["node-1"]).await.expect("restore");
     wait_reachable(&lab, "node-1", "node-2").await;
+
+    // A full disk: the node's kubelet reports DiskPressure and the node controller taints it;
+    // the node stays Ready and connected. Undone, both go.
+    let fill = Fault::FillDisk { node: "node-2".into() };
+    lab.inject(&fill).await.expect("fill the disk");
+    assert!(lab.condition("node-2").expect("node").disk_full);
+    disk_pressure(&lab, "node-2", "True").await;
+    nodemedic_lab::wait::until("the disk-pressure taint", Duration::from_secs(30), || async {
+        Ok(has_taint(&lab, "node-2", DISK_PRESSURE_TAINT).await.then_some(()))
+    })
+    .await
+    .expect("node-2 tainted for its disk");
+    lab.wait_ready_status("node-2", "True", Duration::from_secs(1))
+        .await
+        .expect("a node with a full disk stays Ready");
+    lab.undo(&fill).await.expect("free the disk");
+    assert!(!lab.condition("node-2").expect("node").disk_full);
+    disk_pressure(&lab, "node-2", "False").await;
+    nodemedic_lab::wait::until("the disk-pressure taint gone", Duration::from_secs(30), || async {
+        Ok((!has_taint(&lab, "node-2", DISK_PRESSURE_TAINT).await).then_some(()))
+    })
+    .await
+    .expect("node-2's disk taint removed");
+}
+
+const DISK_PRESSURE_TAINT: &str = "node.kubernetes.io/disk-pressure";
+
+/// Waits until the node's DiskPressure condition has this status.
+async fn disk_pressure(lab: &Lab, node: &str, status: &str) {
+    let nodes = Api::<Node>::all(lab.client());
+    nodemedic_lab::wait::until(
+        &format!("{node} DiskPressure={status}"),
+        Duration::from_secs(30),
+        || async {
+            let current = nodes.get(node).await.ok().and_then(|n| n.status?.conditions);
+            Ok(current
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "DiskPressure" && c.status == status)
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -15,9 +15,9 @@ use nodemedic_lab::{Event, Lab, LabConfig, Timings, timeline::Entry, wait};
 
 use crate::support::{has_taint, logs, unknown_within};
 
-pub use nodemedic_lab::workloads::STATEFULSET;
+pub(crate) use nodemedic_lab::workloads::STATEFULSET;
 
-pub async fn running_pod(client: &Client, name: &str, not_on: Option<&str>) -> Pod {
+pub(crate) async fn running_pod(client: &Client, name: &str, not_on: Option<&str>) -> Pod {
     let pods = Api::<Pod>::namespaced(client.clone(), "vm");
     wait::until(&format!("pod {name} Running"), Duration::from_secs(90), || {
         let pods = pods.clone();
@@ -55,7 +55,7 @@ async fn recorded_running(lab: &Lab, pod: &Pod) -> Entry {
     .expect("recorded")
 }
 
-pub fn node_of(pod: &Pod) -> String {
+pub(crate) fn node_of(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).expect("scheduled")
 }
 

@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use nodemedic_lab::{Lab, ProcessSpec, wait};
 
-pub fn logs() {
+pub(crate) fn logs() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         let _ = tracing_subscriber::fmt()
@@ -17,7 +17,7 @@ pub fn logs() {
 }
 
 /// A TCP listener inside the node (port 9000), so reachability between nodes can be checked.
-pub fn listen_in(lab: &Lab, node: &str) {
+pub(crate) fn listen_in(lab: &Lab, node: &str) {
     let ip = lab.node_ip(node).expect("node");
     let spec = ProcessSpec::new(
         "/usr/bin/python3",
@@ -26,7 +26,7 @@ pub fn listen_in(lab: &Lab, node: &str) {
     lab.add_node_process(node, "listener", spec).expect("listener starts");
 }
 
-pub async fn wait_reachable(lab: &Lab, from: &str, to: &str) {
+pub(crate) async fn wait_reachable(lab: &Lab, from: &str, to: &str) {
     let ip = lab.node_ip(to).expect("node");
     wait::until(
         &format!("{from} reaches {to}"),
@@ -37,7 +37,7 @@ pub async fn wait_reachable(lab: &Lab, from: &str, to: &str) {
     .expect("reachable");
 }
 
-pub async fn has_taint(lab: &Lab, node: &str, key: &str) -> bool {
+pub(crate) async fn has_taint(lab: &Lab, node: &str, key: &str) -> bool {
     let node = Api::<Node>::all(lab.client()).get(node).await.expect("node");
     node.spec
         .and_then(|s| s.taints)
@@ -47,7 +47,7 @@ pub async fn has_taint(lab: &Lab, node: &str, key: &str) -> bool {
 }
 
 /// Grace before Ready=Unknown, plus the monitor period and slack for a loaded 2-core machine.
-pub fn unknown_within(lab: &Lab) -> Duration {
+pub(crate) fn unknown_within(lab: &Lab) -> Duration {
     let t = &lab.config().timings;
     t.node_monitor_grace + t.node_monitor_period * 2 + Duration::from_secs(8)
 }

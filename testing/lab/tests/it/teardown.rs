@@ -3,7 +3,7 @@
 use nodemedic_lab::{BmcOptions, Lab, LabConfig};
 
 /// What of the lab `id` is still on the host: namespaces, links, processes, mounts, tmpfs.
-pub fn leftovers(id: &str) -> Vec<String> {
+pub(crate) fn leftovers(id: &str) -> Vec<String> {
     let mut found = Vec::new();
     let netns = std::process::Command::new("ip")
         .args(["netns", "list"])

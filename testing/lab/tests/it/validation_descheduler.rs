@@ -1,9 +1,9 @@
 //! The KubeDescheduler's schema rules, each with an invalid variant (run by the validation test,
 //! in its lab).
 
-pub const SEED: &str = "002-kube-descheduler.yaml";
+pub(crate) const SEED: &str = "002-kube-descheduler.yaml";
 /// The seed's own namespace: the seed applies unchanged.
-pub const SEED_NAMESPACE: &str = "openshift-kube-descheduler-operator";
+pub(crate) const SEED_NAMESPACE: &str = "openshift-kube-descheduler-operator";
 
 fn descheduler(name: &str, spec: &str) -> String {
     format!(
@@ -16,7 +16,7 @@ fn cluster(spec: &str) -> String {
 }
 
 /// (what is wrong, manifest, every fragment the rejection must contain)
-pub fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
+pub(crate) fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
     vec![
         (
             "descheduler name",

@@ -28,7 +28,7 @@ fn apply_params() -> PatchParams {
 }
 
 /// Applies the descheduler's objects; returns the Deployment's ready replicas.
-pub async fn descheduler(
+pub(super) async fn descheduler(
     ctx: &Context,
     kd: &KubeDescheduler,
     namespace: &str,
@@ -71,7 +71,7 @@ pub async fn descheduler(
 }
 
 /// Scales the descheduler to zero (a spec that cannot run must not keep an old policy running).
-pub async fn stop_descheduler(ctx: &Context, namespace: &str) -> Result<()> {
+pub(super) async fn stop_descheduler(ctx: &Context, namespace: &str) -> Result<()> {
     let api = Api::<Deployment>::namespaced(ctx.client.clone(), namespace);
     if api
         .get_opt(objects::DESCHEDULER)
@@ -92,7 +92,7 @@ pub async fn stop_descheduler(ctx: &Context, namespace: &str) -> Result<()> {
 
 /// Removes the binding and every soft taint; with `namespaced`, the descheduler's objects too
 /// (a deleted KubeDescheduler's are garbage-collected through their owner reference).
-pub async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool) -> Result<()> {
+pub(super) async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool) -> Result<()> {
     let client = &ctx.client;
     let gone = |r: kube::Result<_>| match r {
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
@@ -132,7 +132,7 @@ pub async fn remove_everything(ctx: &Context, namespace: &str, namespaced: bool)
 }
 
 /// Takes every soft taint off every node (read a page at a time: see nodemedic_kube::paged).
-pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
+pub(super) async fn remove_soft_taints(ctx: &Context) -> Result<()> {
     let nodes = Api::<Node>::all(ctx.tainter.clone());
     let mut pages = std::pin::pin!(paged::pages(&nodes, &ListParams::default()));
     while let Some(page) = pages.next().await {
@@ -169,7 +169,7 @@ pub async fn remove_soft_taints(ctx: &Context) -> Result<()> {
     Ok(())
 }
 
-pub async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &Outcome) -> Result<()> {
+pub(super) async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &Outcome) -> Result<()> {
     let mut status = kd.status.clone().unwrap_or_default();
     let mut conditions = status.conditions.clone().unwrap_or_default();
     let now = nodemedic_kube::time::now();

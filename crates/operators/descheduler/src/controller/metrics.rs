@@ -9,17 +9,17 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TaintLabels {
+pub(super) struct TaintLabels {
     pub taint: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeLabels {
+pub(super) struct NodeLabels {
     pub node: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
+pub(super) struct KindLabels {
     pub kind: String,
 }
 

@@ -4,9 +4,9 @@
 
 mod apply;
 mod metrics;
-pub mod objects;
+pub(crate) mod objects;
 mod observe;
-pub mod prometheus;
+pub(crate) mod prometheus;
 mod tainter;
 
 use std::{sync::Arc, time::Duration};

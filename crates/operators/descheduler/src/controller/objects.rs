@@ -26,20 +26,20 @@ use sha2::{Digest, Sha256};
 use crate::decide::deployment::{POLICY_DIR, POLICY_KEY};
 
 /// The Deployment, its ServiceAccount and its policy ConfigMap, in the KubeDescheduler's namespace.
-pub const DESCHEDULER: &str = "descheduler";
-pub const POLICY_CONFIGMAP: &str = "descheduler-policy";
+pub(crate) const DESCHEDULER: &str = "descheduler";
+pub(crate) const POLICY_CONFIGMAP: &str = "descheduler-policy";
 /// The ClusterRole (shipped in the chart) with the descheduler's rights.
-pub const CLUSTER_ROLE: &str = "nodemedic-descheduler";
+pub(crate) const CLUSTER_ROLE: &str = "nodemedic-descheduler";
 /// Marks everything the operator makes (the lab finds the Deployment by it).
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodemedic-descheduler");
+pub(crate) const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nodemedic-descheduler");
 /// The policy's hash on the pod template: a new policy rolls the descheduler.
-pub const POLICY_HASH: &str = "descheduler.nodemedic.io/policy-hash";
+pub(crate) const POLICY_HASH: &str = "descheduler.nodemedic.io/policy-hash";
 /// The descheduler's default secure port (metrics, /healthz).
 const SECURE_PORT: i32 = 10258;
 /// Where the executable is in the upstream image.
-pub const COMMAND: &str = "/bin/descheduler";
+pub(crate) const COMMAND: &str = "/bin/descheduler";
 
-pub fn cluster_role_binding_name(namespace: &str) -> String {
+pub(crate) fn cluster_role_binding_name(namespace: &str) -> String {
     format!("{CLUSTER_ROLE}-{namespace}")
 }
 
@@ -60,7 +60,7 @@ fn owned(kd: &KubeDescheduler, name: &str) -> ObjectMeta {
     }
 }
 
-pub fn service_account(kd: &KubeDescheduler) -> ServiceAccount {
+pub(crate) fn service_account(kd: &KubeDescheduler) -> ServiceAccount {
     ServiceAccount {
         metadata: owned(kd, DESCHEDULER),
         ..ServiceAccount::default()
@@ -69,7 +69,7 @@ pub fn service_account(kd: &KubeDescheduler) -> ServiceAccount {
 
 /// Cluster-scoped, so it cannot be owned by the namespaced KubeDescheduler: the operator's
 /// finalizer deletes it.
-pub fn cluster_role_binding(namespace: &str) -> ClusterRoleBinding {
+pub(crate) fn cluster_role_binding(namespace: &str) -> ClusterRoleBinding {
     ClusterRoleBinding {
         metadata: ObjectMeta {
             name: Some(cluster_role_binding_name(namespace)),
@@ -90,7 +90,7 @@ pub fn cluster_role_binding(namespace: &str) -> ClusterRoleBinding {
     }
 }
 
-pub fn policy_config_map(kd: &KubeDescheduler, policy_yaml: &str) -> ConfigMap {
+pub(crate) fn policy_config_map(kd: &KubeDescheduler, policy_yaml: &str) -> ConfigMap {
     ConfigMap {
         metadata: owned(kd, POLICY_CONFIGMAP),
         data: Some(BTreeMap::from([(POLICY_KEY.to_owned(), policy_yaml.to_owned())])),
@@ -98,7 +98,7 @@ pub fn policy_config_map(kd: &KubeDescheduler, policy_yaml: &str) -> ConfigMap {
     }
 }
 
-pub fn policy_hash(policy_yaml: &str, args: &[String]) -> String {
+pub(crate) fn policy_hash(policy_yaml: &str, args: &[String]) -> String {
     let mut hash = Sha256::new();
     hash.update(policy_yaml.as_bytes());
     for arg in args {
@@ -108,7 +108,13 @@ pub fn policy_hash(policy_yaml: &str, args: &[String]) -> String {
     hex::encode(&hash.finalize()[..8])
 }
 
-pub fn deployment(kd: &KubeDescheduler, image: &str, args: Vec<String>, hash: &str, replicas: i32) -> Deployment {
+pub(crate) fn deployment(
+    kd: &KubeDescheduler,
+    image: &str,
+    args: Vec<String>,
+    hash: &str,
+    replicas: i32,
+) -> Deployment {
     let selector = BTreeMap::from([("app.kubernetes.io/name".to_owned(), DESCHEDULER.to_owned())]);
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),

@@ -12,7 +12,7 @@ use crate::{
     decide::{Environment, policy::PrometheusProvider, render::KUBEVIRT_NODE_SELECTOR},
 };
 
-pub async fn environment(client: &Client, settings: &Settings) -> Result<Environment> {
+pub(super) async fn environment(client: &Client, settings: &Settings) -> Result<Environment> {
     let namespaces = Api::<Namespace>::all(client.clone())
         .list_metadata(&ListParams::default())
         .await
@@ -45,7 +45,7 @@ pub async fn environment(client: &Client, settings: &Settings) -> Result<Environ
 
 /// Another KubeDescheduler named cluster, created earlier in another namespace, that is in
 /// charge instead of this one.
-pub async fn first_in_charge(client: &Client, kd: &KubeDescheduler) -> Result<Option<String>> {
+pub(super) async fn first_in_charge(client: &Client, kd: &KubeDescheduler) -> Result<Option<String>> {
     let all = Api::<KubeDescheduler>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -56,7 +56,7 @@ pub async fn first_in_charge(client: &Client, kd: &KubeDescheduler) -> Result<Op
 }
 
 /// The KubeDescheduler in charge: named cluster, not being deleted, the oldest (then by namespace).
-pub fn first(all: &[KubeDescheduler]) -> Option<(String, String)> {
+pub(super) fn first(all: &[KubeDescheduler]) -> Option<(String, String)> {
     all.iter()
         .filter(|k| k.name_any() == nodemedic_api::descheduler::NAME && k.metadata.deletion_timestamp.is_none())
         .min_by_key(|k| (k.metadata.creation_timestamp.clone().map(|t| t.0), k.namespace()))

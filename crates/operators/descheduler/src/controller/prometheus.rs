@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::{Error, Result};
 
 #[derive(Clone)]
-pub struct Prometheus {
+pub(crate) struct Prometheus {
     url: String,
     client: Client,
 }
@@ -38,7 +38,7 @@ struct Sample {
 
 impl Prometheus {
     /// `ca_pem`: the certificate authority of an https Prometheus, when not a public one.
-    pub fn new(url: &str, ca_pem: Option<&[u8]>) -> Result<Self> {
+    pub(crate) fn new(url: &str, ca_pem: Option<&[u8]>) -> Result<Self> {
         let failed = |why: String| Error::Prometheus {
             url: url.to_owned(),
             why,
@@ -56,12 +56,12 @@ impl Prometheus {
         })
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// The query's value per `instance` label, as the descheduler reads it.
-    pub async fn per_instance(&self, query: &str) -> Result<BTreeMap<String, f64>> {
+    pub(crate) async fn per_instance(&self, query: &str) -> Result<BTreeMap<String, f64>> {
         let failed = |why: String| Error::Prometheus {
             url: self.url.clone(),
             why,

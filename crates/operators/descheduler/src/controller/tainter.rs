@@ -33,7 +33,7 @@ use crate::{
 const TICK: Duration = Duration::from_secs(2);
 const EFFECT: &str = "PreferNoSchedule";
 
-pub async fn run(ctx: Arc<Context>) {
+pub(super) async fn run(ctx: Arc<Context>) {
     // KubeDeschedulers from a watch: at rest the tainter makes no request at all.
     let (store, writer) = reflector::store::<KubeDescheduler>();
     let watch = reflector(

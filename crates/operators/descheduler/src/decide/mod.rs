@@ -3,9 +3,9 @@
 
 pub mod deployment;
 pub mod policy;
-pub mod render;
+pub(crate) mod render;
 pub mod soft_taints;
-pub mod status;
+pub(crate) mod status;
 pub mod tainting;
 
 pub use render::{Environment, Invalid, Rendered, render};

@@ -13,16 +13,17 @@ use super::policy::{
 
 /// Namespaces no profile ever touches, whatever the customizations say (OpenShift's list; the
 /// controller adds its own namespace and every existing `openshift-*` one).
-pub const ALWAYS_PROTECTED: [&str; 3] = ["kube-system", "hypershift", "openshift"];
+pub(crate) const ALWAYS_PROTECTED: [&str; 3] = ["kube-system", "hypershift", "openshift"];
 /// Nodes the KubeVirt profile balances between.
-pub const KUBEVIRT_NODE_SELECTOR: &str = "kubevirt.io/schedulable=true";
+pub(crate) const KUBEVIRT_NODE_SELECTOR: &str = "kubevirt.io/schedulable=true";
 /// KubeVirt's defaults for parallel live migrations: per cluster and outbound per node.
 const KUBEVIRT_MIGRATIONS_TOTAL: u32 = 5;
 const KUBEVIRT_MIGRATIONS_PER_NODE: u32 = 2;
 const DEFAULT_POD_LIFETIME_SECONDS: u64 = 86_400;
 const POD_RESTART_THRESHOLD: u32 = 100;
 /// The recording rule the KubeVirt profile balances on when no utilization profile is named.
-pub const DEFAULT_KUBEVIRT_QUERY: &str = "descheduler:node:linear_amplified_ideal_point_positive_distance:k3:avg1m";
+pub(crate) const DEFAULT_KUBEVIRT_QUERY: &str =
+    "descheduler:node:linear_amplified_ideal_point_positive_distance:k3:avg1m";
 /// Prometheus-based utilization has one virtual resource.
 const METRIC_RESOURCE: &str = "MetricResource";
 
@@ -63,7 +64,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> Invalid {
 }
 
 /// The Prometheus query an actual-utilization profile stands for.
-pub fn utilization_query(profile: &str) -> Result<String, Invalid> {
+pub(crate) fn utilization_query(profile: &str) -> Result<String, Invalid> {
     let query = match profile {
         "PrometheusCPUUsage" => "instance:node_cpu:rate:sum",
         "PrometheusCPUPSIPressure" => "rate(node_pressure_cpu_waiting_seconds_total[1m])",
@@ -106,7 +107,7 @@ fn high_threshold(level: Option<HighThresholds>) -> u32 {
 }
 
 /// Percentage points below and above the average, for deviation thresholds.
-pub fn deviation(level: DeviationThresholds) -> Option<(u32, u32)> {
+pub(crate) fn deviation(level: DeviationThresholds) -> Option<(u32, u32)> {
     match level {
         DeviationThresholds::Low => Some((10, 10)),
         DeviationThresholds::Medium => Some((20, 20)),

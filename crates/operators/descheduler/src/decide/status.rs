@@ -7,7 +7,7 @@ use super::render::Invalid;
 
 /// What the operator is doing with the descheduler.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The policy rendered and the descheduler Deployment is applied.
     Running {
         ready_replicas: i32,
@@ -24,7 +24,7 @@ pub enum Outcome {
     Superseded { by: String },
 }
 
-pub struct Desired {
+pub(crate) struct Desired {
     pub type_: &'static str,
     pub status: bool,
     pub reason: &'static str,
@@ -41,7 +41,7 @@ fn desired(type_: &'static str, status: bool, reason: &'static str, message: imp
 }
 
 /// The four conditions for an outcome.
-pub fn conditions(outcome: &Outcome) -> Vec<Desired> {
+pub(crate) fn conditions(outcome: &Outcome) -> Vec<Desired> {
     match outcome {
         Outcome::Running {
             ready_replicas,
@@ -130,7 +130,7 @@ pub fn conditions(outcome: &Outcome) -> Vec<Desired> {
 
 /// `current` with `wanted` merged in: a condition's transition time moves only when its status
 /// does. Returns whether anything changed.
-pub fn merge(
+pub(crate) fn merge(
     current: &mut Vec<OperatorCondition>,
     wanted: Vec<Desired>,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,

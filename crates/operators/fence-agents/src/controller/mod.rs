@@ -2,7 +2,7 @@
 //! the background agent runs, metrics.
 
 mod metrics;
-pub mod options;
+pub(crate) mod options;
 mod remediation;
 mod runs;
 mod status;

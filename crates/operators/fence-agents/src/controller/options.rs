@@ -23,7 +23,7 @@ pub struct Checked {
     pub metadata: Arc<Metadata>,
 }
 
-pub async fn for_node(
+pub(crate) async fn for_node(
     client: &Client,
     agents: &Agents,
     namespace: &str,
@@ -95,7 +95,7 @@ async fn read(secrets: &Api<Secret>, namespace: &str, name: &str) -> Result<Opti
 }
 
 /// The nodes a spec names (in nodeparameters or nodeSecretNames), sorted.
-pub fn named_nodes(spec: &FenceAgentsRemediationSpec) -> Vec<String> {
+pub(crate) fn named_nodes(spec: &FenceAgentsRemediationSpec) -> Vec<String> {
     let mut nodes: Vec<String> = spec
         .nodeparameters
         .values()

@@ -29,10 +29,10 @@ struct Entry {
 }
 
 #[derive(Clone, Default)]
-pub struct Runs(Arc<Mutex<HashMap<String, Entry>>>);
+pub(super) struct Runs(Arc<Mutex<HashMap<String, Entry>>>);
 
 /// Everything one run needs.
-pub struct Job {
+pub(super) struct Job {
     pub api: Api<FenceAgentsRemediation>,
     pub name: String,
     pub agent: String,
@@ -52,7 +52,7 @@ pub struct Job {
 }
 
 impl Runs {
-    pub fn state(&self, uid: &str) -> Run {
+    pub(super) fn state(&self, uid: &str) -> Run {
         let Ok(all) = self.0.lock() else { return Run::Idle };
         match all.get(uid) {
             None => Run::Idle,
@@ -68,7 +68,7 @@ impl Runs {
     }
 
     /// Stops the run (if any) and forgets it.
-    pub fn cancel(&self, uid: &str) {
+    pub(super) fn cancel(&self, uid: &str) {
         if let Ok(mut all) = self.0.lock()
             && let Some(entry) = all.remove(uid)
         {
@@ -76,7 +76,7 @@ impl Runs {
         }
     }
 
-    pub fn start(&self, uid: &str, job: Job, agents: Agents, metrics: Metrics) {
+    pub(super) fn start(&self, uid: &str, job: Job, agents: Agents, metrics: Metrics) {
         self.cancel(uid);
         let Ok(mut all) = self.0.lock() else { return };
         let step = job.step;

@@ -7,7 +7,7 @@ use nodemedic_kube::conditions;
 use crate::decide::fencing;
 
 /// Sets `step` and its conditions with `reason`/`message`; returns whether anything changed.
-pub fn set_step(
+pub(super) fn set_step(
     s: &mut FenceAgentsRemediationStatus,
     now: &Time,
     step: fencing::Step,
@@ -33,7 +33,7 @@ pub fn set_step(
 
 /// The Failed step; FenceAgentActionSucceeded turns False only when the power was never
 /// confirmed off.
-pub fn set_failed(
+pub(super) fn set_failed(
     s: &mut FenceAgentsRemediationStatus,
     now: &Time,
     from: fencing::Step,

@@ -24,7 +24,7 @@ const STATUS_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stands for "any node" when a template names none.
 const ANY_NODE: &str = "any-node";
 
-pub async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = template
         .namespace()
         .ok_or_else(|| Error::Unnamespaced(template.name_any()))?;

@@ -153,7 +153,7 @@ pub enum Decision {
     },
 }
 
-pub fn next(f: &Facts) -> Decision {
+pub(crate) fn next(f: &Facts) -> Decision {
     if f.deleting {
         return Decision::Cleanup;
     }
@@ -237,7 +237,7 @@ fn recover(f: &Facts, action: Action) -> Decision {
 
 /// The medik8s condition triple (Processing, FenceAgentActionSucceeded, Succeeded) for a step,
 /// as "True"/"False"/"Unknown"; `None` leaves a condition as it is.
-pub fn conditions(step: Step) -> [Option<&'static str>; 3] {
+pub(crate) fn conditions(step: Step) -> [Option<&'static str>; 3] {
     match step {
         Step::PoweringOff | Step::ConfirmingOff => [Some("True"), Some("Unknown"), Some("Unknown")],
         Step::RecoveringWorkloads | Step::PoweringOn => [Some("True"), Some("True"), Some("Unknown")],

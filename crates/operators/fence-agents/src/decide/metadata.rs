@@ -20,7 +20,7 @@ pub struct Metadata {
 
 /// Parses `<resource-agent>` metadata. A deprecated parameter never shadows a current one with
 /// the same long option (fence_redfish's `login` and `username` both read `--username`).
-pub fn parse(xml: &str) -> Result<Metadata, String> {
+pub(crate) fn parse(xml: &str) -> Result<Metadata, String> {
     let doc = roxmltree::Document::parse(xml).map_err(|e| format!("unreadable agent metadata: {e}"))?;
     let root = doc.root_element();
     let mut meta = Metadata {
@@ -80,7 +80,7 @@ const SYNONYMS: &[(&str, &str)] = &[
 
 /// The closest known option to an unknown one (a known synonym, else by edit distance), for
 /// "did you mean".
-pub fn suggest(meta: &Metadata, unknown: &str) -> Option<String> {
+pub(crate) fn suggest(meta: &Metadata, unknown: &str) -> Option<String> {
     if let Some((_, known)) = SYNONYMS
         .iter()
         .find(|(s, k)| *s == unknown && meta.options.contains_key(*k))

@@ -1,6 +1,6 @@
 //! Fence Agents Remediation's decisions, as pure functions over plain data.
 
-pub mod fencing;
-pub mod metadata;
-pub mod parameters;
-pub mod validation;
+pub(crate) mod fencing;
+pub(crate) mod metadata;
+pub(crate) mod parameters;
+pub(crate) mod validation;

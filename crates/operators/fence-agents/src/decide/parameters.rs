@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::metadata::{Metadata, suggest};
 
-pub const NODE_NAME_PLACEHOLDER: &str = "{{.NodeName}}";
+pub(crate) const NODE_NAME_PLACEHOLDER: &str = "{{.NodeName}}";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -25,7 +25,7 @@ impl Action {
 
 /// Where one node's options come from.
 #[derive(Clone, Default)]
-pub struct Sources<'a> {
+pub(crate) struct Sources<'a> {
     pub node: &'a str,
     pub shared: BTreeMap<String, String>,
     /// Parameter → node → value (medik8s's `nodeparameters`).
@@ -43,7 +43,7 @@ pub struct Options {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ParameterError {
+pub(crate) enum ParameterError {
     #[error("{name} is set both in the spec and in a secret: define each parameter once")]
     Duplicate { name: String },
     #[error(
@@ -82,7 +82,7 @@ fn looks_secret(name: &str) -> bool {
 }
 
 /// Merges the sources for `sources.node`.
-pub fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
+pub(crate) fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
     let mut values = BTreeMap::new();
     let mut node_specific = false;
     for (key, value) in &sources.shared {
@@ -141,7 +141,7 @@ pub fn build(sources: &Sources<'_>) -> Result<Options, ParameterError> {
 }
 
 /// Every option must be one the agent knows.
-pub fn check(options: &Options, meta: &Metadata) -> Result<(), ParameterError> {
+pub(crate) fn check(options: &Options, meta: &Metadata) -> Result<(), ParameterError> {
     match options.values.keys().find(|name| !meta.options.contains_key(*name)) {
         Some(name) => Err(ParameterError::Unknown {
             agent: meta.agent.clone(),
@@ -154,7 +154,7 @@ pub fn check(options: &Options, meta: &Metadata) -> Result<(), ParameterError> {
 
 /// The agent's standard input for `action`: one `name=value` per line in the names the agent
 /// reads (flags as `name=1`).
-pub fn stdin(options: &Options, meta: &Metadata, action: &str) -> String {
+pub(crate) fn stdin(options: &Options, meta: &Metadata, action: &str) -> String {
     let mut lines = vec![format!("action={action}")];
     for (name, value) in &options.values {
         let Some(known) = meta.options.get(name) else { continue };
@@ -176,7 +176,7 @@ impl std::fmt::Debug for Options {
     }
 }
 
-pub fn describe(options: &Options) -> String {
+pub(crate) fn describe(options: &Options) -> String {
     let shown: Vec<String> = options
         .values
         .iter()

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// The sample: the first `n` of the sorted node names, `n` a count capped at the number of nodes
 /// or a percentage rounded up. `Err` says why the value is unusable.
-pub fn sample(nodes: &[String], size: Option<&IntOrString>) -> Result<Vec<String>, String> {
+pub(crate) fn sample(nodes: &[String], size: Option<&IntOrString>) -> Result<Vec<String>, String> {
     let mut sorted = nodes.to_vec();
     sorted.sort();
     sorted.dedup();
@@ -29,7 +29,7 @@ pub fn sample(nodes: &[String], size: Option<&IntOrString>) -> Result<Vec<String
 }
 
 /// Whether the sample size asks for more nodes than the template names (worth a warning).
-pub fn exceeds(nodes: usize, size: Option<&IntOrString>) -> bool {
+pub(crate) fn exceeds(nodes: usize, size: Option<&IntOrString>) -> bool {
     matches!(size, Some(IntOrString::Int(i)) if *i >= 0 && *i as usize > nodes)
 }
 

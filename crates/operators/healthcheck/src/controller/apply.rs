@@ -38,7 +38,7 @@ use crate::{
 pub(crate) const PARALLEL_REQUESTS: usize = 32;
 
 /// What every write of one decision needs to know.
-pub struct Apply<'a> {
+pub(super) struct Apply<'a> {
     pub ctx: &'a Context,
     pub nhc: &'a NodeHealthCheck,
     pub name: &'a str,
@@ -49,7 +49,7 @@ pub struct Apply<'a> {
 
 impl Apply<'_> {
     /// Carries the decision out; returns the facts of the objects it created.
-    pub async fn decision(&self, decision: &Decision) -> Result<Vec<RemediationFacts>> {
+    pub(super) async fn decision(&self, decision: &Decision) -> Result<Vec<RemediationFacts>> {
         // Each node's lease and remediation are independent of every other node's: when many
         // nodes fail at once, the API round trips overlap instead of queueing, and each node's
         // remediation follows its own lease at once rather than waiting for every other lease

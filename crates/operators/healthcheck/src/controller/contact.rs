@@ -3,7 +3,7 @@
 use kube::runtime::watcher;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Evidence {
+pub(super) enum Evidence {
     /// The API server answered from etcd: something was listed or changed.
     Answered,
     /// The API server could not be reached, failed, or was overloaded.
@@ -13,7 +13,7 @@ pub enum Evidence {
     Nothing,
 }
 
-pub fn evidence<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Evidence {
+pub(super) fn evidence<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Evidence {
     match event {
         Ok(watcher::Event::Init) => Evidence::Nothing,
         Ok(_) => Evidence::Answered,
@@ -28,7 +28,7 @@ pub fn evidence<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> Evidenc
 }
 
 /// What a failed request says.
-pub fn of_error(error: &kube::Error) -> Evidence {
+pub(super) fn of_error(error: &kube::Error) -> Evidence {
     match error {
         kube::Error::Api(status) => by_status(status.code),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => Evidence::Lost,

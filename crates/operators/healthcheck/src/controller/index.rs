@@ -26,7 +26,7 @@ use crate::decide::{
 /// A remediation object as stored: its facts (with `owned` false) and the uids of the
 /// NodeHealthChecks that own it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StoredRemediation {
+pub(super) struct StoredRemediation {
     pub facts: RemediationFacts,
     pub owners: Vec<String>,
 }
@@ -35,7 +35,7 @@ pub struct StoredRemediation {
 const CREATED_UNTIL_WATCHED: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Default)]
-pub struct Index {
+pub(super) struct Index {
     pub nodes: RwLock<BTreeMap<String, NodeFacts>>,
     pub remediations: RwLock<BTreeMap<RemediationId, StoredRemediation>>,
     /// Remediations this process created that their watch has not delivered yet, with when:
@@ -53,7 +53,7 @@ pub struct Index {
 /// When the API server last recorded a write to the object: the newest time among its managed
 /// fields (every renewal rewrites renewTime, so its manager's entry moves). The API server's
 /// clock, not the writer's: a node whose clock is wrong cannot look alive.
-pub fn last_written(meta: &ObjectMeta) -> Option<Timestamp> {
+pub(super) fn last_written(meta: &ObjectMeta) -> Option<Timestamp> {
     meta.managed_fields
         .iter()
         .flatten()
@@ -65,7 +65,7 @@ pub fn last_written(meta: &ObjectMeta) -> Option<Timestamp> {
 /// (the API server or etcd restarted, a timeout) lists again, and the list only names what
 /// exists: anything deleted while the watch was down must be found by what the list left out.
 #[derive(Debug)]
-pub struct Relist<K>(Option<BTreeSet<K>>);
+pub(super) struct Relist<K>(Option<BTreeSet<K>>);
 
 impl<K: Ord + Clone> Default for Relist<K> {
     fn default() -> Self {
@@ -74,11 +74,11 @@ impl<K: Ord + Clone> Default for Relist<K> {
 }
 
 impl<K: Ord + Clone> Relist<K> {
-    pub fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.0 = Some(BTreeSet::new());
     }
 
-    pub fn saw(&mut self, key: &K) {
+    pub(super) fn saw(&mut self, key: &K) {
         if let Some(seen) = self.0.as_mut() {
             seen.insert(key.clone());
         }
@@ -86,7 +86,7 @@ impl<K: Ord + Clone> Relist<K> {
 
     /// At `InitDone`: removes from `all` every entry this watch is responsible for (`mine`)
     /// that the list did not name, and returns them.
-    pub fn prune<V>(&mut self, all: &mut BTreeMap<K, V>, mine: impl Fn(&K) -> bool) -> Vec<(K, V)> {
+    pub(super) fn prune<V>(&mut self, all: &mut BTreeMap<K, V>, mine: impl Fn(&K) -> bool) -> Vec<(K, V)> {
         let Some(seen) = self.0.take() else {
             return Vec::new();
         };
@@ -102,7 +102,7 @@ fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
 }
 
-pub fn node_facts(node: &Node) -> Option<NodeFacts> {
+pub(super) fn node_facts(node: &Node) -> Option<NodeFacts> {
     let meta = &node.metadata;
     let conditions = node
         .status
@@ -143,7 +143,7 @@ fn condition_status(obj: &DynamicObject, type_: &str) -> Option<String> {
         .and_then(|c| c.get("status")?.as_str().map(str::to_owned))
 }
 
-pub fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> Option<StoredRemediation> {
+pub(super) fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> Option<StoredRemediation> {
     let meta = &obj.metadata;
     let name = meta.name.clone()?;
     let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key).cloned());
@@ -195,7 +195,7 @@ pub fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &str) -> 
     Some(StoredRemediation { facts, owners })
 }
 
-pub fn template_state(obj: &DynamicObject) -> TemplateState {
+pub(super) fn template_state(obj: &DynamicObject) -> TemplateState {
     match obj.data.pointer("/spec/template/spec") {
         Some(spec) if spec.is_object() => TemplateState::Ready {
             spec: spec.clone(),
@@ -210,7 +210,7 @@ pub fn template_state(obj: &DynamicObject) -> TemplateState {
 }
 
 /// `medik8s-leases/node-<name>` -> (node, facts), when held by someone.
-pub fn lease_facts(lease: &Lease) -> Option<(String, LeaseFacts)> {
+pub(super) fn lease_facts(lease: &Lease) -> Option<(String, LeaseFacts)> {
     let node = lease.metadata.name.as_deref()?.strip_prefix("node-")?.to_owned();
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
@@ -228,7 +228,7 @@ pub fn lease_facts(lease: &Lease) -> Option<(String, LeaseFacts)> {
 impl Index {
     /// Stores the node's facts; returns the labels before the change when anything relevant
     /// changed (so both old and new selections can be told), `None` when nothing did.
-    pub fn upsert_node(&self, facts: NodeFacts) -> Option<BTreeMap<String, String>> {
+    pub(super) fn upsert_node(&self, facts: NodeFacts) -> Option<BTreeMap<String, String>> {
         let mut nodes = self.nodes.write().ok()?;
         match nodes.get(&facts.name) {
             Some(old) if old == &facts => None,
@@ -245,11 +245,11 @@ impl Index {
         }
     }
 
-    pub fn remove_node(&self, name: &str) -> Option<NodeFacts> {
+    pub(super) fn remove_node(&self, name: &str) -> Option<NodeFacts> {
         self.nodes.write().ok()?.remove(name)
     }
 
-    pub fn node_names(&self) -> BTreeSet<String> {
+    pub(super) fn node_names(&self) -> BTreeSet<String> {
         self.nodes
             .read()
             .map(|n| n.keys().cloned().collect())
@@ -257,7 +257,7 @@ impl Index {
     }
 
     /// Remediation objects of these kinds, `owned` set for those `owner_uid` owns.
-    pub fn remediations_of(&self, kinds: &BTreeSet<(String, String)>, owner_uid: &str) -> Vec<RemediationFacts> {
+    pub(super) fn remediations_of(&self, kinds: &BTreeSet<(String, String)>, owner_uid: &str) -> Vec<RemediationFacts> {
         let Ok(all) = self.remediations.read() else {
             return Vec::new();
         };

@@ -23,13 +23,13 @@ use crate::decide::{RemediationId, TEMPLATE_RETRY, TemplateRef};
 
 /// Which role a watched kind plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
+pub(super) enum Role {
     Template,
     Remediation,
 }
 
 /// (apiVersion, kind)
-pub type KindKey = (String, String);
+pub(super) type KindKey = (String, String);
 
 enum Watch {
     Running {
@@ -43,9 +43,9 @@ enum Watch {
 
 /// Called with the (apiVersion, kind) and, for a template, its reference, when watched objects
 /// change.
-pub type OnChange = Arc<dyn Fn(Role, &KindKey, Option<&TemplateRef>) + Send + Sync>;
+pub(super) type OnChange = Arc<dyn Fn(Role, &KindKey, Option<&TemplateRef>) + Send + Sync>;
 
-pub struct Kinds {
+pub(super) struct Kinds {
     client: Client,
     index: Arc<Index>,
     on_change: OnChange,
@@ -65,7 +65,7 @@ impl Drop for Kinds {
 }
 
 impl Kinds {
-    pub fn new(client: Client, index: Arc<Index>, on_change: OnChange) -> Self {
+    pub(super) fn new(client: Client, index: Arc<Index>, on_change: OnChange) -> Self {
         Self {
             client,
             index,
@@ -76,7 +76,7 @@ impl Kinds {
 
     /// Makes sure the kind is watched; returns its API resource, or `None` when the cluster
     /// does not serve it.
-    pub async fn ensure(&self, role: Role, api_version: &str, kind: &str) -> Option<ApiResource> {
+    pub(super) async fn ensure(&self, role: Role, api_version: &str, kind: &str) -> Option<ApiResource> {
         let key = (role, (api_version.to_owned(), kind.to_owned()));
         if let Ok(watches) = self.watches.lock() {
             match watches.get(&key) {

@@ -31,7 +31,7 @@ use crate::{
     spec,
 };
 
-pub struct Context {
+pub(super) struct Context {
     pub client: Client,
     pub index: Arc<Index>,
     pub kinds: Arc<Kinds>,
@@ -43,7 +43,7 @@ pub struct Context {
 }
 
 #[derive(Default)]
-pub struct CheckMemory {
+pub(super) struct CheckMemory {
     /// When each node entered the unhealthy list, and the last remediation kind it had.
     first_unhealthy: BTreeMap<String, (Timestamp, String)>,
     blocked: BTreeSet<String>,
@@ -52,7 +52,7 @@ pub struct CheckMemory {
     ongoing: BTreeSet<NodeLabels>,
 }
 
-pub async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     let name = nhc.metadata.name.clone().ok_or(Error::Unnamed("NodeHealthCheck"))?;
     let uid = nhc.metadata.uid.clone().unwrap_or_default();
@@ -443,7 +443,7 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
     memory.ongoing = ongoing;
 }
 
-pub fn error_policy(nhc: Arc<NodeHealthCheck>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(super) fn error_policy(nhc: Arc<NodeHealthCheck>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .errors
         .get_or_create(&crate::metrics::ErrorLabels {

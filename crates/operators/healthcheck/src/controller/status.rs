@@ -12,7 +12,7 @@ use nodemedic_kube::conditions::{self as cond, Desired};
 
 use crate::decide::{Memory, Phase, RemediationFacts, StatusPlan};
 
-pub fn memory(status: Option<&NodeHealthCheckStatus>) -> Memory {
+pub(super) fn memory(status: Option<&NodeHealthCheckStatus>) -> Memory {
     let Some(status) = status else { return Memory::default() };
     let conds = status.conditions.clone().unwrap_or_default();
     let since_if_true = |t: &str| {
@@ -45,7 +45,7 @@ fn phase(p: Phase) -> NodeHealthCheckPhase {
     }
 }
 
-pub fn reference(r: &RemediationFacts) -> ObjectReference {
+pub(super) fn reference(r: &RemediationFacts) -> ObjectReference {
     ObjectReference {
         api_version: Some(r.id.api_version.clone()),
         kind: Some(r.id.kind.clone()),
@@ -57,7 +57,7 @@ pub fn reference(r: &RemediationFacts) -> ObjectReference {
 }
 
 /// The status the plan describes; `owned` are the check's remediation objects as they now are.
-pub fn build(
+pub(super) fn build(
     plan: &StatusPlan,
     previous: Option<&NodeHealthCheckStatus>,
     owned: &[RemediationFacts],

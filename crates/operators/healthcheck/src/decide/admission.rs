@@ -11,14 +11,14 @@ use nodemedic_kube::admission::Verdict;
 /// A node the status shows with remediations under way, and those remediations
 /// (`Kind namespace/name`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     pub node: String,
     pub remediations: Vec<String>,
 }
 
 /// What the status says is in flight: unhealthy nodes with remediations, and the deprecated
 /// inFlightRemediations map (nodemedic keeps it empty; an older medik8s status may not).
-pub fn in_flight(status: Option<&NodeHealthCheckStatus>) -> Vec<InFlight> {
+pub(crate) fn in_flight(status: Option<&NodeHealthCheckStatus>) -> Vec<InFlight> {
     let Some(status) = status else {
         return Vec::new();
     };
@@ -56,7 +56,7 @@ pub fn in_flight(status: Option<&NodeHealthCheckStatus>) -> Vec<InFlight> {
 }
 
 /// The decision on deleting NodeHealthCheck `name` with this status.
-pub fn on_delete(name: &str, status: Option<&NodeHealthCheckStatus>) -> Verdict {
+pub(crate) fn on_delete(name: &str, status: Option<&NodeHealthCheckStatus>) -> Verdict {
     let found = in_flight(status);
     if found.is_empty() {
         return Verdict::Allowed;

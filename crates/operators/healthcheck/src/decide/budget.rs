@@ -7,7 +7,7 @@ use jiff::Timestamp;
 use super::model::{Decision, Memory, Severity};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Storm {
+pub(super) struct Storm {
     pub since: Option<Timestamp>,
     pub cooldown_since: Option<Timestamp>,
     /// New remediation is held back by the storm or its cooldown.
@@ -16,7 +16,7 @@ pub struct Storm {
 
 /// Storm protection (only with `stormCooldownDuration`): while too few nodes are healthy a storm
 /// is on; once the budget is met again, new remediation waits for the cooldown.
-pub fn storm(
+pub(super) fn storm(
     cooldown: Option<Duration>,
     within_budget: bool,
     memory: &Memory,
@@ -82,7 +82,7 @@ pub fn storm(
 }
 
 /// Time from `now` until `then` (zero if past), plus a small margin so the requeue lands after it.
-pub fn until(now: Timestamp, then: Timestamp) -> Duration {
+pub(super) fn until(now: Timestamp, then: Timestamp) -> Duration {
     Duration::try_from(then.duration_since(now)).unwrap_or(Duration::ZERO) + Duration::from_millis(50)
 }
 

@@ -23,7 +23,12 @@ pub enum Health {
 }
 
 /// `outage`: see [`outage::counted_since`].
-pub fn classify(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp, outage: Option<outage::Window>) -> Health {
+pub(super) fn classify(
+    node: &NodeFacts,
+    rules: &[UnhealthyRule],
+    now: Timestamp,
+    outage: Option<outage::Window>,
+) -> Health {
     let mut soonest: Option<Timestamp> = None;
     for rule in rules {
         let Some(condition) = node

@@ -15,13 +15,13 @@ use super::{
 };
 
 /// Why new remediation may be held back for every node.
-pub struct Gate {
+pub(super) struct Gate {
     pub paused: bool,
     pub over_budget: bool,
 }
 
 /// An unhealthy node, and the escalation step whose object would be created next.
-pub struct Candidate<'a> {
+pub(super) struct Candidate<'a> {
     pub input: &'a Input<'a>,
     pub node: &'a NodeFacts,
     pub gate: &'a Gate,
@@ -32,7 +32,7 @@ pub struct Candidate<'a> {
 
 /// Why the node is not remediated now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HoldBack {
+pub(super) enum HoldBack {
     /// Said (RemediationSkipped) when the node has just turned unhealthy.
     Skipped(String),
     /// Counted in the status's budget condition instead.
@@ -45,12 +45,12 @@ pub enum HoldBack {
     TemplateNotReady,
 }
 
-pub type NodeRule = fn(&Input<'_>, &NodeFacts) -> Option<HoldBack>;
-pub type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
+pub(super) type NodeRule = fn(&Input<'_>, &NodeFacts) -> Option<HoldBack>;
+pub(super) type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
 
-pub const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
+pub(super) const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
 
-pub const CREATION_RULES: [CreationRule; 7] = [
+pub(super) const CREATION_RULES: [CreationRule; 7] = [
     paused,
     over_budget,
     // Before the control-plane rule: a node whose Unknown an outage may explain, or that is
@@ -62,20 +62,20 @@ pub const CREATION_RULES: [CreationRule; 7] = [
     name_taken,
 ];
 
-pub fn for_node(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
+pub(super) fn for_node(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
     NODE_RULES.iter().find_map(|rule| rule(input, node))
 }
 
-pub fn for_creation(candidate: &Candidate<'_>) -> Option<HoldBack> {
+pub(super) fn for_creation(candidate: &Candidate<'_>) -> Option<HoldBack> {
     CREATION_RULES.iter().find_map(|rule| rule(candidate))
 }
 
-pub fn is_control_plane(node: &NodeFacts) -> bool {
+pub(super) fn is_control_plane(node: &NodeFacts) -> bool {
     node.labels.contains_key(labels::ROLE_CONTROL_PLANE) || node.labels.contains_key(labels::ROLE_MASTER)
 }
 
 /// The node's valid lease, when someone other than this check holds it.
-pub fn foreign_lease<'a>(input: &'a Input<'_>, node: &str) -> Option<&'a LeaseFacts> {
+pub(super) fn foreign_lease<'a>(input: &'a Input<'_>, node: &str) -> Option<&'a LeaseFacts> {
     input
         .leases
         .get(node)
@@ -177,7 +177,7 @@ fn name_taken(c: &Candidate<'_>) -> Option<HoldBack> {
 }
 
 /// Records a hold-back in the decision: its status entry, its event, when to look again.
-pub fn record(hold: HoldBack, node: &str, newly: bool, now: Timestamp, d: &mut Decision) {
+pub(super) fn record(hold: HoldBack, node: &str, newly: bool, now: Timestamp, d: &mut Decision) {
     match hold {
         HoldBack::Skipped(why) => {
             if newly {

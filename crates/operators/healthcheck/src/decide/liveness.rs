@@ -26,20 +26,20 @@ pub struct Alive {
 
 /// How long a renewal shows life: the kubelet's default lease duration (it renews every quarter
 /// of it). A node that renewed after its Unknown and then died is held back at most this long.
-pub const RENEWAL_CURRENT_FOR: Duration = Duration::from_secs(40);
+pub(crate) const RENEWAL_CURRENT_FOR: Duration = Duration::from_secs(40);
 
 /// How soon to look again at a node held back: about when the node controller notices the
 /// renewal, or the lease would expire.
-pub const LOOK_AGAIN: Duration = Duration::from_secs(2);
+pub(crate) const LOOK_AGAIN: Duration = Duration::from_secs(2);
 
 /// Renewal times are the API server's clock, Unknown transitions the node controller's, and now
 /// is ours; one renewal further ahead of ours than this is not believed. Dead nodes are never
 /// held back while the control plane's clocks agree to better than the node controller's grace
 /// period (the last renewal of a dead node is a grace period before its Unknown).
-pub const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(5);
+pub(crate) const MAX_CLOCK_AHEAD: Duration = Duration::from_secs(5);
 
 /// When the node's Ready condition turned Unknown, if it is Unknown.
-pub fn unknown_since(node: &NodeFacts) -> Option<Timestamp> {
+pub(crate) fn unknown_since(node: &NodeFacts) -> Option<Timestamp> {
     node.conditions
         .iter()
         .find(|c| c.type_ == "Ready" && c.status == "Unknown")
@@ -52,7 +52,7 @@ pub(crate) fn signed(d: Duration) -> SignedDuration {
 
 /// The evidence, if a renewal at `renewed` shows the node alive after it was marked Unknown at
 /// `since`.
-pub fn alive(since: Timestamp, renewed: Timestamp, now: Timestamp) -> Option<Alive> {
+pub(crate) fn alive(since: Timestamp, renewed: Timestamp, now: Timestamp) -> Option<Alive> {
     let believable = now
         .checked_add(signed(MAX_CLOCK_AHEAD))
         .is_ok_and(|limit| renewed <= limit);

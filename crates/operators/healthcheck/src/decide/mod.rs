@@ -2,13 +2,13 @@
 //! remediation objects, the node leases, the templates and the time, which remediation objects
 //! to create, escalate and delete, and what the status says. No I/O.
 
-pub mod admission;
+pub(crate) mod admission;
 mod budget;
 mod escalation;
 mod health;
 mod holdback;
-pub mod liveness;
-pub mod model;
+pub(crate) mod liveness;
+pub(crate) mod model;
 mod node;
 pub mod outage;
 pub mod selection;

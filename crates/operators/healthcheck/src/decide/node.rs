@@ -11,7 +11,7 @@ use super::{
     model::Step,
 };
 
-pub use super::holdback::{Gate, is_control_plane};
+pub(super) use super::holdback::{Gate, is_control_plane};
 
 fn our_lease(input: &Input<'_>, node: &str) -> bool {
     input
@@ -21,7 +21,7 @@ fn our_lease(input: &Input<'_>, node: &str) -> bool {
 }
 
 /// Healthy again: remove its remediation objects (after `healthyDelay`), then its lease.
-pub fn healthy(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], d: &mut Decision) {
+pub(super) fn healthy(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], d: &mut Decision) {
     let now = input.now;
     if crs.is_empty() {
         if our_lease(input, &node.name) {
@@ -72,7 +72,7 @@ pub fn healthy(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], d
 
 /// Unhealthy condition present but not yet for its duration: keep what exists (a rebooting node
 /// passes through such states) and look again when it expires.
-pub fn soon(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], at: Timestamp, d: &mut Decision) {
+pub(super) fn soon(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], at: Timestamp, d: &mut Decision) {
     d.requeue(until(input.now, at));
     if !crs.is_empty() {
         d.status.unhealthy.entry(node.name.clone()).or_default();
@@ -80,7 +80,7 @@ pub fn soon(input: &Input<'_>, node: &NodeFacts, crs: &[&RemediationFacts], at: 
 }
 
 /// Unhealthy: start, continue or escalate its remediation, unless a hold-back rule holds.
-pub fn unhealthy(
+pub(super) fn unhealthy(
     input: &Input<'_>,
     node: &NodeFacts,
     crs: &[&RemediationFacts],
@@ -246,7 +246,7 @@ fn create(input: &Input<'_>, node: &NodeFacts, step: &Step, control_plane_busy: 
 
 /// Objects of nodes that no longer exist go, unless their remediator said the node is meant to
 /// disappear and has not finished yet.
-pub fn orphans(input: &Input<'_>, owned: &[&RemediationFacts], d: &mut Decision) {
+pub(super) fn orphans(input: &Input<'_>, owned: &[&RemediationFacts], d: &mut Decision) {
     let existing: std::collections::BTreeSet<&str> = input.nodes.iter().map(|n| n.name.as_str()).collect();
     for cr in owned
         .iter()

@@ -3,6 +3,6 @@
 use jiff::Timestamp;
 
 /// A time `s` seconds after the epoch.
-pub fn at(s: i64) -> Timestamp {
+pub(super) fn at(s: i64) -> Timestamp {
     Timestamp::from_second(s).expect("valid")
 }

@@ -7,7 +7,7 @@ use prometheus_client::{
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
+pub(super) struct ResultLabels {
     pub result: String,
 }
 

@@ -40,7 +40,7 @@ pub struct Observed {
     ),
 }
 
-pub async fn observe(current: MachineDeletionRemediation, ctx: &Context) -> Result<Observed> {
+pub(super) async fn observe(current: MachineDeletionRemediation, ctx: &Context) -> Result<Observed> {
     let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let conditions = current
         .status

@@ -29,7 +29,7 @@ use crate::{
 /// one namespace's Machines per waiting remediation, so a replacement is seen within seconds.
 const POLL: Duration = Duration::from_secs(2);
 
-pub async fn perform<'a>(
+pub(super) async fn perform<'a>(
     step: Step,
     seen: &'a Observed,
     api: &'a Api<MachineDeletionRemediation>,

@@ -15,11 +15,11 @@ use crate::{
 };
 
 #[derive(Default)]
-pub struct Pass {
+pub(super) struct Pass {
     pub blocked: Vec<BlockedPod>,
 }
 
-pub async fn pass(ctx: &Context, observed: &Observed) -> Result<Pass> {
+pub(super) async fn pass(ctx: &Context, observed: &Observed) -> Result<Pass> {
     let mut out = Pass::default();
     for (pod, facts) in observed.to_remove() {
         if pod.metadata.deletion_timestamp.is_some() {
@@ -68,7 +68,7 @@ pub async fn pass(ctx: &Context, observed: &Observed) -> Result<Pass> {
 }
 
 /// One line naming the blocked pods and why, for lastError and events.
-pub fn summary(blocked: &[BlockedPod]) -> String {
+pub(super) fn summary(blocked: &[BlockedPod]) -> String {
     let pods: Vec<String> = blocked
         .iter()
         .map(|b| format!("{}/{} ({})", b.namespace, b.name, b.reason))

@@ -33,7 +33,7 @@ async fn patch(ctx: &Context, node: &str, what: &str, patch: Value) -> Result<()
 }
 
 /// The health check leaves a node with this label alone.
-pub async fn label(ctx: &Context, node: &str) -> Result<()> {
+pub(super) async fn label(ctx: &Context, node: &str) -> Result<()> {
     patch(
         ctx,
         node,
@@ -43,14 +43,14 @@ pub async fn label(ctx: &Context, node: &str) -> Result<()> {
     .await
 }
 
-pub async fn taint(ctx: &Context, node: &str) -> Result<()> {
+pub(super) async fn taint(ctx: &Context, node: &str) -> Result<()> {
     for key in OUR_TAINTS {
         taint_list::add(&nodes(ctx), node, &taint_list::taint(key, None, NO_SCHEDULE)).await?;
     }
     Ok(())
 }
 
-pub async fn cordon(ctx: &Context, node: &str, unschedulable: bool) -> Result<()> {
+pub(super) async fn cordon(ctx: &Context, node: &str, unschedulable: bool) -> Result<()> {
     let (value, what) = if unschedulable {
         (json!(true), "cordoning")
     } else {
@@ -61,7 +61,7 @@ pub async fn cordon(ctx: &Context, node: &str, unschedulable: bool) -> Result<()
 
 /// Uncordons and removes the taints, the label and our lease; each step is a no-op when already
 /// done, so a retry after a partial give-back finishes it.
-pub async fn give_back(ctx: &Context, node: &str) -> Result<()> {
+pub(super) async fn give_back(ctx: &Context, node: &str) -> Result<()> {
     // Uncordon first: the node lifecycle controller re-adds the unschedulable taint to a node
     // that is still cordoned.
     cordon(ctx, node, false).await?;

@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// How long the maintenance takes the node lease for (medik8s: one hour), renewed at half.
-pub const LEASE_DURATION: Duration = Duration::from_secs(3600);
+pub(super) const LEASE_DURATION: Duration = Duration::from_secs(3600);
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 pub struct Observed {
@@ -56,7 +56,7 @@ impl Observed {
     }
 }
 
-pub fn pod_facts(pod: &Pod) -> PodFacts {
+pub(super) fn pod_facts(pod: &Pod) -> PodFacts {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     PodFacts {
         namespace: pod.namespace().unwrap_or_default(),
@@ -67,7 +67,7 @@ pub fn pod_facts(pod: &Pod) -> PodFacts {
     }
 }
 
-pub fn phase(nm: &NodeMaintenance) -> Phase {
+pub(super) fn phase(nm: &NodeMaintenance) -> Phase {
     match nm.status.as_ref().and_then(|s| s.phase) {
         None => Phase::NotStarted,
         Some(MaintenancePhase::Running) => Phase::Running,
@@ -80,7 +80,7 @@ fn live_and_active(nm: &NodeMaintenance) -> bool {
     nm.metadata.deletion_timestamp.is_none() && phase(nm) != Phase::Failed
 }
 
-pub async fn observe(ctx: &Context, current: NodeMaintenance) -> Result<Observed> {
+pub(super) async fn observe(ctx: &Context, current: NodeMaintenance) -> Result<Observed> {
     let nm = &current;
     let node_name = nm.spec.node_name.as_str();
     let node = Api::<Node>::all(ctx.client.clone())

@@ -10,7 +10,7 @@ use nodemedic_kube::conditions;
 
 /// A status edit for the step runner that stamps lastUpdate when it changed anything else:
 /// lastUpdate alone is no change worth a write.
-pub fn stamped<'a>(
+pub(super) fn stamped<'a>(
     edit: impl FnOnce(&mut NodeMaintenanceStatus, &Time) + Send + 'a,
 ) -> impl FnOnce(&mut NodeMaintenanceStatus, &Time) -> bool + Send + 'a {
     move |s, now| {
@@ -27,7 +27,7 @@ pub fn stamped<'a>(
 }
 
 /// The Drained condition (nodemedic's, next to medik8s's phase).
-pub fn drained(s: &mut NodeMaintenanceStatus, now: &Time, status: bool, reason: &str, message: String) {
+pub(super) fn drained(s: &mut NodeMaintenanceStatus, now: &Time, status: bool, reason: &str, message: String) {
     let list = s.conditions.get_or_insert_with(Vec::new);
     conditions::set_status(
         list,
@@ -41,13 +41,13 @@ pub fn drained(s: &mut NodeMaintenanceStatus, now: &Time, status: bool, reason: 
 }
 
 /// The Drained condition while the drain has not begun.
-pub fn drained_unknown(s: &mut NodeMaintenanceStatus, now: &Time, reason: &str, message: String) {
+pub(super) fn drained_unknown(s: &mut NodeMaintenanceStatus, now: &Time, reason: &str, message: String) {
     let list = s.conditions.get_or_insert_with(Vec::new);
     conditions::set_status(list, types::DRAINED, "Unknown", reason, message, None, now);
 }
 
 /// pendingPods and pendingPodsRefs, from the pods still to go.
-pub fn pending(s: &mut NodeMaintenanceStatus, refs: Vec<PodReference>) {
+pub(super) fn pending(s: &mut NodeMaintenanceStatus, refs: Vec<PodReference>) {
     s.pending_pods = Some(refs.iter().map(|r| r.name.clone()).collect());
     s.pending_pods_refs = Some(refs);
 }

@@ -6,7 +6,7 @@ use nodemedic_kube::admission::Verdict;
 
 /// A NodeMaintenance as admission sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Maintenance {
+pub(crate) struct Maintenance {
     pub name: String,
     pub node: String,
     /// Being deleted: it is giving its node back.
@@ -14,7 +14,7 @@ pub struct Maintenance {
 }
 
 /// A NodeMaintenance being created, given the others and whether its node exists.
-pub fn on_create(new: &Maintenance, others: &[Maintenance], node_exists: bool) -> Verdict {
+pub(crate) fn on_create(new: &Maintenance, others: &[Maintenance], node_exists: bool) -> Verdict {
     let node = &new.node;
     if let Some(holder) = others.iter().find(|o| o.node == *node && o.name != new.name) {
         let holder_name = &holder.name;
@@ -39,7 +39,7 @@ pub fn on_create(new: &Maintenance, others: &[Maintenance], node_exists: bool) -
 /// A NodeMaintenance being changed. Only its node is checked: a missing node or a second
 /// NodeMaintenance must never keep one from being updated, or its finalizer could not be
 /// removed and it could not be deleted.
-pub fn on_update(old: &Maintenance, new: &Maintenance) -> Verdict {
+pub(crate) fn on_update(old: &Maintenance, new: &Maintenance) -> Verdict {
     if old.node == new.node || old.deleting {
         return Verdict::Allowed;
     }

@@ -15,7 +15,7 @@ pub struct PodFacts {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Left on the node (DaemonSet and mirror pods).
     Stay,
     /// Through the Eviction API, so PodDisruptionBudgets are honoured.
@@ -24,7 +24,7 @@ pub enum Fate {
     Delete,
 }
 
-pub fn fate(pod: &PodFacts) -> Fate {
+pub(crate) fn fate(pod: &PodFacts) -> Fate {
     if pod.daemon_set || pod.mirror {
         Fate::Stay
     } else if pod.finished {
@@ -36,15 +36,17 @@ pub fn fate(pod: &PodFacts) -> Fate {
     }
 }
 
-/// The pods the drain must see gone, in a stable order.
-pub fn to_remove(pods: &[PodFacts]) -> Vec<&PodFacts> {
+/// The pods the drain must see gone, in a stable order (the controller keeps each with its Pod:
+/// `Observed::to_remove`).
+#[cfg(test)]
+fn to_remove(pods: &[PodFacts]) -> Vec<&PodFacts> {
     let mut out: Vec<&PodFacts> = pods.iter().filter(|p| fate(p) != Fate::Stay).collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
 }
 
 /// medik8s's drainProgress: the share of the pods selected at the start that are gone, in percent.
-pub fn progress(selected_at_start: usize, pending: usize) -> i32 {
+pub(crate) fn progress(selected_at_start: usize, pending: usize) -> i32 {
     if selected_at_start == 0 {
         return 100;
     }
@@ -55,7 +57,7 @@ pub fn progress(selected_at_start: usize, pending: usize) -> i32 {
 /// How long to wait before the next pass when budgets blocked the last `blocked_passes` passes in a
 /// row: a budget frees up as soon as a replacement pod is ready, so start at a second, and back
 /// off (to medik8s's fixed 5 s and a little beyond) while nothing moves.
-pub fn retry_after(blocked_passes: u32) -> std::time::Duration {
+pub(crate) fn retry_after(blocked_passes: u32) -> std::time::Duration {
     const CAP_SECS: u64 = 10;
     std::time::Duration::from_secs(
         1u64.checked_shl(blocked_passes.saturating_sub(1))

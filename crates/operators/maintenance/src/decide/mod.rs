@@ -2,7 +2,7 @@
 //! deletes or leaves, how far it got, whether the etcd quorum survives taking a control-plane
 //! node away, the next step of a maintenance, and whether the API server admits one.
 
-pub mod admission;
-pub mod drain;
-pub mod quorum;
-pub mod steps;
+pub(crate) mod admission;
+pub(crate) mod drain;
+pub(crate) mod quorum;
+pub(crate) mod steps;

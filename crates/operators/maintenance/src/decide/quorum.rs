@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 /// One etcd member as the cluster shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     pub node: String,
     pub ready: bool,
 }
@@ -27,7 +27,7 @@ pub enum Verdict {
 
 /// Taking `node` away leaves `healthy_after` ready members not in maintenance; etcd needs more
 /// than half of all members.
-pub fn check(members: &[Member], in_maintenance: &BTreeSet<String>, node: &str) -> Verdict {
+pub(crate) fn check(members: &[Member], in_maintenance: &BTreeSet<String>, node: &str) -> Verdict {
     if !members.iter().any(|m| m.node == node) {
         return Verdict::NotAMember;
     }
@@ -50,7 +50,7 @@ pub fn check(members: &[Member], in_maintenance: &BTreeSet<String>, node: &str) 
 }
 
 /// The error a refused maintenance gets.
-pub fn refusal(healthy_after: usize, members: usize) -> String {
+pub(crate) fn refusal(healthy_after: usize, members: usize) -> String {
     format!(
         "can not put this control-plane node into maintenance at this moment: etcd would keep {healthy_after} of {members} members ready, and needs more than {}; end another maintenance or wait for the unready members",
         members / 2

@@ -71,9 +71,9 @@ pub enum Step {
 }
 
 /// medik8s gives up after more than three lease failures.
-pub const MAX_LEASE_ERRORS: u32 = 3;
+pub(crate) const MAX_LEASE_ERRORS: u32 = 3;
 
-pub fn next(f: &Facts) -> Step {
+pub(crate) fn next(f: &Facts) -> Step {
     // Only a started maintenance that got the lease has touched the node (the label, taints and
     // cordon come after the lease); a duplicate, a refused one, or one still waiting for the
     // health check's lease must not undo what others did.

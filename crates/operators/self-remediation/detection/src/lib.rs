@@ -10,15 +10,15 @@
 //! confirmed, or the self-remediation protocol), so a wrong verdict costs a needless remediation,
 //! never two writers; the verdict is still built to be wrong as rarely as the evidence allows.
 
-pub mod aggregate;
-pub mod condition;
+pub(crate) mod aggregate;
+pub(crate) mod condition;
 pub mod designation;
-pub mod observer;
-pub mod settings;
+pub(crate) mod observer;
+pub(crate) mod settings;
 #[cfg(test)]
 mod simulation;
 pub mod swim;
-pub mod verdict;
+pub(crate) mod verdict;
 
 pub use aggregate::{MemberFacts, Reports, verdicts};
 pub use condition::{Condition, condition};

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::DetectorSettings;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Id(pub u16);
+pub(crate) struct Id(pub u16);
 
 impl foca::Identity for Id {
     type Addr = u16;
@@ -32,14 +32,14 @@ impl foca::Identity for Id {
 
 /// One-way delay `base ± jitter` (uniform) and the chance of losing each packet.
 #[derive(Clone, Copy, Debug)]
-pub struct Network {
+pub(crate) struct Network {
     pub base: Duration,
     pub jitter: Duration,
     pub loss: f64,
 }
 
 impl Network {
-    pub const LAN: Network = Network {
+    pub(crate) const LAN: Network = Network {
         base: Duration::from_micros(200),
         jitter: Duration::from_micros(100),
         loss: 0.0,
@@ -84,7 +84,7 @@ impl Ord for Scheduled {
     }
 }
 
-pub struct Simulation {
+pub(crate) struct Simulation {
     now: Duration,
     sequence: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
@@ -98,7 +98,7 @@ pub struct Simulation {
 
 impl Simulation {
     /// `size` members, every one announced to member 0 at time zero.
-    pub fn new(size: usize, settings: &DetectorSettings, network: Network, seed: u64) -> Self {
+    pub(crate) fn new(size: usize, settings: &DetectorSettings, network: Network, seed: u64) -> Self {
         let members = (0..size)
             .map(|i| {
                 let id = Id(u16::try_from(i).unwrap_or(u16::MAX));
@@ -128,12 +128,12 @@ impl Simulation {
         simulation
     }
 
-    pub fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> Duration {
         self.now
     }
 
     /// Every member alive sees every other alive member as active.
-    pub fn converged(&self) -> bool {
+    pub(crate) fn converged(&self) -> bool {
         let alive = self.alive.iter().filter(|a| **a).count();
         self.members
             .iter()
@@ -143,11 +143,11 @@ impl Simulation {
     }
 
     /// The member stops: no packet reaches it, none leaves it, its timers never fire.
-    pub fn crash(&mut self, member: usize) {
+    pub(crate) fn crash(&mut self, member: usize) {
         self.alive[member] = false;
     }
 
-    pub fn run_until(&mut self, until: Duration) {
+    pub(crate) fn run_until(&mut self, until: Duration) {
         while self.queue.peek().is_some_and(|Reverse(next)| next.at <= until) {
             let Some(Reverse(Scheduled { at, event, .. })) = self.queue.pop() else {
                 break;
@@ -204,7 +204,7 @@ impl Simulation {
         }));
     }
 
-    pub fn is_alive(&self, member: usize) -> bool {
+    pub(crate) fn is_alive(&self, member: usize) -> bool {
         self.alive[member]
     }
 }

@@ -56,7 +56,7 @@ fn store(dir: &Path, identity: &PeerIdentity) {
 }
 
 /// The agent's identity; asks the signer when it has none (waits as long as it takes).
-pub async fn obtain(client: &Client, namespace: &str, node: &str, dir: &Path) -> PeerIdentity {
+pub(super) async fn obtain(client: &Client, namespace: &str, node: &str, dir: &Path) -> PeerIdentity {
     if let Some(identity) = cached(dir, node) {
         tracing::info!("using the cached peer certificate");
         return identity;

@@ -19,7 +19,7 @@ fn authority(url: &str) -> Option<String> {
 }
 
 /// Whether a connection to the URL's endpoint opens within `timeout`.
-pub async fn probe(url: &str, timeout: Duration) -> bool {
+pub(super) async fn probe(url: &str, timeout: Duration) -> bool {
     let Some(address) = authority(url) else {
         tracing::warn!(%url, "endpointHealthCheckUrl is not a URL with a host");
         return false;

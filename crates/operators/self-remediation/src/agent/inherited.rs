@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// What an earlier agent process of this boot left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Inherited {
+pub(super) enum Inherited {
     /// No earlier process in this boot (or nothing readable).
     Nothing,
     /// A licence that lasts until then.
@@ -43,7 +43,7 @@ fn boot_clock() -> Option<Duration> {
 
 /// The boot this process runs in: the lab's boot-time file when given (its nodes share the host's
 /// kernel), else the kernel's boot_id.
-pub fn boot_key(boot_time_file: Option<&Path>) -> Option<String> {
+pub(super) fn boot_key(boot_time_file: Option<&Path>) -> Option<String> {
     let path = boot_time_file.unwrap_or(Path::new("/proc/sys/kernel/random/boot_id"));
     std::fs::read_to_string(path)
         .ok()
@@ -52,7 +52,7 @@ pub fn boot_key(boot_time_file: Option<&Path>) -> Option<String> {
 }
 
 /// What the earlier processes of boot `boot` left in `dir`.
-pub fn load(dir: &Path, boot: &str) -> Inherited {
+pub(super) fn load(dir: &Path, boot: &str) -> Inherited {
     let Some(record) = std::fs::read(path(dir))
         .ok()
         .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
@@ -72,7 +72,7 @@ pub fn load(dir: &Path, boot: &str) -> Inherited {
 }
 
 /// Records this process's licence (`None`: lapsed or fencing), atomically.
-pub fn save(dir: &Path, boot: &str, until: Option<Instant>) -> std::io::Result<()> {
+pub(super) fn save(dir: &Path, boot: &str, until: Option<Instant>) -> std::io::Result<()> {
     let until_ns = until.and_then(|until| {
         let left = until.checked_duration_since(Instant::now())?;
         u64::try_from((boot_clock()? + left).as_nanos()).ok()

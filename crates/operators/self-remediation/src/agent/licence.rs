@@ -78,7 +78,7 @@ async fn read_peers(client: &Client, namespace: &str) -> Result<Peers> {
 
 /// The agent's clients: kube's default (registration writes) and the fail-fast ones whose
 /// answers renew the licence (`apiServerTimeout`) and refresh the peers (`peerApiServerTimeout`).
-pub struct Clients {
+pub(super) struct Clients {
     pub client: Client,
     pub fast: Client,
     pub peers: Client,
@@ -87,7 +87,7 @@ pub struct Clients {
 /// The shortest time between the start of one read and an early one.
 const EARLY_READ_GAP: Duration = Duration::from_secs(1);
 
-pub struct Loop<'a> {
+pub(super) struct Loop<'a> {
     pub args: &'a AgentArgs,
     pub clients: Clients,
     pub identity: PeerIdentity,
@@ -103,7 +103,7 @@ pub struct Loop<'a> {
 
 impl Loop<'_> {
     /// The rounds, as [`Rounds`] sequences them, until `stop` says to stop.
-    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
+    pub(super) async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
         let remediation_changed = super::wake::watch_remediations(self.clients.client.clone());
         let membership_changed = super::wake::watch_membership(self.clients.client.clone(), &self.args.namespace);
         let booted = self.published.boot_time;

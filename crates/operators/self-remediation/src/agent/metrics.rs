@@ -11,7 +11,7 @@ use prometheus_client::{
 use crate::{Result, protocol::agent::Verdict};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
+pub(super) struct ResultLabels {
     pub result: &'static str,
 }
 
@@ -86,7 +86,7 @@ impl Metrics {
     }
 }
 
-pub async fn serve(bind: SocketAddr, m: &Metrics) -> Result<()> {
+pub(super) async fn serve(bind: SocketAddr, m: &Metrics) -> Result<()> {
     let mut registry = Registry::default();
     m.register(&mut registry);
     let readiness = nodemedic_kube::metrics_server::Readiness::default();

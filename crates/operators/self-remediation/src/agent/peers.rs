@@ -20,14 +20,16 @@ use crate::{
     },
 };
 
-pub mod wire {
-    pub mod health {
+// tonic's generated code says `pub` throughout.
+#[allow(unreachable_pub)]
+pub(crate) mod wire {
+    pub(crate) mod health {
         tonic::include_proto!("selfnoderemediation.health");
     }
-    pub mod licence {
+    pub(crate) mod licence {
         tonic::include_proto!("nodemedic.licence.v1");
     }
-    pub mod detection {
+    pub(crate) mod detection {
         tonic::include_proto!("nodemedic.detection.v1");
     }
 }
@@ -37,10 +39,10 @@ use wire::{
     licence::{self as proto, VoteRequest, VoteResponse, licence_client::LicenceClient, licence_server},
 };
 
-pub type Shared = Arc<Mutex<AgentState<Instant>>>;
+pub(crate) type Shared = Arc<Mutex<AgentState<Instant>>>;
 
 /// Counts what the server did, for metrics.
-pub type OnVote = Arc<dyn Fn(&Verdict) + Send + Sync>;
+pub(crate) type OnVote = Arc<dyn Fn(&Verdict) + Send + Sync>;
 
 struct Voter {
     node: String,
@@ -130,7 +132,7 @@ impl peer_health_server::PeerHealth for Voter {
 }
 
 /// Serves votes, and the detector's messages and probes, on `addr` until the process ends.
-pub async fn serve(
+pub(crate) async fn serve(
     addr: SocketAddr,
     identity: &PeerIdentity,
     state: Shared,
@@ -158,7 +160,7 @@ pub async fn serve(
 /// Asks every peer `(node, "ip:port")` for its vote in `epoch`, each within `dial + request`;
 /// peers that do not answer in time simply do not count. Each answer comes with the node whose
 /// server certificate answered it.
-pub async fn ask(
+pub(crate) async fn ask(
     me: &PeerIdentity,
     peers: &[(String, String)],
     epoch: u64,

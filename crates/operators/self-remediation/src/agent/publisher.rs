@@ -14,7 +14,7 @@ use crate::registration::Published;
 /// Between failed writes.
 const RETRY: Duration = Duration::from_secs(1);
 
-pub struct Publisher {
+pub(super) struct Publisher {
     wanted: watch::Sender<Option<Published>>,
     landed: Arc<watch::Sender<Option<Published>>>,
     task: JoinHandle<()>,
@@ -22,7 +22,7 @@ pub struct Publisher {
 
 impl Publisher {
     /// Writes with `client` (a fail-fast one: a write never blocks for long).
-    pub fn spawn(client: Client, namespace: String) -> Self {
+    pub(super) fn spawn(client: Client, namespace: String) -> Self {
         let (wanted, mut wants) = watch::channel(None::<Published>);
         let landed = Arc::new(watch::Sender::new(None));
         let written = landed.clone();
@@ -52,13 +52,13 @@ impl Publisher {
     }
 
     /// Asks for `published` to be written (replacing anything not written yet).
-    pub fn want(&self, published: &Published) {
+    pub(super) fn want(&self, published: &Published) {
         self.wanted.send_replace(Some(published.clone()));
     }
 
     /// Waits up to `timeout` for `published` to be what the registration says (as far as this
     /// process wrote it); returns whether it is.
-    pub async fn landed(&self, published: &Published, timeout: Duration) -> bool {
+    pub(super) async fn landed(&self, published: &Published, timeout: Duration) -> bool {
         let mut landed = self.landed.subscribe();
         tokio::time::timeout(timeout, landed.wait_for(|l| l.as_ref() == Some(published)))
             .await
@@ -66,7 +66,7 @@ impl Publisher {
     }
 
     /// Writes it again even if it landed before (the registration went away).
-    pub fn rewrite(&self, published: &Published) {
+    pub(super) fn rewrite(&self, published: &Published) {
         self.landed.send_replace(None);
         self.want(published);
     }
@@ -74,7 +74,7 @@ impl Publisher {
     /// Stops once what was wanted has landed, or after `grace`: nothing this process wrote lands
     /// after a later write (each write is conditional on the registration it read, so a late
     /// one fails).
-    pub async fn stop(self, grace: Duration) {
+    pub(super) async fn stop(self, grace: Duration) {
         drop(self.wanted);
         let abort = self.task.abort_handle();
         if tokio::time::timeout(grace, self.task).await.is_err() {

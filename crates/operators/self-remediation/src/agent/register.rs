@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// The node's boot time: from `file` (an RFC 3339 time) when given, else `btime` of /proc/stat.
-pub fn boot_time(file: Option<&std::path::Path>) -> Option<jiff::Timestamp> {
+pub(super) fn boot_time(file: Option<&std::path::Path>) -> Option<jiff::Timestamp> {
     if let Some(path) = file {
         return std::fs::read_to_string(path).ok()?.trim().parse().ok();
     }
@@ -31,7 +31,7 @@ pub fn boot_time(file: Option<&std::path::Path>) -> Option<jiff::Timestamp> {
 }
 
 /// Creates or updates the registration.
-pub async fn register(client: &Client, namespace: &str, published: &Published) -> Result<()> {
+pub(super) async fn register(client: &Client, namespace: &str, published: &Published) -> Result<()> {
     let api = Api::<Lease>::namespaced(client.clone(), namespace);
     let name = registration::lease_name(&published.node);
     let now = nodemedic_kube::time::micro_now();
@@ -81,7 +81,7 @@ pub async fn register(client: &Client, namespace: &str, published: &Published) -
 
 /// medik8s's node annotations, for tools that read them; returns the Node's uid (the
 /// registration's owner), None when the node cannot be read.
-pub async fn annotate_node(client: &Client, node: &str, means: Means, timing: &Timing) -> Option<String> {
+pub(super) async fn annotate_node(client: &Client, node: &str, means: Means, timing: &Timing) -> Option<String> {
     let capable = !matches!(means, Means::None);
     let timeout = match means {
         Means::HardwareWatchdog | Means::Softdog => timing.watchdog.as_secs().max(1),

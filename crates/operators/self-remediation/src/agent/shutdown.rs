@@ -31,14 +31,14 @@ use crate::{Result, protocol::agent::AgentState, registration};
 
 /// How long a stopping agent waits for its current licence round (an API read with its own
 /// timeout, a vote round, a registration write) to end.
-pub const ROUND_GRACE: Duration = Duration::from_secs(20);
+pub(super) const ROUND_GRACE: Duration = Duration::from_secs(20);
 
 /// What the async side asks the feeder thread: close the watchdog, and say how it went.
-pub type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
+pub(super) type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
 
-pub use nodemedic_kube::shutdown::signal;
+pub(super) use nodemedic_kube::shutdown::signal;
 
-pub async fn stop(
+pub(super) async fn stop(
     args: &AgentArgs,
     client: &Client,
     fast: &Client,

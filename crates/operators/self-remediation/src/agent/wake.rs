@@ -40,7 +40,7 @@ fn matters(before: Option<Relevant>, now: Relevant) -> bool {
 }
 
 /// Watches the remediations, metadata only, and notifies on every change that matters.
-pub fn watch_remediations(client: Client) -> Arc<Notify> {
+pub(super) fn watch_remediations(client: Client) -> Arc<Notify> {
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();
     tokio::spawn(async move {
@@ -80,7 +80,7 @@ pub fn watch_remediations(client: Client) -> Arc<Notify> {
 /// Watches the membership Lease, metadata only, and notifies on every change: each one may be a
 /// proposal the agent must acknowledge before the change can commit. It changes only when a
 /// node joins or leaves.
-pub fn watch_membership(client: Client, namespace: &str) -> Arc<Notify> {
+pub(super) fn watch_membership(client: Client, namespace: &str) -> Arc<Notify> {
     let wake = Arc::new(Notify::new());
     let notify = wake.clone();
     let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, namespace);

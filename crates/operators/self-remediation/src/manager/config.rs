@@ -22,7 +22,7 @@ use crate::{
     protocol::{manager as rules, membership::Membership},
 };
 
-pub struct Context {
+pub(super) struct Context {
     pub client: Client,
     pub namespace: String,
     pub image: String,
@@ -32,7 +32,7 @@ pub struct Context {
 
 const VALID: &str = "Valid";
 
-pub async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<Context>) -> Result<Action> {
     if config.name_any() != CONFIG_NAME || config.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -281,7 +281,7 @@ async fn ensure_daemonset(
     }
 }
 
-pub fn error_policy(config: Arc<SelfNodeRemediationConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(super) fn error_policy(config: Arc<SelfNodeRemediationConfig>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .errors
         .get_or_create(&super::metrics::ResultLabels {

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// What one read of the registrations and the membership gives.
-pub struct Read {
+pub(super) struct Read {
     pub leases: Vec<Lease>,
     pub registrations: Vec<Registration>,
     pub membership: Option<Membership>,
@@ -35,7 +35,7 @@ pub struct Read {
     version: Option<String>,
 }
 
-pub async fn read(client: &Client, namespace: &str) -> Result<Read> {
+pub(super) async fn read(client: &Client, namespace: &str) -> Result<Read> {
     let leases = registration::list(client, namespace).await?;
     let lease = leases
         .iter()
@@ -91,7 +91,7 @@ fn describe(members: &BTreeSet<String>) -> String {
 }
 
 /// The membership after a reconcile.
-pub struct Outcome {
+pub(super) struct Outcome {
     pub current: Option<Membership>,
     pub registrations: Vec<Registration>,
     /// Agents acknowledged a membership the API no longer holds (see [`Change::Lost`]).
@@ -100,7 +100,7 @@ pub struct Outcome {
 
 /// Makes the next membership change; returns the membership as it now stands, and the
 /// registrations read.
-pub async fn reconcile(
+pub(super) async fn reconcile(
     client: &Client,
     namespace: &str,
     events: &Events,

@@ -10,7 +10,7 @@ mod metrics;
 mod poison_pill;
 mod remediation;
 mod setup;
-pub mod signer;
+pub(crate) mod signer;
 
 use std::{collections::HashMap, sync::Arc};
 

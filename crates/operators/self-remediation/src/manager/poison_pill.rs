@@ -24,13 +24,13 @@ use crate::{
     },
 };
 
-pub struct Context {
+pub(super) struct Context {
     pub client: Client,
     pub namespace: String,
     pub events: Events,
 }
 
-pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = ppr.namespace().unwrap_or_default();
     let name = ppr.name_any();
     let pprs = Api::<PoisonPillRemediation>::namespaced(ctx.client.clone(), &namespace);
@@ -141,7 +141,7 @@ pub async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>) -> Re
 
 /// A PoisonPillConfig in the manager's namespace: its fields set on the SelfNodeRemediationConfig
 /// (owned by their own field manager, so a later edit of either is visible in managedFields).
-pub async fn reconcile_config(config: Arc<PoisonPillConfig>, ctx: Arc<Context>) -> Result<Action> {
+pub(super) async fn reconcile_config(config: Arc<PoisonPillConfig>, ctx: Arc<Context>) -> Result<Action> {
     if config.name_any() != POISON_PILL_CONFIG || config.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -190,6 +190,6 @@ pub async fn reconcile_config(config: Arc<PoisonPillConfig>, ctx: Arc<Context>) 
     Ok(Action::await_change())
 }
 
-pub fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(super) fn error_policy<K: Resource<DynamicType = ()>>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
     nodemedic_kube::steps::retry(object.as_ref(), error, Duration::from_secs(2))
 }

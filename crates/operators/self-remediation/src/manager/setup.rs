@@ -50,7 +50,7 @@ where
 
 /// The signer's authority, created on first start and kept in a Secret; its certificate is
 /// published in a ConfigMap the agents read.
-pub async fn certificate_authority(client: &Client, namespace: &str) -> Result<Authority> {
+pub(super) async fn certificate_authority(client: &Client, namespace: &str) -> Result<Authority> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let existing = secrets
         .get_opt(CA_SECRET)
@@ -118,7 +118,7 @@ pub async fn certificate_authority(client: &Client, namespace: &str) -> Result<A
 }
 
 /// The configuration, created with the defaults when absent (medik8s does the same).
-pub async fn config(client: &Client, namespace: &str) -> Result<()> {
+pub(super) async fn config(client: &Client, namespace: &str) -> Result<()> {
     let api = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), namespace);
     let mut config = SelfNodeRemediationConfig::new(CONFIG_NAME, SelfNodeRemediationConfigSpec::default());
     config.metadata.namespace = Some(namespace.to_owned());
@@ -129,7 +129,7 @@ pub async fn config(client: &Client, namespace: &str) -> Result<()> {
 }
 
 /// The default templates the health check and users pick from.
-pub async fn templates(client: &Client, namespace: &str) -> Result<()> {
+pub(super) async fn templates(client: &Client, namespace: &str) -> Result<()> {
     let api = Api::<SelfNodeRemediationTemplate>::namespaced(client.clone(), namespace);
     for (name, strategy) in [
         (AUTOMATIC_TEMPLATE_NAME, RemediationStrategy::Automatic),

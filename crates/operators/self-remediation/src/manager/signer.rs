@@ -27,7 +27,7 @@ const VALID_DAYS: i64 = 365;
 
 /// The node a request's author speaks for: a node identity (`system:node:<n>`), or the agent's
 /// service account with a token bound to a pod on node `n`.
-pub fn requester_node(csr: &CertificateSigningRequest, namespace: &str) -> Option<String> {
+pub(crate) fn requester_node(csr: &CertificateSigningRequest, namespace: &str) -> Option<String> {
     let user = csr.spec.username.as_deref()?;
     if let Some(node) = user.strip_prefix("system:node:") {
         return Some(node.to_owned());
@@ -43,7 +43,7 @@ pub fn requester_node(csr: &CertificateSigningRequest, namespace: &str) -> Optio
 }
 
 /// The names a PEM certificate request asks for: its common name and DNS names.
-pub fn requested_names(request_pem: &[u8]) -> Option<(String, Vec<String>)> {
+pub(crate) fn requested_names(request_pem: &[u8]) -> Option<(String, Vec<String>)> {
     use x509_parser::{
         certification_request::X509CertificationRequest,
         extensions::{GeneralName, ParsedExtension},
@@ -68,7 +68,7 @@ pub fn requested_names(request_pem: &[u8]) -> Option<(String, Vec<String>)> {
 }
 
 /// Whether to sign: `Ok(node)`, or why not.
-pub fn verdict(csr: &CertificateSigningRequest, namespace: &str) -> Result<String, String> {
+pub(crate) fn verdict(csr: &CertificateSigningRequest, namespace: &str) -> Result<String, String> {
     let node = requester_node(csr, namespace).ok_or_else(|| {
         format!(
             "requested by {:?}, which is neither a node (system:node:<name>) nor the agent service account {namespace}/{SERVICE_ACCOUNT} with a node-bound token",
@@ -185,7 +185,13 @@ async fn handle(
 }
 
 /// Signs requests as they come, until the process ends.
-pub async fn run(client: Client, authority: Arc<Authority>, namespace: String, metrics: Metrics, events: Events) {
+pub(crate) async fn run(
+    client: Client,
+    authority: Arc<Authority>,
+    namespace: String,
+    metrics: Metrics,
+    events: Events,
+) {
     let api = Api::<CertificateSigningRequest>::all(client.clone());
     let mut stream = watcher(api.clone(), watcher::Config::default())
         .default_backoff()

@@ -16,7 +16,7 @@ use super::{Reboot, Watchdog, WatchdogError};
 /// `struct watchdog_info` of linux/watchdog.h.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct WatchdogInfo {
+pub(crate) struct WatchdogInfo {
     pub options: u32,
     pub firmware_version: u32,
     pub identity: [u8; 32],
@@ -31,7 +31,7 @@ nix::ioctl_read!(wdioc_gettimeout, b'W', 7, libc_int);
 type libc_int = std::ffi::c_int;
 
 /// The identity the kernel's software watchdog reports.
-pub const SOFTDOG_IDENTITY: &str = "Software Watchdog";
+pub(crate) const SOFTDOG_IDENTITY: &str = "Software Watchdog";
 
 pub struct LinuxWatchdog {
     path: PathBuf,

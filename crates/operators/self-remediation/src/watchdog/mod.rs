@@ -14,7 +14,7 @@
 //! a file of its own mounted over that path, so a lab reboot reaches the lab, never the host.
 
 mod lab;
-pub mod linux;
+pub(crate) mod linux;
 mod software;
 
 use std::{

@@ -26,14 +26,14 @@ use super::{Path, Profile, Strategy};
 const LANE_LABEL: &str = "bench.nodemedic.io/lane";
 const NODES_PER_LANE: usize = 3;
 
-pub struct Lane {
+pub(super) struct Lane {
     pub strategy: Strategy,
     /// The lane's label value when it shares its lab; `None` when it is alone.
     shared_as: Option<String>,
 }
 
 impl Lane {
-    pub fn for_strategies(strategies: &[Strategy]) -> Vec<Lane> {
+    pub(super) fn for_strategies(strategies: &[Strategy]) -> Vec<Lane> {
         let shared = strategies.len() > 1;
         strategies
             .iter()
@@ -108,7 +108,7 @@ fn config(path: Path, profile: Profile, lanes: &[Lane]) -> LabConfig {
 /// A lab with nodemedic, each lane's template, workload and health check; with `detector`, the
 /// agents' peer failure detector and the example health check on its condition (fence agents
 /// through Redfish, one lane).
-pub async fn start(path: Path, profile: Profile, detector: bool, lanes: &[Lane]) -> anyhow::Result<Lab> {
+pub(super) async fn start(path: Path, profile: Profile, detector: bool, lanes: &[Lane]) -> anyhow::Result<Lab> {
     let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(config(path, profile, lanes).alone())
         .await
@@ -215,7 +215,7 @@ async fn deploy_workloads(lab: &Lab, lanes: &[Lane]) -> anyhow::Result<()> {
 /// Crash each lane's pod's node at once, measure until each pod runs elsewhere, then bring the
 /// nodes back and wait until nothing of the remediations is left. One measurement per lane; the
 /// error is the lab's, when it could not be brought back for the next trial.
-pub async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<anyhow::Result<Breakdown>>> {
+pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<anyhow::Result<Breakdown>>> {
     let client = lab.client();
     let mut subjects = Vec::new();
     for lane in lanes {
@@ -277,7 +277,7 @@ async fn measure(lab: &Lab, subject: &Subject, since: jiff::Timestamp) -> anyhow
 }
 
 /// The safe time the manager waits: the configured one, or the provable minimum when larger.
-pub async fn safe_time(lab: &Lab) -> Option<f64> {
+pub(super) async fn safe_time(lab: &Lab) -> Option<f64> {
     let config = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
         .get(CONFIG_NAME)
         .await

@@ -18,14 +18,14 @@ use super::{BenchArgs, Section, verdict};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Path {
+pub(crate) enum Path {
     SelfRemediation,
     FenceRedfish,
     FenceIpmi,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     ResourceDeletion,
     OutOfServiceTaint,
 }
@@ -42,7 +42,7 @@ impl Strategy {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Profile {
+pub(crate) enum Profile {
     /// The lab's fast timings: health-check durations 5 s, the fast SelfNodeRemediationConfig.
     Fast,
     /// The seed manifests' own: health-check durations 10 s, the seed SelfNodeRemediationConfig
@@ -86,7 +86,7 @@ fn or_all<T: Clone + PartialEq>(chosen: &[T], all: Vec<T>) -> Vec<T> {
     once
 }
 
-pub async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
+pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
     let paths = or_all(
         &args.paths,
         vec![Path::SelfRemediation, Path::FenceRedfish, Path::FenceIpmi],

@@ -2,12 +2,13 @@
 //! the other: node faults with disturbances on top, flapping, short and long control-plane
 //! outages, controller restart loops and membership churn.
 
+use nodemedic_lab::Fault;
 use rand::{Rng, rngs::StdRng};
 
 use super::{Action, PathKind, Shape, Slot, Step};
 
 /// Node faults held at least this long should get a remediation (see the verdict's budget).
-pub const LONG_HOLD_MS: (u64, u64) = (26_000, 50_000);
+pub(super) const LONG_HOLD_MS: (u64, u64) = (26_000, 50_000);
 const SHORT_HOLD_MS: (u64, u64) = (3_000, 9_000);
 /// A long control-plane outage: longer than the 30 s bound agents once had on their view of the
 /// peers (`peerUpdateInterval` in the lab's config), and than `L + W` (4 s + 5 s at the lab's
@@ -18,33 +19,40 @@ pub const LONG_OUTAGE_MS: (u64, u64) = (90_000, 300_000);
 /// some, so a healthy node wrongly remediated once the control plane is back is seen.
 pub const AFTERMATH_MS: u64 = 60_000;
 /// The longest control-plane outage drawn while a node fault holds.
-pub const SHORT_OUTAGE_MAX_MS: u64 = 8_000;
+pub(super) const SHORT_OUTAGE_MAX_MS: u64 = 8_000;
 /// A slow lossy network: the delay each way (its jitter half of it), the loss, how long it
 /// lasts. Within what the lab's fast timings allow (500 ms API and peer timeouts: the
 /// agents' own settings, not the detector's, bound how slow a network they stay licensed on);
 /// `peer_detection`'s lab test holds 200 ms ± 100 ms and 5 % loss with the seed's timings.
-pub const SLOW_DELAY_MS: (u64, u64) = (30, 120);
-pub const SLOW_LOSS_PERMILLE_MAX: u32 = 30;
+pub(super) const SLOW_DELAY_MS: (u64, u64) = (30, 120);
+pub(super) const SLOW_LOSS_PERMILLE_MAX: u32 = 30;
 const SLOW_HOLD_MS: (u64, u64) = (30_000, 60_000);
 /// Watched after the links are restored: a suspicion raised while they were slow that led to
 /// a remediation would show by then (the lab's health check waits 25 s at most).
 pub const SLOW_AFTERMATH_MS: u64 = 30_000;
+/// How long a node's disk stays full, and how long after it is freed the trial watches: a
+/// remediation of the full node would have started by then (the lab's check waits 25 s at most).
+const DISK_HOLD_MS: (u64, u64) = (30_000, 60_000);
+const DISK_AFTERMATH_MS: u64 = 30_000;
 /// How often the first episode of a self-remediation trial is membership churn.
 const CHURN: f64 = 0.3;
 
 pub(super) struct Builder {
     pub rng: StdRng,
     shape: Shape,
+    /// The plan version (see [`super::PLAN_VERSION`]): which episodes there are to draw.
+    version: u32,
     pub steps: Vec<Step>,
     /// Where the next episode starts.
     pub t: u64,
 }
 
 impl Builder {
-    pub fn new(rng: StdRng, shape: Shape) -> Self {
+    pub(super) fn new(rng: StdRng, shape: Shape, version: u32) -> Self {
         Self {
             rng,
             shape,
+            version,
             steps: Vec::new(),
             t: 0,
         }
@@ -77,27 +85,38 @@ impl Builder {
 
     /// Draws one episode from `self.t` on and moves `self.t` to its end. Churn comes only first:
     /// then slot 0 still runs the workload, so its removals never take the workload's node.
-    pub fn episode(&mut self, first: bool) {
+    pub(super) fn episode(&mut self, first: bool) {
         let start = self.t;
         if first && self.shape.churns() && self.rng.random_bool(CHURN) {
             self.t = self.churn(start);
             return;
         }
         // Only a fault held steadily gets disturbances on top (a flapping node has gaps).
-        let (targets, end) = match self.rng.random_range(0..19) {
-            0..=2 => self.simple(start, |n| Action::Crash { node: n }, |n| Action::PowerOn { node: n }),
-            3..=4 => self.simple(start, |n| Action::Freeze { node: n }, |n| Action::Thaw { node: n }),
+        // Version 2 added the disk's two: the draws of version 1 stay as they were.
+        let kinds = if self.version >= 2 { 21 } else { 19 };
+        let (targets, end) = match self.rng.random_range(0..kinds) {
+            0..=2 => self.simple(
+                start,
+                |n| Action::Fault(Fault::Crash { node: n }),
+                |n| Action::Fault(Fault::PowerOn { node: n }),
+            ),
+            3..=4 => self.simple(
+                start,
+                |n| Action::Fault(Fault::Freeze { node: n }),
+                |n| Action::Fault(Fault::Thaw { node: n }),
+            ),
             5..=7 => self.partition(start),
             8..=9 => self.simple(
                 start,
-                |n| Action::IsolateFromApi { node: n },
-                |n| Action::Heal { node: n },
+                |n| Action::Fault(Fault::IsolateFromApi { node: n }),
+                |n| Action::Fault(Fault::Heal { node: n }),
             ),
             10 => (Vec::new(), self.flap(start)),
             11 => (Vec::new(), self.control_plane(start)),
             12..=14 => (Vec::new(), self.long_outage(start)),
             15..=16 => (Vec::new(), self.slow_network(start)),
-            _ => (Vec::new(), self.restart_loop(start)),
+            17..=18 => (Vec::new(), self.restart_loop(start)),
+            _ => (Vec::new(), self.disk_full(start)),
         };
         if !targets.is_empty() && end - start >= LONG_HOLD_MS.0 {
             self.disturb(start, end, &targets);
@@ -123,9 +142,9 @@ impl Builder {
             nodes.push(others[self.rng.random_range(0..others.len())]);
         }
         let end = start + self.hold();
-        self.push(start, Action::Partition { nodes: nodes.clone() });
+        self.push(start, Action::Fault(Fault::Partition { nodes: nodes.clone() }));
         for n in &nodes {
-            self.push(end, Action::Heal { node: *n });
+            self.push(end, Action::Fault(Fault::Heal { node: *n }));
         }
         (nodes, end)
     }
@@ -135,9 +154,9 @@ impl Builder {
         let node = self.node();
         let mut t = start;
         for _ in 0..self.rng.random_range(2..=4) {
-            self.push(t, Action::Partition { nodes: vec![node] });
+            self.push(t, Action::Fault(Fault::Partition { nodes: vec![node] }));
             t += self.rng.random_range(3_000..10_000);
-            self.push(t, Action::Heal { node });
+            self.push(t, Action::Fault(Fault::Heal { node }));
             t += self.rng.random_range(3_000..8_000);
         }
         t
@@ -147,11 +166,11 @@ impl Builder {
         let mut t = start;
         match self.rng.random_range(0..3) {
             0 => {
-                self.push(t, Action::StopApiserver);
+                self.push(t, Action::Fault(Fault::StopApiserver));
                 t += self.rng.random_range(2_000..SHORT_OUTAGE_MAX_MS);
-                self.push(t, Action::StartApiserver);
+                self.push(t, Action::Fault(Fault::StartApiserver));
             }
-            1 => self.push(t, Action::RestartEtcd),
+            1 => self.push(t, Action::Fault(Fault::RestartEtcd)),
             _ => {
                 self.push(t, Action::RestartController { mid_remediation: false });
                 if self.shape.path == PathKind::SelfRemediation {
@@ -175,9 +194,12 @@ impl Builder {
     fn long_outage(&mut self, start: u64) -> u64 {
         let lasts = self.rng.random_range(LONG_OUTAGE_MS.0..=LONG_OUTAGE_MS.1);
         let (stop, back) = if self.rng.random_bool(0.5) {
-            (Action::StopApiserver, Action::StartApiserver)
+            (
+                Action::Fault(Fault::StopApiserver),
+                Action::Fault(Fault::StartApiserver),
+            )
         } else {
-            (Action::StopEtcd, Action::StartEtcd)
+            (Action::Fault(Fault::StopEtcd), Action::Fault(Fault::StartEtcd))
         };
         self.push(start, stop);
         self.push(start + lasts, back);
@@ -192,21 +214,43 @@ impl Builder {
         let lasts = self.rng.random_range(SLOW_HOLD_MS.0..=SLOW_HOLD_MS.1);
         self.push(
             start,
-            Action::SlowLinks {
+            Action::Fault(Fault::SlowLinks {
                 delay_ms,
                 jitter_ms: delay_ms / 2,
                 loss_permille,
-            },
+                nodes: Vec::new(),
+            }),
         );
-        self.push(start + lasts, Action::RestoreLinks);
+        self.push(start + lasts, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() }));
         start + lasts + SLOW_AFTERMATH_MS
+    }
+
+    /// A node's disk fills up (its kubelet reports DiskPressure, the node stays connected) for a
+    /// while, half the time while another node crashes: the crashed node is remediated, the full
+    /// one never, and the workload does not move to it.
+    fn disk_full(&mut self, start: u64) -> u64 {
+        let node = self.node();
+        let freed = start + self.rng.random_range(DISK_HOLD_MS.0..=DISK_HOLD_MS.1);
+        self.push(start, Action::Fault(Fault::FillDisk { node }));
+        self.push(freed, Action::Fault(Fault::FreeDisk { node }));
+        let mut end = freed;
+        if self.rng.random_bool(0.5) {
+            let others: Vec<Slot> = (0..self.shape.nodes).filter(|n| *n != node).collect();
+            let crashed = others[self.rng.random_range(0..others.len())];
+            let at = start + self.rng.random_range(2_000..5_000);
+            let back = at + self.long_hold();
+            self.push(at, Action::Fault(Fault::Crash { node: crashed }));
+            self.push(back, Action::Fault(Fault::PowerOn { node: crashed }));
+            end = end.max(back);
+        }
+        end + DISK_AFTERMATH_MS
     }
 
     /// The workload's node crashes and, once its remediation is in flight, the controller is
     /// killed and restarted every 5-8 s, 3-8 times: each new leader must carry the remediation
     /// on (its safe-time wait included) rather than start it again, or the loop outlasts it.
     fn restart_loop(&mut self, start: u64) -> u64 {
-        self.push(start, Action::Crash { node: 0 });
+        self.push(start, Action::Fault(Fault::Crash { node: 0 }));
         // Remediations start about 15 s into a fault; the loop waits (bounded) for one anyway.
         let at = start + self.rng.random_range(15_000..20_000);
         let restarts = self.rng.random_range(3..=8);
@@ -214,7 +258,7 @@ impl Builder {
         self.push(at, Action::RestartControllerLoop { restarts, every_ms });
         let looped = at + u64::from(restarts - 1) * every_ms;
         let end = (looped + self.rng.random_range(5_000..15_000)).max(start + LONG_HOLD_MS.0);
-        self.push(end, Action::PowerOn { node: 0 });
+        self.push(end, Action::Fault(Fault::PowerOn { node: 0 }));
         end
     }
 
@@ -259,7 +303,7 @@ impl Builder {
         }
         let (mut back, crashed_until) = if crash {
             let at = t + self.rng.random_range(0..3_000);
-            self.push(at, Action::Crash { node: 0 });
+            self.push(at, Action::Fault(Fault::Crash { node: 0 }));
             (at + self.rng.random_range(15_000..25_000), Some(at + self.long_hold()))
         } else {
             (t + self.rng.random_range(20_000..40_000), None)
@@ -275,7 +319,7 @@ impl Builder {
         match crashed_until {
             Some(until) => {
                 let end = until.max(back);
-                self.push(end, Action::PowerOn { node: 0 });
+                self.push(end, Action::Fault(Fault::PowerOn { node: 0 }));
                 end
             }
             None => back,
@@ -291,8 +335,8 @@ impl Builder {
             let node = targets[0];
             let hang = start + self.rng.random_range(0..4_000);
             let resume = (hang + self.rng.random_range(5_000..25_000)).min(end - 2_000);
-            self.push(hang, Action::HangBmc { node });
-            self.push(resume, Action::ResumeBmc { node });
+            self.push(hang, Action::Fault(Fault::HangBmc { node }));
+            self.push(resume, Action::Fault(Fault::ResumeBmc { node }));
         }
         // Remediations start about 15 s into a fault.
         let mut t = start + self.rng.random_range(15_000..20_000);
@@ -314,11 +358,11 @@ impl Builder {
                     );
                 }
                 2 => {
-                    self.push(t, Action::StopApiserver);
+                    self.push(t, Action::Fault(Fault::StopApiserver));
                     t += self.rng.random_range(2_000..6_000);
-                    self.push(t, Action::StartApiserver);
+                    self.push(t, Action::Fault(Fault::StartApiserver));
                 }
-                _ => self.push(t, Action::RestartEtcd),
+                _ => self.push(t, Action::Fault(Fault::RestartEtcd)),
             }
             t += self.rng.random_range(2_000..5_000);
         }

@@ -1,5 +1,6 @@
 //! Names and counts of what plans do, for the report's fault summary and the dry run.
 
+use nodemedic_lab::Fault;
 use std::collections::BTreeMap;
 
 use super::{Action, TrialPlan, episodes::LONG_OUTAGE_MS};
@@ -11,6 +12,7 @@ pub const EXTRA_NODE: &str = "extra node joins and leaves";
 pub const CHURN_DURING_CRASH: &str = "membership change during a crash";
 pub const CONTROLLER_RESTART_LOOP: &str = "controller restart loop";
 pub const SLOW_NETWORK: &str = "slow lossy network";
+pub const FULL_DISK: &str = "a node's disk fills up";
 
 /// The action's kebab-case name, as in the JSON plan.
 pub fn kind(action: &Action) -> String {
@@ -29,16 +31,18 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
     for step in &plan.steps {
         let long = |since: u64| step.at_ms - since >= LONG_OUTAGE_MS.0;
         match &step.action {
-            Action::StopApiserver | Action::StopEtcd => stopped = Some((&step.action, step.at_ms)),
-            Action::StartApiserver => {
-                if let Some((Action::StopApiserver, since)) = stopped.take()
+            Action::Fault(Fault::StopApiserver) | Action::Fault(Fault::StopEtcd) => {
+                stopped = Some((&step.action, step.at_ms))
+            }
+            Action::Fault(Fault::StartApiserver) => {
+                if let Some((Action::Fault(Fault::StopApiserver), since)) = stopped.take()
                     && long(since)
                 {
                     out.push(LONG_APISERVER_OUTAGE);
                 }
             }
-            Action::StartEtcd => {
-                if let Some((Action::StopEtcd, since)) = stopped.take()
+            Action::Fault(Fault::StartEtcd) => {
+                if let Some((Action::Fault(Fault::StopEtcd), since)) = stopped.take()
                     && long(since)
                 {
                     out.push(LONG_ETCD_OUTAGE);
@@ -47,7 +51,8 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
             Action::RemoveNode { node } if *node < plan.shape.nodes => out.push(NODE_REJOINS),
             Action::AddNode { node } if *node == plan.shape.extra_slot() => out.push(EXTRA_NODE),
             Action::RestartControllerLoop { .. } => out.push(CONTROLLER_RESTART_LOOP),
-            Action::SlowLinks { .. } => out.push(SLOW_NETWORK),
+            Action::Fault(Fault::SlowLinks { .. }) => out.push(SLOW_NETWORK),
+            Action::Fault(Fault::FillDisk { .. }) => out.push(FULL_DISK),
             _ => {}
         }
         if matches!(step.action, Action::AddNode { .. } | Action::RemoveNode { .. }) {
@@ -59,7 +64,7 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
         && plan
             .steps
             .iter()
-            .any(|s| matches!(s.action, Action::Crash { .. }) && (first..=last).contains(&s.at_ms))
+            .any(|s| matches!(s.action, Action::Fault(Fault::Crash { .. })) && (first..=last).contains(&s.at_ms))
     {
         out.push(CHURN_DURING_CRASH);
     }

@@ -5,6 +5,7 @@ use super::{
     Action, PathKind, Slot, Step, TrialPlan,
     episodes::{SHORT_OUTAGE_MAX_MS, SLOW_DELAY_MS, SLOW_LOSS_PERMILLE_MAX},
 };
+use nodemedic_lab::Fault;
 
 /// What a plan leaves each node in, step by step.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -13,6 +14,7 @@ struct NodeState {
     frozen: bool,
     cut: bool,
     bmc_hung: bool,
+    disk_full: bool,
     /// Not in the lab: removed, or the extra node before it joins.
     gone: bool,
 }
@@ -98,16 +100,18 @@ impl State {
         let up = self.outage.is_none();
         let churns = plan.shape.churns();
         match &step.action {
-            Action::Crash { node: s } if up && !nodes[here(nodes, *s)?].off => nodes[*s].off = true,
-            Action::PowerOn { node: s } if nodes[here(nodes, *s)?].off => {
+            Action::Fault(Fault::Crash { node: s }) if up && !nodes[here(nodes, *s)?].off => nodes[*s].off = true,
+            Action::Fault(Fault::PowerOn { node: s }) if nodes[here(nodes, *s)?].off => {
                 if self.looping_until.is_some_and(|until| step.at_ms < until) {
                     return Err("powered on while the controller restart loop runs".into());
                 }
                 nodes[*s].off = false;
             }
-            Action::Freeze { node: s } if up && !nodes[here(nodes, *s)?].faulted() => nodes[*s].frozen = true,
-            Action::Thaw { node: s } if nodes[here(nodes, *s)?].frozen => nodes[*s].frozen = false,
-            Action::Partition { nodes: set } if up => {
+            Action::Fault(Fault::Freeze { node: s }) if up && !nodes[here(nodes, *s)?].faulted() => {
+                nodes[*s].frozen = true
+            }
+            Action::Fault(Fault::Thaw { node: s }) if nodes[here(nodes, *s)?].frozen => nodes[*s].frozen = false,
+            Action::Fault(Fault::Partition { nodes: set }) if up => {
                 if set.is_empty() || set.len() * 2 >= n {
                     return Err("not a minority".into());
                 }
@@ -118,20 +122,22 @@ impl State {
                     nodes[*s].cut = true;
                 }
             }
-            Action::IsolateFromApi { node: s } if up && !nodes[here(nodes, *s)?].cut => nodes[*s].cut = true,
-            Action::Heal { node: s } if nodes[here(nodes, *s)?].cut => nodes[*s].cut = false,
-            Action::StopApiserver | Action::StopEtcd if up => {
+            Action::Fault(Fault::IsolateFromApi { node: s }) if up && !nodes[here(nodes, *s)?].cut => {
+                nodes[*s].cut = true
+            }
+            Action::Fault(Fault::Heal { node: s }) if nodes[here(nodes, *s)?].cut => nodes[*s].cut = false,
+            Action::Fault(Fault::StopApiserver) | Action::Fault(Fault::StopEtcd) if up => {
                 self.outage = Some(Outage {
-                    etcd: step.action == Action::StopEtcd,
+                    etcd: step.action == Action::Fault(Fault::StopEtcd),
                     since: step.at_ms,
                     during_node_fault: nodes.iter().any(|s| !s.gone && s.faulted()),
                 });
             }
-            Action::StartApiserver | Action::StartEtcd
+            Action::Fault(Fault::StartApiserver) | Action::Fault(Fault::StartEtcd)
                 if self
                     .outage
                     .as_ref()
-                    .is_some_and(|o| o.etcd == (step.action == Action::StartEtcd)) =>
+                    .is_some_and(|o| o.etcd == (step.action == Action::Fault(Fault::StartEtcd))) =>
             {
                 if let Some(o) = self.outage.take()
                     && o.during_node_fault
@@ -140,7 +146,7 @@ impl State {
                     return Err("a long control-plane outage during a node fault".into());
                 }
             }
-            Action::RestartEtcd | Action::RestartController { .. } if up => {}
+            Action::Fault(Fault::RestartEtcd) | Action::RestartController { .. } if up => {}
             Action::RestartControllerLoop { restarts, every_ms } if up => {
                 if !(3..=8).contains(restarts) || !(5_000..=8_000).contains(every_ms) {
                     return Err("not 3-8 restarts 5-8 s apart".into());
@@ -152,15 +158,21 @@ impl State {
             }
             Action::RestartAgent { node: s, .. }
                 if plan.shape.path == PathKind::SelfRemediation && up && !nodes[here(nodes, *s)?].faulted() => {}
-            Action::HangBmc { node: s }
+            Action::Fault(Fault::HangBmc { node: s })
                 if plan.shape.path == PathKind::FenceRedfish
                     && nodes[here(nodes, *s)?].faulted()
                     && !nodes[*s].bmc_hung =>
             {
                 nodes[*s].bmc_hung = true
             }
-            Action::ResumeBmc { node: s } if nodes[here(nodes, *s)?].bmc_hung && nodes[*s].faulted() => {
+            Action::Fault(Fault::ResumeBmc { node: s }) if nodes[here(nodes, *s)?].bmc_hung && nodes[*s].faulted() => {
                 nodes[*s].bmc_hung = false
+            }
+            Action::Fault(Fault::FillDisk { node: s }) if up && !nodes[here(nodes, *s)?].disk_full => {
+                nodes[*s].disk_full = true
+            }
+            Action::Fault(Fault::FreeDisk { node: s }) if up && nodes[here(nodes, *s)?].disk_full => {
+                nodes[*s].disk_full = false
             }
             Action::RemoveNode { node: s } if churns && up && *s != 0 && !nodes[here(nodes, *s)?].faulted() => {
                 nodes[*s].gone = true;
@@ -168,11 +180,12 @@ impl State {
             Action::AddNode { node: s } if churns && up && nodes.get(*s).is_some_and(|st| st.gone) => {
                 nodes[*s] = NodeState::default();
             }
-            Action::SlowLinks {
+            Action::Fault(Fault::SlowLinks {
                 delay_ms,
                 jitter_ms,
                 loss_permille,
-            } if up && !self.slow && nodes.iter().all(|s| s.gone || !s.faulted()) => {
+                nodes: every,
+            }) if up && !self.slow && every.is_empty() && nodes.iter().all(|s| s.gone || !s.faulted()) => {
                 if !(SLOW_DELAY_MS.0..=SLOW_DELAY_MS.1).contains(delay_ms)
                     || *jitter_ms > *delay_ms
                     || *loss_permille > SLOW_LOSS_PERMILLE_MAX
@@ -181,7 +194,7 @@ impl State {
                 }
                 self.slow = true;
             }
-            Action::RestoreLinks if self.slow => self.slow = false,
+            Action::Fault(Fault::RestoreLinks { nodes: every }) if self.slow && every.is_empty() => self.slow = false,
             _ => return Err("does not apply to the state before it".into()),
         }
         let removed = nodes[..n].iter().filter(|s| s.gone).count();

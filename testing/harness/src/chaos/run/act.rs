@@ -1,6 +1,7 @@
 //! A plan's steps done in a lab, and everything undone at the end whatever the steps managed.
 
-use std::{collections::BTreeSet, path::Path, time::Duration};
+use nodemedic_lab::Fault;
+use std::{path::Path, time::Duration};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -25,7 +26,7 @@ const API_BACK: Duration = Duration::from_secs(240);
 const EXTRA_TAINT: &str = "chaos.nodemedic.io/extra";
 
 /// What a trial's steps work on.
-pub struct Ctx<'a> {
+pub(super) struct Ctx<'a> {
     pub lab: &'a Lab,
     /// The nodemedic binary (an added node's agent runs its sibling).
     pub exe: &'a Path,
@@ -37,65 +38,33 @@ pub struct Ctx<'a> {
     pub since: jiff::Timestamp,
 }
 
-/// What the trial left broken, so everything can be healed at the end even if a step failed.
+/// The faults the trial injected and has not undone yet, so everything can be healed at the end
+/// even if a step failed.
 #[derive(Default)]
-pub struct Faults {
-    bmcs_hung: BTreeSet<String>,
-    api_stopped: bool,
-    etcd_stopped: bool,
-    /// The nodes whose links were slowed.
-    slowed: Vec<String>,
+pub(super) struct Faults {
+    staying: Vec<Fault>,
 }
 
-pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow::Result<String> {
+impl Faults {
+    /// Notes an injection: a fault that stays is remembered, one that undoes others forgets them.
+    fn record(&mut self, fault: &Fault) {
+        if fault.undoing().is_empty() {
+            self.staying.retain(|stays| !stays.undoing().contains(fault));
+        } else {
+            self.staying.push(fault.clone());
+        }
+    }
+}
+
+pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow::Result<String> {
     let (lab, since) = (ctx.lab, ctx.since);
     let node = |slot: &usize| ctx.nodes.get(*slot).cloned().context("no such node slot");
     match action {
-        Action::Crash { node: s } => lab.crash(&node(s)?).await?,
-        Action::PowerOn { node: s } => {
-            let n = node(s)?;
-            if lab.condition(&n)?.powered {
-                return Ok(format!("{n} already powered on (fenced and rebooted)"));
-            }
-            lab.power_on(&n).await?;
-        }
-        Action::Freeze { node: s } => lab.freeze(&node(s)?).await?,
-        Action::Thaw { node: s } => {
-            let n = node(s)?;
-            if !lab.condition(&n)?.frozen {
-                return Ok(format!("{n} already thawed (power-cycled)"));
-            }
-            lab.thaw(&n).await?;
-        }
-        Action::Partition { nodes: set } => {
-            let names = set.iter().map(node).collect::<anyhow::Result<Vec<_>>>()?;
-            lab.partition(&as_strs(&names)).await?;
-        }
-        Action::IsolateFromApi { node: s } => lab.isolate_from_api(&node(s)?).await?,
-        Action::Heal { node: s } => lab.heal(&node(s)?).await?,
-        Action::StopApiserver => {
-            faults.api_stopped = true;
-            lab.stop_apiserver().await?;
-        }
-        Action::StartApiserver => {
-            let line = start_control_plane(lab, Stopped::ApiServer).await?;
-            faults.api_stopped = false;
-            return Ok(line);
-        }
-        Action::RestartEtcd => lab.restart_etcd().await?,
-        Action::StopEtcd => {
-            faults.etcd_stopped = true;
-            lab.stop_etcd().await?;
-        }
-        Action::StartEtcd => {
-            let line = start_control_plane(lab, Stopped::Etcd).await?;
-            faults.etcd_stopped = false;
-            return Ok(line);
-        }
+        Action::Fault(fault) => inject(lab, &fault.resolve(node)?, faults).await,
         Action::RestartController { mid_remediation } => {
             let waited = in_flight(lab, *mid_remediation, since).await;
             restart_controller(lab)?;
-            return Ok(format!("restart controller{waited}"));
+            Ok(format!("restart controller{waited}"))
         }
         Action::RestartControllerLoop { restarts, every_ms } => {
             let waited = in_flight(lab, true, since).await;
@@ -105,10 +74,10 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
                 }
                 restart_controller(lab)?;
             }
-            return Ok(format!(
+            Ok(format!(
                 "restart controller {restarts} times, {:.1}s apart{waited}",
                 *every_ms as f64 / 1000.0
-            ));
+            ))
         }
         Action::RestartAgent {
             node: s,
@@ -122,99 +91,58 @@ pub async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> anyhow:
                 return Ok(format!("skipped restarting {n}/agent: the node is off or frozen"));
             }
             lab.restart_process(&format!("{n}/agent"))?;
-            return Ok(format!("restart {n}/agent{waited}"));
+            Ok(format!("restart {n}/agent{waited}"))
         }
-        Action::HangBmc { node: s } => {
+        Action::RemoveNode { node: s } => {
             let n = node(s)?;
-            lab.hang_bmc(&n).await?;
-            faults.bmcs_hung.insert(n);
+            remove_node(ctx, &n).await?;
+            Ok(format!("remove-node {n}"))
         }
-        Action::ResumeBmc { node: s } => {
+        Action::AddNode { node: s } => {
             let n = node(s)?;
-            lab.resume_bmc(&n).await?;
-            faults.bmcs_hung.remove(&n);
+            add_node(ctx, &n).await?;
+            Ok(format!("add-node {n}"))
         }
-        Action::SlowLinks {
-            delay_ms,
-            jitter_ms,
-            loss_permille,
-        } => {
-            let nodes = lab.nodes();
-            faults.slowed.clone_from(&nodes);
-            lab.slow_links(
-                &as_strs(&nodes),
-                Duration::from_millis(*delay_ms),
-                Duration::from_millis(*jitter_ms),
-                f64::from(*loss_permille) / 10.0,
-            )
-            .await?;
-            return Ok(format!(
-                "slow-links {} ({delay_ms} ms ± {jitter_ms} ms, {:.1}% lost)",
-                nodes.join(","),
-                f64::from(*loss_permille) / 10.0
-            ));
-        }
-        Action::RestoreLinks => {
-            lab.restore_links(&as_strs(&faults.slowed)).await?;
-            faults.slowed.clear();
-        }
-        Action::RemoveNode { node: s } => remove_node(ctx, &node(s)?).await?,
-        Action::AddNode { node: s } => add_node(ctx, &node(s)?).await?,
-    }
-    Ok(describe(action, ctx.nodes))
-}
-
-/// The lab's fault calls take node names as `&[&str]`.
-fn as_strs(names: &[String]) -> Vec<&str> {
-    names.iter().map(String::as_str).collect()
-}
-
-fn describe(action: &Action, nodes: &[String]) -> String {
-    let name = |s: &usize| nodes.get(*s).cloned().unwrap_or_else(|| format!("slot {s}"));
-    match action {
-        Action::Partition { nodes: set } => format!("partition {}", set.iter().map(name).collect::<Vec<_>>().join(",")),
-        Action::Crash { node: s }
-        | Action::PowerOn { node: s }
-        | Action::Freeze { node: s }
-        | Action::Thaw { node: s }
-        | Action::IsolateFromApi { node: s }
-        | Action::Heal { node: s }
-        | Action::HangBmc { node: s }
-        | Action::ResumeBmc { node: s }
-        | Action::RemoveNode { node: s }
-        | Action::AddNode { node: s } => format!("{} {}", super::kind(action), name(s)),
-        other => super::kind(other),
     }
 }
 
-/// The part of the control plane a trial stopped.
-#[derive(Clone, Copy, Debug)]
-enum Stopped {
-    ApiServer,
-    Etcd,
-}
-
-/// Starts etcd or the API server again and notes when the API answers: after minutes without
-/// etcd the API server reconnects on its own backoff, which can take longer than the lab waits
-/// (60 s), so then this waits on (up to [`API_BACK`] more) rather than fail the trial.
-async fn start_control_plane(lab: &Lab, stopped: Stopped) -> anyhow::Result<String> {
-    let started = tokio::time::Instant::now();
-    let (what, first) = match stopped {
-        Stopped::ApiServer => ("start-apiserver", lab.start_apiserver().await),
-        Stopped::Etcd => ("start-etcd", lab.start_etcd().await),
+/// Injects a lab fault, with what a campaign adds: a node already powered on (fenced and
+/// rebooted) or thawed (power-cycled) is left as it is, and the control plane's start waits
+/// longer than the lab does (see [`start_control_plane`]).
+async fn inject(lab: &Lab, fault: &Fault, faults: &mut Faults) -> anyhow::Result<String> {
+    let line = match fault {
+        Fault::PowerOn { node } if lab.condition(node)?.powered => {
+            format!("{node} already powered on (fenced and rebooted)")
+        }
+        Fault::Thaw { node } if !lab.condition(node)?.frozen => format!("{node} already thawed (power-cycled)"),
+        Fault::StartApiserver | Fault::StartEtcd => start_control_plane(lab, fault).await?,
+        _ => {
+            lab.inject(fault).await?;
+            fault.to_string()
+        }
     };
-    if let Err(error) = first {
+    faults.record(fault);
+    Ok(line)
+}
+
+/// Starts etcd or the API server again (`fault`: start-etcd or start-apiserver) and notes when
+/// the API answers: after minutes without etcd the API server reconnects on its own backoff,
+/// which can take longer than the lab waits (60 s), so then this waits on (up to [`API_BACK`]
+/// more) rather than fail the trial.
+async fn start_control_plane(lab: &Lab, fault: &Fault) -> anyhow::Result<String> {
+    let started = tokio::time::Instant::now();
+    if let Err(error) = lab.inject(fault).await {
         let api = Api::<Namespace>::all(lab.client());
         wait::until("the API to answer reads", API_BACK, || {
             let api = api.clone();
             async move { Ok(api.get_opt("default").await.ok().flatten().map(|_| ())) }
         })
         .await
-        .with_context(|| format!("{what}: {error}; still no answer {API_BACK:?} later"))?;
+        .with_context(|| format!("{fault}: {error}; still no answer {API_BACK:?} later"))?;
     }
     lab.timeline().note(verdict::CONTROL_PLANE_BACK);
     Ok(format!(
-        "{what} (the API answered after {:.1}s)",
+        "{fault} (the API answered after {:.1}s)",
         started.elapsed().as_secs_f64()
     ))
 }
@@ -277,38 +205,34 @@ async fn in_flight(lab: &Lab, wanted: bool, since: jiff::Timestamp) -> String {
 }
 
 /// Undoes whatever is still broken, whatever the plan did (its own heals may have failed): the
-/// control plane first (the rest needs the API), then BMCs and nodes, then the lab's nodes back
-/// to those the trial started with.
-pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, start: tokio::time::Instant) {
+/// control plane first (the rest needs the API), then every other fault that stays but the
+/// nodes' own, then the nodes as their conditions say, then the lab's nodes back to those the
+/// trial started with.
+pub(super) async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, start: tokio::time::Instant) {
     let lab = ctx.lab;
     let mut done: Vec<(String, anyhow::Result<()>)> = Vec::new();
-    if faults.api_stopped {
-        let started = start_control_plane(lab, Stopped::ApiServer).await;
-        done.push(("start-apiserver".to_owned(), started.map(|_| ())));
+    let (control_plane, others): (Vec<&Fault>, Vec<&Fault>) = faults
+        .staying
+        .iter()
+        .partition(|f| matches!(f, Fault::StopApiserver | Fault::StopEtcd));
+    for start in control_plane.iter().flat_map(|stopped| stopped.undoing()) {
+        let started = start_control_plane(lab, &start).await;
+        done.push((start.to_string(), started.map(|_| ())));
     }
-    if faults.etcd_stopped {
-        let started = start_control_plane(lab, Stopped::Etcd).await;
-        done.push(("start-etcd".to_owned(), started.map(|_| ())));
-    }
-    for n in &faults.bmcs_hung {
-        done.push((format!("resume-bmc {n}"), lab.resume_bmc(n).await.map_err(Into::into)));
-    }
-    if !faults.slowed.is_empty() {
-        done.push((
-            "restore-links".to_owned(),
-            lab.restore_links(&as_strs(&faults.slowed)).await.map_err(Into::into),
-        ));
+    for fault in others.into_iter().filter(|f| !of_a_node_condition(f)) {
+        done.push((format!("undo {fault}"), lab.undo(fault).await.map_err(Into::into)));
     }
     for n in lab.nodes() {
         let Ok(c) = lab.condition(&n) else { continue };
-        if c.frozen {
-            done.push((format!("thaw {n}"), lab.thaw(&n).await.map_err(Into::into)));
-        }
-        if c.partitioned || c.api_isolated {
-            done.push((format!("heal {n}"), lab.heal(&n).await.map_err(Into::into)));
-        }
-        if !c.powered {
-            done.push((format!("power-on {n}"), lab.power_on(&n).await.map_err(Into::into)));
+        let node = || n.clone();
+        let undo = [
+            (c.frozen, Fault::Thaw { node: node() }),
+            (c.partitioned || c.api_isolated, Fault::Heal { node: node() }),
+            (!c.powered, Fault::PowerOn { node: node() }),
+            (c.disk_full, Fault::FreeDisk { node: node() }),
+        ];
+        for (_, fault) in undo.into_iter().filter(|(broken, _)| *broken) {
+            done.push((fault.to_string(), lab.inject(&fault).await.map_err(Into::into)));
         }
     }
     let present = lab.nodes();
@@ -322,4 +246,18 @@ pub async fn heal_all(ctx: &Ctx<'_>, faults: &Faults, log: &mut Vec<String>, sta
         let how = outcome.map_or_else(|e| format!(" failed: {e:#}"), |()| String::new());
         log.push(format!("{:>6.1}s final {what}{how}", start.elapsed().as_secs_f64()));
     }
+}
+
+/// A fault whose undoing [`heal_all`] reads from the node's condition (a node fenced and
+/// rebooted meanwhile is already powered on and thawed).
+fn of_a_node_condition(fault: &Fault) -> bool {
+    matches!(
+        fault,
+        Fault::Crash { .. }
+            | Fault::PowerOff { .. }
+            | Fault::Freeze { .. }
+            | Fault::Partition { .. }
+            | Fault::IsolateFromApi { .. }
+            | Fault::FillDisk { .. }
+    )
 }

@@ -26,7 +26,7 @@ use crate::{
 const TEMPLATE: &str = "chaos";
 
 /// Every node Ready, db-0 Running (not being deleted), no remediation object.
-pub async fn healthy(lab: &Lab) -> nodemedic_lab::Result<Option<()>> {
+pub(super) async fn healthy(lab: &Lab) -> nodemedic_lab::Result<Option<()>> {
     let client = lab.client();
     for node in Api::<Node>::all(client.clone())
         .list(&ListParams::default())
@@ -58,7 +58,7 @@ pub async fn healthy(lab: &Lab) -> nodemedic_lab::Result<Option<()>> {
     Ok((running && left == 0).then_some(()))
 }
 
-pub async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> {
+pub(super) async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> {
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -112,7 +112,7 @@ pub async fn snapshot(client: &kube::Client) -> nodemedic_lab::Result<Snapshot> 
 /// running and the seed health check for the path watching every node; with `peer_detection`,
 /// the agents' detector on and the health check also unhealthy on its condition at once; `alone`,
 /// with no other lab beside it.
-pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone: bool) -> anyhow::Result<Lab> {
+pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone: bool) -> anyhow::Result<Lab> {
     // Every node control-plane and worker, as in the seed topology, so the seed health checks'
     // selector takes them all, also with five.
     let nodes = (1..=shape.nodes)
@@ -184,7 +184,7 @@ pub async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone: bool) 
 /// The path's template, named [`TEMPLATE`], with the trial's strategy. Fence agents: the seed
 /// template adapted to the lab, with attempts short enough that a hung BMC fails one within
 /// a trial (the seed's 5 x 60 s would outlast it), yet long enough for a slow BMC's 1-11 s.
-pub fn apply_template(lab: &Lab, path: PathKind, strategy: Strategy) -> anyhow::Result<()> {
+pub(super) fn apply_template(lab: &Lab, path: PathKind, strategy: Strategy) -> anyhow::Result<()> {
     let strategy = format!("{strategy:?}");
     match path {
         PathKind::SelfRemediation => {

@@ -102,7 +102,7 @@ impl Runner {
             workload_back_seconds: None,
             all_healthy_seconds: None,
             error: None,
-            replay: super::replay(plan.seed, plan.index, self.nodes_option, self.peer_detection),
+            replay: super::replay(plan, self.nodes_option, self.peer_detection),
             logs: None,
         };
         if let Err(e) = self.run(plan, &mut result).await {

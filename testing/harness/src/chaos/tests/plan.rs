@@ -1,13 +1,13 @@
 //! Plans: drawn deterministically, sound, and with the episodes the campaign is for.
 
-use nodemedic_lab::Timings;
+use nodemedic_lab::{Fault, Timings};
 use proptest::prelude::*;
 
 use crate::chaos::plan::{
     self, AFTERMATH_MS, Action, LONG_OUTAGE_MS, Options, PathKind, Shape, Step, Strategy, TrialPlan,
     summary::{
-        self, CHURN_DURING_CRASH, CONTROLLER_RESTART_LOOP, EXTRA_NODE, LONG_APISERVER_OUTAGE, LONG_ETCD_OUTAGE,
-        NODE_REJOINS, SLOW_NETWORK,
+        self, CHURN_DURING_CRASH, CONTROLLER_RESTART_LOOP, EXTRA_NODE, FULL_DISK, LONG_APISERVER_OUTAGE,
+        LONG_ETCD_OUTAGE, NODE_REJOINS, SLOW_NETWORK,
     },
 };
 
@@ -41,6 +41,7 @@ fn hand_made(shape: Shape, steps: Steps<'_>) -> TrialPlan {
         strategy: Strategy::OutOfServiceTaint,
         end_ms: steps.last().map_or(0, |s| s.at_ms),
         steps,
+        version: plan::PLAN_VERSION,
     }
 }
 
@@ -51,7 +52,10 @@ fn check(shape: Shape, steps: Steps<'_>) -> Result<(), String> {
 fn is_node_fault(action: &Action) -> bool {
     matches!(
         action,
-        Action::Crash { .. } | Action::Freeze { .. } | Action::Partition { .. } | Action::IsolateFromApi { .. }
+        Action::Fault(Fault::Crash { .. })
+            | Action::Fault(Fault::Freeze { .. })
+            | Action::Fault(Fault::Partition { .. })
+            | Action::Fault(Fault::IsolateFromApi { .. })
     )
 }
 
@@ -68,12 +72,14 @@ fn a_broken_plan_is_refused() {
     p.steps.retain(|s| {
         !matches!(
             s.action,
-            Action::Heal { .. } | Action::PowerOn { .. } | Action::Thaw { .. }
+            Action::Fault(Fault::Heal { .. })
+                | Action::Fault(Fault::PowerOn { .. })
+                | Action::Fault(Fault::Thaw { .. })
         )
     });
     p.steps.push(plan::Step {
         at_ms: u64::MAX,
-        action: Action::Crash { node: 0 },
+        action: Action::Fault(Fault::Crash { node: 0 }),
     });
     assert!(plan::validate(&p).is_err());
 }
@@ -86,7 +92,10 @@ proptest! {
 
     #[test]
     fn plans_are_sound(seed in any::<u64>(), index in 0usize..500, five in any::<bool>()) {
-        for options in [Options::default(), Options { nodes: Some(if five { 5 } else { 3 }) }] {
+        for options in [Options::default(), Options {
+            nodes: Some(if five { 5 } else { 3 }),
+            ..Options::default()
+        }] {
             let p = plan::plan_with(seed, index, options);
             prop_assert!(matches!(p.shape.nodes, 3 | 5));
             prop_assert!(!p.steps.is_empty());
@@ -97,10 +106,10 @@ proptest! {
                     prop_assert!(p.shape.churns() && (1..=p.shape.nodes).contains(&node), "{:?}", step);
                 }
                 let slots = match &step.action {
-                    Action::Partition { nodes } => nodes.clone(),
-                    Action::Crash { node } | Action::PowerOn { node } | Action::Freeze { node } | Action::Thaw { node }
-                    | Action::IsolateFromApi { node } | Action::Heal { node } | Action::HangBmc { node }
-                    | Action::ResumeBmc { node } | Action::RestartAgent { node, .. } => vec![*node],
+                    Action::Fault(Fault::Partition { nodes }) => nodes.clone(),
+                    Action::Fault(Fault::Crash { node }) | Action::Fault(Fault::PowerOn { node }) | Action::Fault(Fault::Freeze { node }) | Action::Fault(Fault::Thaw { node })
+                    | Action::Fault(Fault::IsolateFromApi { node }) | Action::Fault(Fault::Heal { node }) | Action::Fault(Fault::HangBmc { node })
+                    | Action::Fault(Fault::ResumeBmc { node }) | Action::RestartAgent { node, .. } => vec![*node],
                     _ => Vec::new(),
                 };
                 prop_assert!(slots.iter().all(|s| *s < p.shape.nodes), "{:?}", step);
@@ -131,15 +140,15 @@ proptest! {
 
 #[test]
 fn membership_changes_are_checked() {
-    use Action::{AddNode, Crash, Freeze, PowerOn, RemoveNode, StartApiserver, StopApiserver};
+    use Action::{AddNode, RemoveNode};
     // A swap in five nodes with the workload's node crashing meanwhile.
     let swap = [
         (0, AddNode { node: 5 }),
         (5, RemoveNode { node: 3 }),
-        (8, Crash { node: 0 }),
+        (8, Action::Fault(Fault::Crash { node: 0 })),
         (30, AddNode { node: 3 }),
         (35, RemoveNode { node: 5 }),
-        (45, PowerOn { node: 0 }),
+        (45, Action::Fault(Fault::PowerOn { node: 0 })),
     ];
     assert_eq!(check(SNR5, &swap), Ok(()));
     let refused: &[(&str, Shape, Steps<'_>)] = &[
@@ -170,9 +179,9 @@ fn membership_changes_are_checked() {
             SNR3,
             &[
                 (0, RemoveNode { node: 2 }),
-                (5, Crash { node: 0 }),
+                (5, Action::Fault(Fault::Crash { node: 0 })),
                 (30, AddNode { node: 2 }),
-                (40, PowerOn { node: 0 }),
+                (40, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
         ("not back at the end", SNR3, &[(0, RemoveNode { node: 2 })]),
@@ -191,7 +200,7 @@ fn membership_changes_are_checked() {
             "a faulted node",
             SNR5,
             &[
-                (0, Freeze { node: 2 }),
+                (0, Action::Fault(Fault::Freeze { node: 2 })),
                 (1, RemoveNode { node: 2 }),
                 (30, AddNode { node: 2 }),
             ],
@@ -201,8 +210,8 @@ fn membership_changes_are_checked() {
             SNR5,
             &[
                 (0, RemoveNode { node: 2 }),
-                (5, Crash { node: 2 }),
-                (10, PowerOn { node: 2 }),
+                (5, Action::Fault(Fault::Crash { node: 2 })),
+                (10, Action::Fault(Fault::PowerOn { node: 2 })),
                 (30, AddNode { node: 2 }),
             ],
         ),
@@ -210,9 +219,9 @@ fn membership_changes_are_checked() {
             "while the API server is down",
             SNR3,
             &[
-                (0, StopApiserver),
+                (0, Action::Fault(Fault::StopApiserver)),
                 (1, RemoveNode { node: 2 }),
-                (5, StartApiserver),
+                (5, Action::Fault(Fault::StartApiserver)),
                 (30, AddNode { node: 2 }),
             ],
         ),
@@ -224,17 +233,23 @@ fn membership_changes_are_checked() {
 
 #[test]
 fn control_plane_outages_are_checked() {
-    use Action::{
-        Crash, PowerOn, RestartAgent, RestartController, RestartEtcd, StartApiserver, StartEtcd, StopApiserver,
-        StopEtcd,
-    };
-    assert_eq!(check(SNR3, &[(0, StopEtcd), (120, StartEtcd)]), Ok(()));
+    use Action::{RestartAgent, RestartController};
+    assert_eq!(
+        check(
+            SNR3,
+            &[
+                (0, Action::Fault(Fault::StopEtcd)),
+                (120, Action::Fault(Fault::StartEtcd))
+            ]
+        ),
+        Ok(())
+    );
     // A short one during a node fault is a disturbance the plans draw.
     let short = [
-        (0, Crash { node: 0 }),
-        (15, StopApiserver),
-        (20, StartApiserver),
-        (40, PowerOn { node: 0 }),
+        (0, Action::Fault(Fault::Crash { node: 0 })),
+        (15, Action::Fault(Fault::StopApiserver)),
+        (20, Action::Fault(Fault::StartApiserver)),
+        (40, Action::Fault(Fault::PowerOn { node: 0 })),
     ];
     assert_eq!(check(SNR3, &short), Ok(()));
     let agent = RestartAgent {
@@ -245,48 +260,62 @@ fn control_plane_outages_are_checked() {
         (
             "a long one during a crash",
             &[
-                (0, Crash { node: 0 }),
-                (1, StopApiserver),
-                (100, StartApiserver),
-                (110, PowerOn { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
+                (1, Action::Fault(Fault::StopApiserver)),
+                (100, Action::Fault(Fault::StartApiserver)),
+                (110, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
         (
             "a crash while etcd is down",
             &[
-                (0, StopEtcd),
-                (10, Crash { node: 1 }),
-                (20, PowerOn { node: 1 }),
-                (100, StartEtcd),
+                (0, Action::Fault(Fault::StopEtcd)),
+                (10, Action::Fault(Fault::Crash { node: 1 })),
+                (20, Action::Fault(Fault::PowerOn { node: 1 })),
+                (100, Action::Fault(Fault::StartEtcd)),
             ],
         ),
         (
             "etcd restarted while stopped",
-            &[(0, StopEtcd), (5, RestartEtcd), (100, StartEtcd)],
+            &[
+                (0, Action::Fault(Fault::StopEtcd)),
+                (5, Action::Fault(Fault::RestartEtcd)),
+                (100, Action::Fault(Fault::StartEtcd)),
+            ],
         ),
         (
             "the controller restarted without etcd",
             &[
-                (0, StopEtcd),
+                (0, Action::Fault(Fault::StopEtcd)),
                 (5, RestartController { mid_remediation: false }),
-                (100, StartEtcd),
+                (100, Action::Fault(Fault::StartEtcd)),
             ],
         ),
         (
             "an agent restarted without the API server",
-            &[(0, StopApiserver), (5, agent), (100, StartApiserver)],
+            &[
+                (0, Action::Fault(Fault::StopApiserver)),
+                (5, agent),
+                (100, Action::Fault(Fault::StartApiserver)),
+            ],
         ),
-        ("started what was not stopped", &[(0, StopEtcd), (100, StartApiserver)]),
+        (
+            "started what was not stopped",
+            &[
+                (0, Action::Fault(Fault::StopEtcd)),
+                (100, Action::Fault(Fault::StartApiserver)),
+            ],
+        ),
         (
             "both at once",
             &[
-                (0, StopApiserver),
-                (1, StopEtcd),
-                (100, StartEtcd),
-                (101, StartApiserver),
+                (0, Action::Fault(Fault::StopApiserver)),
+                (1, Action::Fault(Fault::StopEtcd)),
+                (100, Action::Fault(Fault::StartEtcd)),
+                (101, Action::Fault(Fault::StartApiserver)),
             ],
         ),
-        ("left stopped", &[(0, StopEtcd)]),
+        ("left stopped", &[(0, Action::Fault(Fault::StopEtcd))]),
     ];
     for (why, steps) in refused {
         assert!(check(SNR3, steps).is_err(), "{why}");
@@ -295,36 +324,60 @@ fn control_plane_outages_are_checked() {
 
 #[test]
 fn slow_networks_are_checked() {
-    use Action::{Crash, PowerOn, RestoreLinks, SlowLinks};
-    let slow = |delay_ms: u64, loss_permille: u32| SlowLinks {
-        delay_ms,
-        jitter_ms: delay_ms / 2,
-        loss_permille,
+    let slow = |delay_ms: u64, loss_permille: u32| {
+        Action::Fault(Fault::SlowLinks {
+            delay_ms,
+            jitter_ms: delay_ms / 2,
+            loss_permille,
+            nodes: Vec::new(),
+        })
     };
-    assert_eq!(check(SNR3, &[(0, slow(80, 20)), (45, RestoreLinks)]), Ok(()));
+    assert_eq!(
+        check(
+            SNR3,
+            &[
+                (0, slow(80, 20)),
+                (45, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() }))
+            ]
+        ),
+        Ok(())
+    );
     let refused: &[(&str, Steps<'_>)] = &[
         ("left slow", &[(0, slow(80, 20))]),
-        ("restored without being slowed", &[(0, RestoreLinks)]),
+        (
+            "restored without being slowed",
+            &[(0, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() }))],
+        ),
         (
             "slower than the lab's timings allow",
-            &[(0, slow(400, 0)), (45, RestoreLinks)],
+            &[
+                (0, slow(400, 0)),
+                (45, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() })),
+            ],
         ),
         (
             "lossier than the lab's timings allow",
-            &[(0, slow(80, 100)), (45, RestoreLinks)],
+            &[
+                (0, slow(80, 100)),
+                (45, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() })),
+            ],
         ),
         (
             "during a crash",
             &[
-                (0, Crash { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
                 (1, slow(80, 20)),
-                (30, RestoreLinks),
-                (40, PowerOn { node: 0 }),
+                (30, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() })),
+                (40, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
         (
             "slowed twice",
-            &[(0, slow(80, 0)), (1, slow(80, 0)), (45, RestoreLinks)],
+            &[
+                (0, slow(80, 0)),
+                (1, slow(80, 0)),
+                (45, Action::Fault(Fault::RestoreLinks { nodes: Vec::new() })),
+            ],
         ),
     ];
     for (why, steps) in refused {
@@ -339,12 +392,16 @@ fn slow_networks_are_watched_after() {
     let mut seen = 0;
     for p in campaigns(10) {
         for (i, step) in p.steps.iter().enumerate() {
-            if !matches!(step.action, Action::SlowLinks { .. }) {
+            if !matches!(step.action, Action::Fault(Fault::SlowLinks { .. })) {
                 continue;
             }
             seen += 1;
             let restore = &p.steps[i + 1];
-            assert_eq!(restore.action, Action::RestoreLinks, "{p:?}");
+            assert_eq!(
+                restore.action,
+                Action::Fault(Fault::RestoreLinks { nodes: Vec::new() }),
+                "{p:?}"
+            );
             assert!(p.end_ms >= restore.at_ms + plan::SLOW_AFTERMATH_MS, "{p:?}");
         }
     }
@@ -353,9 +410,9 @@ fn slow_networks_are_watched_after() {
 
 #[test]
 fn controller_restart_loops_are_checked() {
-    use Action::{Crash, PowerOn, RestartControllerLoop as Loop};
+    use Action::RestartControllerLoop as Loop;
     let within = [
-        (0, Crash { node: 0 }),
+        (0, Action::Fault(Fault::Crash { node: 0 })),
         (
             15,
             Loop {
@@ -363,7 +420,7 @@ fn controller_restart_loops_are_checked() {
                 every_ms: 6_000,
             },
         ),
-        (40, PowerOn { node: 0 }),
+        (40, Action::Fault(Fault::PowerOn { node: 0 })),
     ];
     assert_eq!(check(FAR3, &within), Ok(()));
     let refused: &[(&str, Steps<'_>)] = &[
@@ -380,7 +437,7 @@ fn controller_restart_loops_are_checked() {
         (
             "the crash healed before its last restart",
             &[
-                (0, Crash { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
                 (
                     15,
                     Loop {
@@ -388,13 +445,13 @@ fn controller_restart_loops_are_checked() {
                         every_ms: 8_000,
                     },
                 ),
-                (40, PowerOn { node: 0 }),
+                (40, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
         (
             "too many",
             &[
-                (0, Crash { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
                 (
                     15,
                     Loop {
@@ -402,13 +459,13 @@ fn controller_restart_loops_are_checked() {
                         every_ms: 5_000,
                     },
                 ),
-                (90, PowerOn { node: 0 }),
+                (90, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
         (
             "too fast",
             &[
-                (0, Crash { node: 0 }),
+                (0, Action::Fault(Fault::Crash { node: 0 })),
                 (
                     15,
                     Loop {
@@ -416,7 +473,7 @@ fn controller_restart_loops_are_checked() {
                         every_ms: 1_000,
                     },
                 ),
-                (40, PowerOn { node: 0 }),
+                (40, Action::Fault(Fault::PowerOn { node: 0 })),
             ],
         ),
     ];
@@ -459,7 +516,7 @@ fn every_kind_of_fault_occurs_often_enough() {
             per_campaign(*n)
         );
     }
-    assert_eq!(counts.episodes.len(), 7, "{counts}");
+    assert_eq!(counts.episodes.len(), 8, "{counts}");
     // The faults there were before stay in the mix.
     for action in [
         "crash",
@@ -472,6 +529,7 @@ fn every_kind_of_fault_occurs_often_enough() {
         "restart-agent",
         "hang-bmc",
         "slow-links",
+        "fill-disk",
     ] {
         let n = counts.actions.get(action).copied().unwrap_or(0);
         assert!(per_campaign(n) >= 1.0, "{action}: {:.1} per 50 trials", per_campaign(n));
@@ -488,7 +546,10 @@ fn long_outages_outlast_every_bound_agents_once_had_and_are_watched_after() {
     let mut seen = 0;
     for p in campaigns(20) {
         for (i, stop) in p.steps.iter().enumerate() {
-            if !matches!(stop.action, Action::StopApiserver | Action::StopEtcd) {
+            if !matches!(
+                stop.action,
+                Action::Fault(Fault::StopApiserver) | Action::Fault(Fault::StopEtcd)
+            ) {
                 continue;
             }
             let start = &p.steps[i + 1];
@@ -501,11 +562,95 @@ fn long_outages_outlast_every_bound_agents_once_had_and_are_watched_after() {
             // Nothing else happens during it (validate: no node fault holds), and it is watched
             // for a while after.
             assert!(
-                matches!(start.action, Action::StartApiserver | Action::StartEtcd),
+                matches!(
+                    start.action,
+                    Action::Fault(Fault::StartApiserver) | Action::Fault(Fault::StartEtcd)
+                ),
                 "{p:?}"
             );
             assert!(p.end_ms >= start.at_ms + AFTERMATH_MS, "{p:?}");
         }
     }
     assert!(seen > 50, "{seen} long outages in 1,000 trials");
+}
+
+/// The plans a committed campaign ran (seed 13, 15 trials, before the plan version existed).
+const COMMITTED_REPORT: &str = include_str!("../../../../../bench/results/chaos-20261129T032813Z.json");
+
+#[test]
+fn version_one_replays_what_a_committed_campaign_ran() {
+    let report: serde_json::Value = serde_json::from_str(COMMITTED_REPORT).expect("a report");
+    let seed = report["seed"].as_u64().expect("its seed");
+    let options = Options {
+        nodes: report["nodes"].as_u64().map(|n| n as usize),
+        version: 1,
+    };
+    let trials = report["trials"].as_array().expect("its trials");
+    assert!(trials.len() >= 15, "{} trials", trials.len());
+    for trial in trials {
+        let ran = &trial["plan"];
+        let index = ran["index"].as_u64().expect("an index") as usize;
+        let drawn = serde_json::to_value(plan::plan_with(seed, index, options)).expect("serializes");
+        assert_eq!(&drawn, ran, "trial {index} of seed {seed}");
+    }
+}
+
+#[test]
+fn only_version_two_fills_disks_and_the_full_node_is_never_one_that_must_be_remediated() {
+    let drawn = |version: u32| {
+        (0..500)
+            .map(move |i| {
+                plan::plan_with(
+                    7,
+                    i,
+                    Options {
+                        version,
+                        ..Options::default()
+                    },
+                )
+            })
+            .filter(|p| {
+                p.steps
+                    .iter()
+                    .any(|s| matches!(s.action, Action::Fault(Fault::FillDisk { .. })))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(drawn(1).is_empty());
+    let full = drawn(2);
+    assert!(full.len() > 20, "{} of 500 trials fill a disk", full.len());
+    for p in &full {
+        assert_eq!(plan::validate(p), Ok(()), "{p:?}");
+        assert!(summary::episodes(p).contains(&FULL_DISK));
+    }
+}
+
+#[test]
+fn full_disks_are_checked() {
+    let fill = |node| Action::Fault(Fault::FillDisk { node });
+    let free = |node| Action::Fault(Fault::FreeDisk { node });
+    let crash_meanwhile = [
+        (0, fill(0)),
+        (3, Action::Fault(Fault::Crash { node: 1 })),
+        (40, free(0)),
+        (45, Action::Fault(Fault::PowerOn { node: 1 })),
+    ];
+    assert_eq!(check(SNR3, &crash_meanwhile), Ok(()));
+    let refused: &[(&str, Steps<'_>)] = &[
+        ("left full", &[(0, fill(0))]),
+        ("freed without being full", &[(0, free(1))]),
+        ("filled twice", &[(0, fill(1)), (5, fill(1)), (40, free(1))]),
+        (
+            "filled while the API server is down",
+            &[
+                (0, Action::Fault(Fault::StopApiserver)),
+                (1, fill(1)),
+                (5, Action::Fault(Fault::StartApiserver)),
+                (40, free(1)),
+            ],
+        ),
+    ];
+    for (why, steps) in refused {
+        assert!(check(SNR3, steps).is_err(), "{why}");
+    }
 }

@@ -12,7 +12,7 @@ use super::{
 use crate::decide::fencing::FailureReason;
 
 /// The Machine names no node: the remediation ends (NodeNotFound), said once.
-pub fn no_node<'a>(far: &FenceAgentsRemediation, why: String, ctx: &'a Context) -> Outcome<'a, Context> {
+pub(super) fn no_node<'a>(far: &FenceAgentsRemediation, why: String, ctx: &'a Context) -> Outcome<'a, Context> {
     let step = current_step(far);
     let reason = FailureReason::NodeNotFound.as_str();
     let name = far.name_any();

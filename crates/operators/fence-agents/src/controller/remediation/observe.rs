@@ -30,7 +30,7 @@ pub struct Observed {
     pub facts: Facts,
 }
 
-pub async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> Result<Seen> {
+pub(super) async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> Result<Seen> {
     let namespace = current.namespace().unwrap_or_default();
     let Some(node) = node_name(&current) else {
         let settled = current_step(&current).finished();
@@ -94,14 +94,14 @@ pub async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> Result<S
 /// The node-name annotation, else the CR's name (medik8s), except for a Machine-owned remediation
 /// not yet resolved: its name is the Machine's, and fencing a node of that name could fence the
 /// wrong one (medik8s does).
-pub fn node_name(far: &FenceAgentsRemediation) -> Option<String> {
+pub(super) fn node_name(far: &FenceAgentsRemediation) -> Option<String> {
     match machines::node_of(&far.metadata) {
         NodeOf::Named(node) => Some(node),
         NodeOf::Machine(_) => None,
     }
 }
 
-pub fn current_step(far: &FenceAgentsRemediation) -> Step {
+pub(super) fn current_step(far: &FenceAgentsRemediation) -> Step {
     let status = far.status.as_ref();
     if let Some(step) = status.and_then(|s| s.step.as_deref()) {
         return Step::parse(Some(step));

@@ -28,7 +28,7 @@ use crate::{
     },
 };
 
-pub async fn perform<'a>(
+pub(super) async fn perform<'a>(
     decision: Decision,
     seen: &'a Observed,
     api: &'a Api<FenceAgentsRemediation>,

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::identity::PeerIdentity;
 
-pub use transport::{Inbound, Received};
+pub(super) use transport::{Inbound, Received};
 
 /// Designated observers per member: the controller's 3, and 2 to spare.
 const OBSERVERS_PER_MEMBER: usize = 5;
@@ -42,7 +42,7 @@ fn cadence(settings: &DetectorSettings) -> Cadence {
 }
 
 /// What the detector needs from the rest of the agent.
-pub struct Wiring {
+pub(super) struct Wiring {
     pub identity: PeerIdentity,
     pub client: kube::Client,
     pub namespace: String,
@@ -54,7 +54,7 @@ pub struct Wiring {
 }
 
 /// Runs the detector until the process ends.
-pub async fn run(settings: DetectorSettings, wiring: Wiring) {
+pub(super) async fn run(settings: DetectorSettings, wiring: Wiring) {
     let Wiring {
         identity,
         client,

@@ -20,7 +20,11 @@ const SEND_WITHIN: Duration = Duration::from_secs(1);
 const LOOKUP_EVERY: Duration = Duration::from_secs(2);
 
 /// Starts the sender; batches queue on the returned channel.
-pub fn spawn(identity: PeerIdentity, client: kube::Client, namespace: String) -> mpsc::UnboundedSender<Vec<Report>> {
+pub(super) fn spawn(
+    identity: PeerIdentity,
+    client: kube::Client,
+    namespace: String,
+) -> mpsc::UnboundedSender<Vec<Report>> {
     let (sender, mut batches) = mpsc::unbounded_channel::<Vec<Report>>();
     tokio::spawn(async move {
         let tls = ClientTlsConfig::new()

@@ -31,14 +31,14 @@ const REPLIES_WITHIN: Duration = Duration::from_millis(100);
 
 /// A SWIM message received from `from`, and where the detector's answers to `from` go (`None`:
 /// by their own calls).
-pub struct Received {
+pub(crate) struct Received {
     pub data: Vec<u8>,
     pub from: String,
     pub replies: Option<oneshot::Sender<Vec<Vec<u8>>>>,
 }
 
 /// The agent's end of the detector's messages (its peer server's `Swim` service).
-pub struct Inbound {
+pub(crate) struct Inbound {
     pub node: String,
     /// Where messages go; `None` when the detector is off (probes are still answered).
     pub messages: Option<mpsc::Sender<Received>>,
@@ -91,7 +91,7 @@ impl swim_server::Swim for Inbound {
 }
 
 /// Clients to the other agents, one kept-alive channel each.
-pub struct Transport {
+pub(super) struct Transport {
     /// The detector's own inbound queue, for the answers that come back in responses.
     local: mpsc::Sender<Received>,
     tls: ClientTlsConfig,
@@ -101,7 +101,7 @@ pub struct Transport {
 }
 
 impl Transport {
-    pub fn new(me: &PeerIdentity, settings: DetectorSettings, local: mpsc::Sender<Received>) -> Self {
+    pub(super) fn new(me: &PeerIdentity, settings: DetectorSettings, local: mpsc::Sender<Received>) -> Self {
         Self {
             local,
             tls: ClientTlsConfig::new()
@@ -114,13 +114,13 @@ impl Transport {
     }
 
     /// The registered agents; a member whose address changed gets a new channel.
-    pub fn set_addresses(&mut self, addresses: BTreeMap<String, String>) {
+    pub(super) fn set_addresses(&mut self, addresses: BTreeMap<String, String>) {
         self.clients
             .retain(|node, _| addresses.get(node) == self.addresses.get(node));
         self.addresses = addresses;
     }
 
-    pub fn members(&self) -> impl Iterator<Item = String> + '_ {
+    pub(super) fn members(&self) -> impl Iterator<Item = String> + '_ {
         self.addresses.keys().cloned()
     }
 
@@ -144,7 +144,7 @@ impl Transport {
     /// Sends one SWIM message; a message that does not arrive within a probe period is lost.
     /// The answers in the response are taken as messages from `node` (whose server certificate
     /// the channel checked) that say so themselves.
-    pub fn deliver(&mut self, node: &str, data: Vec<u8>) {
+    pub(super) fn deliver(&mut self, node: &str, data: Vec<u8>) {
         let Some(mut client) = self.client(node) else {
             return;
         };
@@ -169,7 +169,12 @@ impl Transport {
     /// Probes `node` itself, sent at `at`; the outcome goes to `results`. It has two round
     /// trips, and at least a probe period: a live agent answers within that, and a failure alone
     /// makes no condition (the controller still needs the lease and the host to agree).
-    pub fn probe(&mut self, node: &str, at: Timestamp, results: mpsc::UnboundedSender<(String, bool, Timestamp)>) {
+    pub(super) fn probe(
+        &mut self,
+        node: &str,
+        at: Timestamp,
+        results: mpsc::UnboundedSender<(String, bool, Timestamp)>,
+    ) {
         let within = (self.settings.probe_rtt * 2).max(self.settings.probe_period);
         let client = self.client(node);
         let node = node.to_owned();

@@ -59,7 +59,7 @@ fn unreported(members: usize) -> Verdict {
     }
 }
 
-pub struct Writer {
+pub(super) struct Writer {
     nodes: Api<Node>,
     events: Events,
     metrics: Metrics,
@@ -69,7 +69,7 @@ pub struct Writer {
 impl Writer {
     /// Starts from the conditions the nodes carry, so a restarted controller clears what an
     /// earlier one set.
-    pub async fn start(client: Client, events: Events, metrics: Metrics) -> Self {
+    pub(super) async fn start(client: Client, events: Events, metrics: Metrics) -> Self {
         let nodes = Api::<Node>::all(client);
         let mut written = BTreeMap::new();
         // A page at a time, keeping only the condition: at 5,000 nodes one list of every Node
@@ -96,7 +96,7 @@ impl Writer {
 
     /// Writes what the verdicts say where it changed; a node no peer reports any more, that had
     /// another condition, is reachable again.
-    pub async fn write(&mut self, decided: &[(String, Verdict)], members: &BTreeMap<String, MemberFacts>) {
+    pub(super) async fn write(&mut self, decided: &[(String, Verdict)], members: &BTreeMap<String, MemberFacts>) {
         let mut wanted: BTreeMap<String, Condition> = decided
             .iter()
             .filter_map(|(node, verdict)| condition(verdict).map(|c| (node.clone(), c)))
@@ -124,7 +124,7 @@ impl Writer {
 
     /// Whether a pass with no report held would write nothing: every node carries the
     /// condition of a member no peer reports (or none), among `members` members.
-    pub fn settled(&self, members: usize) -> bool {
+    pub(super) fn settled(&self, members: usize) -> bool {
         let unreported = condition(&unreported(members));
         self.written.values().all(|w| {
             w.plain()

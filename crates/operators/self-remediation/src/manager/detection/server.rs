@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// One batch, as received: from which observer, and when on the controller's clock.
-pub struct Received {
+pub(super) struct Received {
     pub observer: String,
     pub reports: Vec<Report>,
     pub at: Timestamp,
@@ -68,7 +68,7 @@ impl peer_reports_server::PeerReports for Receiver {
 
 /// Listens on `bind`, publishes `advertise` (with the port bound) for the agents, and serves
 /// until the process ends; batches go to `batches`.
-pub async fn serve(
+pub(super) async fn serve(
     client: &Client,
     namespace: &str,
     authority: &Arc<Authority>,

@@ -6,7 +6,7 @@ use kube::{Resource, ResourceExt};
 use nodemedic_api::{poison_pill::PoisonPillRemediation, self_remediation::SelfNodeRemediation};
 use nodemedic_kube::events::reference;
 
-pub fn of(snr: &SelfNodeRemediation) -> Vec<ObjectReference> {
+pub(super) fn of(snr: &SelfNodeRemediation) -> Vec<ObjectReference> {
     let mut on = vec![reference(snr)];
     on.extend(
         snr.owner_references()

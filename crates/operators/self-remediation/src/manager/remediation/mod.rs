@@ -25,7 +25,7 @@ use crate::{
     decide::{self, Step},
 };
 
-pub struct Context {
+pub(super) struct Context {
     pub client: Client,
     pub namespace: String,
     pub events: Events,
@@ -68,7 +68,7 @@ fn routine_step(step: &Step) -> bool {
 }
 
 /// What one observation found.
-pub enum Seen {
+pub(super) enum Seen {
     /// Named after its Machine and its node not yet recorded; `None` while being deleted.
     Unresolved {
         current: SelfNodeRemediation,
@@ -81,7 +81,7 @@ pub enum Seen {
 }
 
 #[derive(Debug)]
-pub enum Act {
+pub(super) enum Act {
     /// A Machine-named remediation's node: record it, then remediate it, or say there is none.
     Resolve(Resolution),
     Remediate(Step),

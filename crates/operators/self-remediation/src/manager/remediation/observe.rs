@@ -21,7 +21,7 @@ use crate::{
     },
 };
 
-pub struct Observed {
+pub(crate) struct Observed {
     pub facts: Facts,
     pub node: String,
     pub acceptance: rules::Acceptance,
@@ -29,7 +29,7 @@ pub struct Observed {
     pub adjusted_from: Option<Duration>,
 }
 
-pub use crate::remediation_object::node_of;
+pub(super) use crate::remediation_object::node_of;
 
 /// The safe time a begun wait was set to (its assumed-rebooted time less its start).
 fn recorded_safe_time(snr: &SelfNodeRemediation) -> Option<Duration> {
@@ -48,7 +48,7 @@ fn recorded_wait(snr: &SelfNodeRemediation) -> Option<RecordedWait> {
     })
 }
 
-pub async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observed> {
+pub(super) async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<Observed> {
     let node_name = node_of(snr).ok_or_else(|| Error::Unresolved(snr.name_any()))?;
     let uid = snr.uid().ok_or(Error::Unnamed("SelfNodeRemediation"))?;
     let config = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)

@@ -28,14 +28,14 @@ const FORGET_WAITS_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// A Machine-owned remediation whose Machine names no node: nothing to fence, said the way a
 /// missing node is (the health check escalates on it), and looked at again, since a provisioning
 /// Machine may get its node.
-pub fn no_node<'a>(why: String) -> Outcome<'a, Context> {
+pub(super) fn no_node<'a>(why: String) -> Outcome<'a, Context> {
     let note = Note::warning("RemediationCannotStart", why.clone());
     Outcome::requeue(Duration::from_secs(10))
         .status(move |s, now| finished(s, now, false, "RemediationSkippedNodeNotFound", &why))
         .event_if_changed(note)
 }
 
-pub async fn perform<'a>(
+pub(super) async fn perform<'a>(
     step: Step,
     snr: &'a SelfNodeRemediation,
     seen: &'a Observed,

@@ -3,7 +3,7 @@
 use nodemedic_api::self_remediation::SelfNodeRemediationStatus;
 use nodemedic_kube::conditions;
 
-pub fn condition(
+pub(super) fn condition(
     s: &mut SelfNodeRemediationStatus,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     type_: &str,
@@ -25,7 +25,7 @@ pub fn condition(
     )
 }
 
-pub fn processing(
+pub(super) fn processing(
     s: &mut SelfNodeRemediationStatus,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     why: &str,
@@ -38,7 +38,7 @@ pub fn processing(
     )
 }
 
-pub fn finished(
+pub(super) fn finished(
     s: &mut SelfNodeRemediationStatus,
     now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     ok: bool,
