@@ -32,7 +32,7 @@ pub fn parse(body: &[u8]) -> Result<Request, String> {
 }
 
 /// The AdmissionReview answering `request` with `verdict`.
-pub fn respond(request: &Request, verdict: &Verdict) -> AdmissionReview<DynamicObject> {
+pub(crate) fn respond(request: &Request, verdict: &Verdict) -> AdmissionReview<DynamicObject> {
     let mut response = AdmissionResponse::from(request);
     match verdict {
         Verdict::Allowed => {}

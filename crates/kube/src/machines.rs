@@ -44,7 +44,7 @@ pub enum Resolved {
 
 impl Resolved {
     /// Why there is no node to remediate, for a status message or event.
-    pub fn why_no_node(&self) -> Option<String> {
+    pub(crate) fn why_no_node(&self) -> Option<String> {
         match self {
             Self::Node(_) => None,
             Self::MachineWithoutNode(m) => Some(format!("{m} has no node yet (its status.nodeRef is empty)")),
@@ -86,7 +86,7 @@ pub async fn resolution(
     Ok(resolve_node(client, meta).await?.into())
 }
 
-pub async fn resolve_node(
+pub(crate) async fn resolve_node(
     client: &Client,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Result<Resolved> {

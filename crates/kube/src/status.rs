@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::{CallContext, Result};
 
 /// A status edit: changes the status in place and says whether it changed anything.
-pub type Edit<'a, S> = Box<dyn FnOnce(&mut S, &Time) -> bool + Send + 'a>;
+pub(crate) type Edit<'a, S> = Box<dyn FnOnce(&mut S, &Time) -> bool + Send + 'a>;
 
 /// Applies `edit` to `object`'s status and writes the result when `edit` reports a change;
 /// returns whether it wrote.

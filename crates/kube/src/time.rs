@@ -51,7 +51,7 @@ pub async fn server_now(client: &kube::Client) -> Result<jiff::Timestamp> {
 }
 
 /// An HTTP date (`Tue, 24 Nov 2026 02:36:08 GMT`, RFC 9110).
-pub fn parse_http_date(text: &str) -> Result<jiff::Timestamp> {
+pub(crate) fn parse_http_date(text: &str) -> Result<jiff::Timestamp> {
     jiff::fmt::rfc2822::parse(text)
         .map(|zoned| zoned.timestamp())
         .map_err(|e| Error::ServerClock(format!("{text:?}: {e}")))

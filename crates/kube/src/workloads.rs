@@ -113,7 +113,7 @@ pub async fn release_attachments(client: &Client, node: &str, attachments: &[Vol
 }
 
 /// Deletes `name`; one already gone is not an error. `call` names the request in the error.
-pub async fn delete_if_present<K>(
+pub(crate) async fn delete_if_present<K>(
     api: &Api<K>,
     name: &str,
     params: &DeleteParams,

@@ -58,7 +58,7 @@ impl FromStr for San {
 
 /// The names the serving certificate covers: the Service's in-cluster DNS names (the API server
 /// calls `<service>.<namespace>.svc`), then the extra ones.
-pub fn serving_names(service: &str, namespace: &str, extra: &[San]) -> (Vec<String>, Vec<IpAddr>) {
+pub(crate) fn serving_names(service: &str, namespace: &str, extra: &[San]) -> (Vec<String>, Vec<IpAddr>) {
     let mut dns = vec![
         format!("{service}.{namespace}.svc"),
         format!("{service}.{namespace}.svc.cluster.local"),
@@ -76,12 +76,12 @@ pub fn serving_names(service: &str, namespace: &str, extra: &[San]) -> (Vec<Stri
 
 /// Whether to issue a new serving certificate: none yet, the CA in the Secret changed (someone
 /// deleted it and a replica made a new one), or the current one is due for renewal.
-pub fn reissue(serving_ca: Option<&str>, secret_ca: &str, leaf_age: Option<Duration>) -> bool {
+pub(crate) fn reissue(serving_ca: Option<&str>, secret_ca: &str, leaf_age: Option<Duration>) -> bool {
     serving_ca != Some(secret_ca) || leaf_age.is_none_or(|age| age >= LEAF_RENEWAL)
 }
 
 /// The CA's PEM from the Secret's data.
-pub fn ca_from_secret(secret: &Secret) -> Result<Pem, String> {
+pub(crate) fn ca_from_secret(secret: &Secret) -> Result<Pem, String> {
     let data = secret.data.clone().unwrap_or_default();
     let field = |k: &str| {
         data.get(k)

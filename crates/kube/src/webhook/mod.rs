@@ -67,7 +67,7 @@ impl Route {
     }
 }
 
-pub fn router(routes: Vec<Route>) -> Router {
+pub(crate) fn router(routes: Vec<Route>) -> Router {
     routes.into_iter().fold(Router::new(), |router, route| {
         let Route { path, validate } = route;
         let name = path.clone();

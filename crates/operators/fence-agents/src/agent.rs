@@ -197,7 +197,7 @@ pub fn verdict(stdout: &str, stderr: &str) -> String {
 }
 
 /// Replaces every secret value in `text`.
-pub fn scrub(text: &str, secrets: &BTreeSet<String>) -> String {
+pub(crate) fn scrub(text: &str, secrets: &BTreeSet<String>) -> String {
     secrets
         .iter()
         .filter(|s| !s.is_empty())

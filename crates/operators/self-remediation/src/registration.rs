@@ -17,13 +17,13 @@ use crate::protocol::{
     membership::Membership,
 };
 
-pub const PREFIX: &str = "nodemedic-agent-";
-pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
-pub const COMPONENT: &str = "nodemedic-agent";
-pub const NODE_LABEL: &str = "nodemedic.medik8s.io/node";
+pub(crate) const PREFIX: &str = "nodemedic-agent-";
+pub(crate) const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub(crate) const COMPONENT: &str = "nodemedic-agent";
+pub(crate) const NODE_LABEL: &str = "nodemedic.medik8s.io/node";
 /// The membership Lease and its component label value.
-pub const MEMBERSHIP_LEASE: &str = "nodemedic-membership";
-pub const MEMBERSHIP_COMPONENT: &str = "nodemedic-membership";
+pub(crate) const MEMBERSHIP_LEASE: &str = "nodemedic-membership";
+pub(crate) const MEMBERSHIP_COMPONENT: &str = "nodemedic-membership";
 const MEMBERSHIP: &str = "nodemedic.medik8s.io/membership";
 
 /// Selects the registrations.
@@ -32,7 +32,7 @@ pub fn registrations_selector() -> String {
 }
 
 /// Selects the registrations and the membership: one list reads both.
-pub fn registrations_and_membership_selector() -> String {
+pub(crate) fn registrations_and_membership_selector() -> String {
     format!("{COMPONENT_LABEL} in ({COMPONENT},{MEMBERSHIP_COMPONENT})")
 }
 
@@ -55,9 +55,9 @@ const ACCEPTS: &str = "nodemedic.medik8s.io/accepts";
 const LICENCE_MS: &str = "nodemedic.medik8s.io/licence-ms";
 const MEANS: &str = "nodemedic.medik8s.io/fencing-means";
 const EPOCH: &str = "nodemedic.medik8s.io/membership-epoch";
-pub const DISARMED: &str = "nodemedic.medik8s.io/disarmed";
+pub(crate) const DISARMED: &str = "nodemedic.medik8s.io/disarmed";
 /// Which agent process wrote the registration last (random per process).
-pub const INCARNATION: &str = "nodemedic.medik8s.io/incarnation";
+pub(crate) const INCARNATION: &str = "nodemedic.medik8s.io/incarnation";
 
 pub fn lease_name(node: &str) -> String {
     format!("{PREFIX}{node}")
@@ -185,7 +185,7 @@ pub fn membership(lease: &Lease) -> Option<Membership> {
 }
 
 /// The membership Lease's labels and annotations for `membership`.
-pub fn membership_metadata(membership: &Membership) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+pub(crate) fn membership_metadata(membership: &Membership) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let labels = BTreeMap::from([(COMPONENT_LABEL.to_owned(), MEMBERSHIP_COMPONENT.to_owned())]);
     let text = serde_json::to_string(membership).unwrap_or_default();
     (labels, BTreeMap::from([(MEMBERSHIP.to_owned(), text)]))

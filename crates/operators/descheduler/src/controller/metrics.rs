@@ -69,13 +69,13 @@ impl Metrics {
         m
     }
 
-    pub fn taint_applied(&self, key: &str) {
+    pub(crate) fn taint_applied(&self, key: &str) {
         self.taints_applied
             .get_or_create(&TaintLabels { taint: key.into() })
             .inc();
     }
 
-    pub fn taint_removed(&self, key: &str) {
+    pub(crate) fn taint_removed(&self, key: &str) {
         self.taints_removed
             .get_or_create(&TaintLabels { taint: key.into() })
             .inc();
@@ -87,7 +87,7 @@ impl Metrics {
             .set(value);
     }
 
-    pub fn forget_node(&self, node: &str) {
+    pub(crate) fn forget_node(&self, node: &str) {
         self.utilization.remove(&NodeLabels { node: node.into() });
     }
 

@@ -5,9 +5,9 @@ use nodemedic_api::descheduler::{KubeDeschedulerSpec, LogLevel, Mode};
 use super::render::Invalid;
 
 /// Where the policy ConfigMap is mounted in the descheduler's container.
-pub const POLICY_DIR: &str = "/policy-dir";
+pub(crate) const POLICY_DIR: &str = "/policy-dir";
 /// The ConfigMap key holding the policy.
-pub const POLICY_KEY: &str = "policy.yaml";
+pub(crate) const POLICY_KEY: &str = "policy.yaml";
 
 /// The descheduler's command line after its executable.
 pub fn descheduler_args(spec: &KubeDeschedulerSpec) -> Result<Vec<String>, Invalid> {

@@ -8,4 +8,4 @@ pub mod soft_taints;
 pub(crate) mod status;
 pub mod tainting;
 
-pub use render::{Environment, Invalid, Rendered, render};
+pub use render::{Environment, Invalid, render};

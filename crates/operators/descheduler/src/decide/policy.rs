@@ -93,7 +93,7 @@ pub struct ExtensionPoint {
 }
 
 impl ExtensionPoint {
-    pub fn of(plugins: &[&'static str]) -> Self {
+    pub(crate) fn of(plugins: &[&'static str]) -> Self {
         Self {
             enabled: plugins.to_vec(),
         }

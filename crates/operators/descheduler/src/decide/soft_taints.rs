@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const OVERUTILIZED: &str = "nodeutilization.descheduler.openshift.io/overutilized";
 /// On over-utilized and appropriately utilized nodes.
 pub const APPROPRIATE: &str = "nodeutilization.descheduler.openshift.io/appropriate";
-pub const KEYS: [&str; 2] = [OVERUTILIZED, APPROPRIATE];
+pub(crate) const KEYS: [&str; 2] = [OVERUTILIZED, APPROPRIATE];
 
 /// How the LowNodeUtilization thresholds are read.
 #[derive(Clone, Copy, Debug, PartialEq)]

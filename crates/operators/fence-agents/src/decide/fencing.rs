@@ -43,7 +43,7 @@ impl Step {
 
     /// A CR with no `status.step` (one medik8s made, before a switch to nodemedic): where its
     /// conditions say it is, so a finished or fenced remediation is not fenced again.
-    pub fn from_conditions(succeeded: Option<&str>, action_succeeded: Option<&str>) -> Step {
+    pub(crate) fn from_conditions(succeeded: Option<&str>, action_succeeded: Option<&str>) -> Step {
         match (succeeded, action_succeeded) {
             (Some("True"), _) => Step::Done,
             (Some("False"), _) => Step::Failed,
@@ -57,7 +57,7 @@ impl Step {
     }
 
     /// The agent action this step runs, and the exit code that means it worked.
-    pub fn agent_action(self) -> Option<(&'static str, i32)> {
+    pub(crate) fn agent_action(self) -> Option<(&'static str, i32)> {
         match self {
             Step::PoweringOff => Some(("off", 0)),
             // The agents' status exit code: 0 on, 2 off.

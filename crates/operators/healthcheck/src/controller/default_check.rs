@@ -11,9 +11,9 @@ use nodemedic_kube::{CallContext, events::Events};
 use crate::Result;
 
 /// The ConfigMap the chart renders the default check into, in nodemedic's namespace.
-pub const CONFIGMAP: &str = "nodemedic-default-health-check";
+pub(crate) const CONFIGMAP: &str = "nodemedic-default-health-check";
 /// Its key holding the NodeHealthCheck as YAML.
-pub const KEY: &str = "nodehealthcheck.yaml";
+pub(crate) const KEY: &str = "nodehealthcheck.yaml";
 
 /// What the ConfigMap asks for.
 #[derive(Debug, PartialEq)]

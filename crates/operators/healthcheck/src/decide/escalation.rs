@@ -8,7 +8,7 @@ use super::model::{RemediationFacts, Step};
 
 /// A remediation with no timeout of its own is declared overdue after this many times the default
 /// duration (medik8s: 3 × 10 min), and its node lease released.
-pub const DEFAULT_REMEDIATION_DURATION: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_REMEDIATION_DURATION: Duration = Duration::from_secs(600);
 pub(super) const OVERDUE_FACTOR: u32 = 3;
 pub(super) const LEASE_BUFFER: Duration = Duration::from_secs(60);
 

@@ -22,11 +22,11 @@ use std::{collections::BTreeMap, time::Duration};
 use kube::core::SelectorExt;
 pub use model::*;
 
-pub use self::{escalation::DEFAULT_REMEDIATION_DURATION, health::Health};
+pub use self::health::Health;
 
 /// While a template is missing, look again this often (its kind may not be served, so there is
 /// nothing to watch).
-pub const TEMPLATE_RETRY: Duration = Duration::from_secs(15);
+pub(crate) const TEMPLATE_RETRY: Duration = Duration::from_secs(15);
 
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut decision = Decision::default();

@@ -63,7 +63,7 @@ pub enum Budget {
 }
 
 impl Budget {
-    pub const DEFAULT: IntOrPercent = IntOrPercent::Percent(51);
+    pub(crate) const DEFAULT: IntOrPercent = IntOrPercent::Percent(51);
 
     /// The fewest healthy nodes that still allow remediation.
     pub fn min_healthy(self, observed: usize) -> usize {
@@ -96,7 +96,7 @@ pub struct TemplateRef {
 
 impl TemplateRef {
     /// The remediation object's kind: the template kind without `Template`.
-    pub fn remediation_kind(&self) -> &str {
+    pub(crate) fn remediation_kind(&self) -> &str {
         self.kind.strip_suffix("Template").unwrap_or(&self.kind)
     }
 }

@@ -32,15 +32,15 @@ use super::liveness::{self, signed};
 pub const RENEWAL_CHANCE: Duration = liveness::RENEWAL_CURRENT_FOR;
 
 /// Nothing received for this long: ask the API (see [`ApiContact::silent`]).
-pub const SILENCE: Duration = Duration::from_secs(5);
+pub(crate) const SILENCE: Duration = Duration::from_secs(5);
 
 /// A read that takes longer than this is a loss: the API server waits on a missing etcd far
 /// longer before it answers 504.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The last outage the health check saw, if any.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ApiContact {
+pub(crate) struct ApiContact {
     /// When the API last answered a watch.
     last_answer: Option<Timestamp>,
     outage: Option<Outage>,
@@ -94,7 +94,7 @@ impl ApiContact {
     /// loss ends. (Starting a new outage instead would have left them counting from when they
     /// began, as a lab run found: an answer, a failed read five seconds later, and a node the
     /// outage had turned Unknown was remediated at once.)
-    pub fn failed(&mut self, now: Timestamp) -> Change {
+    pub(crate) fn failed(&mut self, now: Timestamp) -> Change {
         match &mut self.outage {
             Some(o) if o.regained.is_none() => Change::Unchanged,
             Some(o) if o.regained.is_some_and(|r| now < after_chance(r)) => {
@@ -112,7 +112,7 @@ impl ApiContact {
     }
 
     /// A watch received something from the API.
-    pub fn answered(&mut self, now: Timestamp) -> Change {
+    pub(crate) fn answered(&mut self, now: Timestamp) -> Change {
         self.last_answer = Some(now);
         match &mut self.outage {
             Some(o) if o.regained.is_none() => {
@@ -124,14 +124,14 @@ impl ApiContact {
     }
 
     /// Whether nothing has been received for [`SILENCE`]: time to ask.
-    pub fn silent(&self, now: Timestamp) -> bool {
+    pub(crate) fn silent(&self, now: Timestamp) -> bool {
         self.last_answer
             .is_none_or(|t| t.checked_add(signed(SILENCE)).is_ok_and(|quiet| now >= quiet))
     }
 
     /// The Unknowns the last outage may explain; while it lasts they count from no earlier than
     /// a lease duration from now.
-    pub fn window(&self, now: Timestamp) -> Option<Window> {
+    pub(crate) fn window(&self, now: Timestamp) -> Option<Window> {
         let outage = self.outage?;
         let regained = outage.regained.unwrap_or(now);
         Some(Window {
@@ -153,7 +153,7 @@ fn after_chance(regained: Timestamp) -> Timestamp {
 
 /// When a condition that has had `status` since `since` starts counting: an Unknown that began
 /// inside the window no earlier than the window allows.
-pub fn counted_since(status: &str, since: Timestamp, window: Option<Window>) -> Timestamp {
+pub(crate) fn counted_since(status: &str, since: Timestamp, window: Option<Window>) -> Timestamp {
     match window {
         Some(w) if status == "Unknown" && since >= w.began => since.max(w.counts_from),
         _ => since,

@@ -56,7 +56,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn machine_deleted(&self) {
+    pub(crate) fn machine_deleted(&self) {
         self.machines_deleted.inc();
     }
 

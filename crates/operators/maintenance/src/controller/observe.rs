@@ -44,7 +44,7 @@ impl Observed {
     }
 
     /// The pods the drain must still see gone, with their facts.
-    pub fn to_remove(&self) -> Vec<(&Pod, PodFacts)> {
+    pub(crate) fn to_remove(&self) -> Vec<(&Pod, PodFacts)> {
         let mut out: Vec<(&Pod, PodFacts)> = self
             .pods
             .iter()

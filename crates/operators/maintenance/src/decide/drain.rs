@@ -3,7 +3,7 @@
 
 /// The facts about one pod that decide its fate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodFacts {
+pub(crate) struct PodFacts {
     pub namespace: String,
     pub name: String,
     /// Owned by a DaemonSet: its controller would put it straight back.

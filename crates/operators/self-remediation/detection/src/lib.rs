@@ -23,8 +23,9 @@ pub(crate) mod verdict;
 pub use aggregate::{MemberFacts, Reports, verdicts};
 pub use condition::{Condition, condition};
 pub use observer::{Cadence, DetectorState, Observer, Report};
-pub use settings::{DetectorSettings, SettingsError};
-pub use verdict::{HostProbes, Observation, Policy, Refutation, Verdict, verdict};
+pub use settings::DetectorSettings;
+pub(crate) use verdict::Observation;
+pub use verdict::{HostProbes, Policy, Verdict, verdict};
 
 /// The node condition the controller sets from the verdict.
 pub const CONDITION: &str = "PeersReachable";

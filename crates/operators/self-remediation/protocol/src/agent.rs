@@ -106,7 +106,7 @@ impl<I: Moment> AgentState<I> {
         self.fence
     }
 
-    pub fn licence_until(&self) -> Option<I> {
+    pub(crate) fn licence_until(&self) -> Option<I> {
         self.licence_until
     }
 
@@ -167,12 +167,12 @@ impl<I: Moment> AgentState<I> {
 
     /// Takes in a configuration read from the API (on its own, when the remediations could not be
     /// read in the same round).
-    pub fn on_configuration(&mut self, configuration: &Configuration) {
+    pub(crate) fn on_configuration(&mut self, configuration: &Configuration) {
         self.adopt(configuration);
     }
 
     /// Takes in a consistent read; returns whether the accepted set changed (to be recorded).
-    pub fn on_api_read(&mut self, read: &ApiRead<I>) -> bool {
+    pub(crate) fn on_api_read(&mut self, read: &ApiRead<I>) -> bool {
         if let Some(configuration) = &read.configuration {
             self.adopt(configuration);
         }

@@ -19,17 +19,17 @@ pub mod wait;
 use std::time::Duration;
 
 /// Bound on how far any clock's rate may be off (NTP slews monotonic clocks by at most 0.0005).
-pub const CLOCK_RATE_BOUND: f64 = 0.01;
+pub(crate) const CLOCK_RATE_BOUND: f64 = 0.01;
 /// Added to every safe time.
-pub const SAFETY_MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const SAFETY_MARGIN: Duration = Duration::from_secs(1);
 
 /// Strict majority of a view of `members` (the asker included).
-pub fn vote_quorum(members: usize) -> usize {
+pub(crate) fn vote_quorum(members: usize) -> usize {
     members / 2 + 1
 }
 
 /// Acceptances needed from the members other than the target: more than half of them.
-pub fn acceptance_quorum(members_other_than_target: usize) -> usize {
+pub(crate) fn acceptance_quorum(members_other_than_target: usize) -> usize {
     members_other_than_target / 2 + 1
 }
 
@@ -78,7 +78,7 @@ impl LicenceSettings {
 /// Whole seconds of a model clock (tests and the model checker).
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Tick(pub u64);
+pub(crate) struct Tick(pub u64);
 
 #[cfg(test)]
 impl std::ops::Add<Duration> for Tick {

@@ -73,7 +73,7 @@ impl Acknowledgement {
 }
 
 /// Whether a majority of the committed configuration has acknowledged the proposal.
-pub fn commit_ready(membership: &Membership, acks: &BTreeMap<String, Acknowledgement>) -> bool {
+pub(crate) fn commit_ready(membership: &Membership, acks: &BTreeMap<String, Acknowledgement>) -> bool {
     let Some(proposed) = &membership.proposed else {
         return false;
     };

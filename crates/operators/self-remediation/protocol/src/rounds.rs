@@ -18,7 +18,7 @@ use super::{
 };
 
 /// Vote rounds in a row while answers keep moving the agent to newer configurations.
-pub const ROUNDS_PER_CHECK: usize = 3;
+pub(crate) const ROUNDS_PER_CHECK: usize = 3;
 
 /// What the agent's registration records for the manager.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]

@@ -14,9 +14,9 @@ use jiff::Timestamp;
 
 /// How far any API server's clock may be from true time. API servers keep NTP time (usually
 /// within milliseconds); a second leaves room for a lagging replica.
-pub const SERVER_CLOCK_SKEW: Duration = Duration::from_secs(1);
+pub(crate) const SERVER_CLOCK_SKEW: Duration = Duration::from_secs(1);
 /// `Date` headers have whole seconds.
-pub const SERVER_CLOCK_GRANULARITY: Duration = Duration::from_secs(1);
+pub(crate) const SERVER_CLOCK_GRANULARITY: Duration = Duration::from_secs(1);
 
 /// A wait as the remediation's status records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct LocalWait {
 /// Real time passed since `started` on the server clock is more than the two `Date`s apart,
 /// less one granule (the start was truncated) and twice the skew (two readings, maybe from two
 /// API servers).
-pub fn server_elapsed(started: Timestamp, now: Timestamp) -> Duration {
+pub(crate) fn server_elapsed(started: Timestamp, now: Timestamp) -> Duration {
     let apart = Duration::try_from(now.duration_since(started)).unwrap_or(Duration::ZERO);
     apart.saturating_sub(SERVER_CLOCK_GRANULARITY + SERVER_CLOCK_SKEW * 2)
 }

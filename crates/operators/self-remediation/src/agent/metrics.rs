@@ -27,13 +27,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn set_feeding(&self, on: bool) {
+    pub(crate) fn set_feeding(&self, on: bool) {
         self.feeding.set(on as i64);
     }
     pub fn fenced(&self) {
         self.fenced.set(1);
     }
-    pub fn vote_cast(&self, v: &Verdict) {
+    pub(crate) fn vote_cast(&self, v: &Verdict) {
         let result = match v {
             Verdict::Granted => "granted",
             Verdict::Remediating => "remediating",

@@ -20,8 +20,8 @@ use sha2::{Digest, Sha256};
 use crate::{Error, Result, protocol::LicenceSettings};
 
 pub const NAME: &str = "nodemedic-agent";
-pub const SERVICE_ACCOUNT: &str = "nodemedic-agent";
-pub const CONFIG_HASH: &str = "nodemedic.medik8s.io/config-hash";
+pub(crate) const SERVICE_ACCOUNT: &str = "nodemedic-agent";
+pub(crate) const CONFIG_HASH: &str = "nodemedic.medik8s.io/config-hash";
 
 fn duration(field: &str, value: &nodemedic_api::GoDuration) -> Result<std::time::Duration> {
     value.duration().map_err(|e| Error::InvalidConfig {
@@ -31,7 +31,7 @@ fn duration(field: &str, value: &nodemedic_api::GoDuration) -> Result<std::time:
 }
 
 /// The licence settings a configuration gives its agents.
-pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceSettings> {
+pub(crate) fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceSettings> {
     Ok(LicenceSettings {
         api_check_interval: duration("apiCheckInterval", &spec.api_check_interval)?,
         api_server_timeout: duration("apiServerTimeout", &spec.api_server_timeout)?,
@@ -42,7 +42,7 @@ pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceS
 }
 
 /// The peer detector's settings a configuration gives its agents.
-pub fn detector_settings(
+pub(crate) fn detector_settings(
     detection: &nodemedic_api::self_remediation::PeerDetection,
 ) -> Result<nodemedic_peer_detection::DetectorSettings> {
     Ok(nodemedic_peer_detection::DetectorSettings {
@@ -133,7 +133,7 @@ fn env(name: &str, path: &str) -> EnvVar {
 }
 
 /// Where the image keeps the agent-only executable (see the Dockerfile).
-pub const AGENT_EXECUTABLE: &str = "/usr/local/bin/nodemedic-agent";
+pub(crate) const AGENT_EXECUTABLE: &str = "/usr/local/bin/nodemedic-agent";
 
 /// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str) -> DaemonSet {

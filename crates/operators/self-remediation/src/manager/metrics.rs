@@ -147,7 +147,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn membership_change(&self, change: &'static str) {
+    pub(crate) fn membership_change(&self, change: &'static str) {
         self.membership_changes.get_or_create(&ChangeLabels { change }).inc();
     }
 

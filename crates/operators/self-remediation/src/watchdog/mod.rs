@@ -24,7 +24,7 @@ use std::{
 
 pub use lab::LabWatchdog;
 pub use linux::LinuxWatchdog;
-pub use software::SoftwareTimer;
+pub(crate) use software::SoftwareTimer;
 
 use crate::protocol::manager::{Means, SOFTWARE_REBOOT_DELAY};
 
@@ -126,7 +126,7 @@ pub struct Fencing {
 impl Fencing {
     /// The timeout the registration publishes: the device's, zero for the software timer and
     /// none.
-    pub fn published_timeout(&self) -> Duration {
+    pub(crate) fn published_timeout(&self) -> Duration {
         match self.means {
             Means::HardwareWatchdog | Means::Softdog => self.watchdog.as_ref().map_or(Duration::ZERO, |w| w.timeout()),
             Means::SoftwareReboot | Means::None => Duration::ZERO,
@@ -227,7 +227,7 @@ pub fn open(settings: &Settings) -> Fencing {
 }
 
 /// How often to feed: a third of the timeout (as medik8s), at most once a second.
-pub fn feed_interval(timeout: Duration) -> Duration {
+pub(crate) fn feed_interval(timeout: Duration) -> Duration {
     (timeout / 3)
         .min(Duration::from_secs(1))
         .max(Duration::from_millis(100))

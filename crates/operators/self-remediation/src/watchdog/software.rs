@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{Reboot, Watchdog, WatchdogError};
 
-pub struct SoftwareTimer {
+pub(crate) struct SoftwareTimer {
     timeout: Duration,
     last_fed: Option<Instant>,
     reboot: Reboot,
@@ -18,7 +18,7 @@ pub struct SoftwareTimer {
 }
 
 impl SoftwareTimer {
-    pub fn new(timeout: Duration, reboot: Reboot) -> Self {
+    pub(crate) fn new(timeout: Duration, reboot: Reboot) -> Self {
         Self {
             timeout,
             last_fed: None,
