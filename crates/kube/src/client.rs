@@ -34,9 +34,24 @@ pub enum Error {
     ServerClock(String),
     #[error("{what} took longer than {after:?}")]
     Timeout { what: String, after: std::time::Duration },
+    #[error("{0} has no namespace")]
+    Unnamespaced(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The API of a namespaced object's kind in the object's own namespace.
+pub fn namespaced_api<K>(client: &Client, object: &K) -> Result<kube::Api<K>>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    let namespace = object
+        .meta()
+        .namespace
+        .clone()
+        .ok_or_else(|| Error::Unnamespaced(object.meta().name.clone().unwrap_or_default()))?;
+    Ok(kube::Api::namespaced(client.clone(), &namespace))
+}
 
 impl Error {
     /// A failed request named after what it was for; [`crate::CallContext`] on a whole result.
@@ -52,6 +67,15 @@ impl Error {
         match self {
             Self::Kube(source) | Self::Call { source, .. } => Some(source),
             _ => None,
+        }
+    }
+
+    /// A short label for metrics: `kube` for an API request's failure, `support` for most others.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unnamespaced(_) => "unnamespaced",
+            _ if self.kube().is_some() => "kube",
+            _ => "support",
         }
     }
 

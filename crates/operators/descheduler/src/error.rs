@@ -2,8 +2,6 @@
 pub enum Error {
     #[error(transparent)]
     Support(#[from] nodemedic_kube::Error),
-    #[error("{0} has no namespace")]
-    Unnamespaced(String),
     #[error("cannot write the descheduler policy as YAML: {0}")]
     Render(String),
     #[error("Prometheus at {url}: {why}")]
@@ -14,9 +12,8 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Support(e) if e.kube().is_some() => "kube",
-            Self::Support(_) => "support",
-            Self::Unnamespaced(_) => "unnamespaced",
+            // An API request's failure (named by its CallContext), or another of the support crate's.
+            Self::Support(e) => e.kind(),
             Self::Render(_) => "render",
             Self::Prometheus { .. } => "prometheus",
         }

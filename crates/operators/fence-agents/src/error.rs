@@ -2,8 +2,6 @@
 pub enum Error {
     #[error(transparent)]
     Support(#[from] nodemedic_kube::Error),
-    #[error("{0} has no namespace")]
-    Unnamespaced(String),
     /// Running the agent itself failed (not its configuration): retried.
     #[error(transparent)]
     Agent(#[from] crate::agent::AgentError),
@@ -13,10 +11,8 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            // Kubernetes API errors arrive inside nodemedic_kube's error, named by its CallContext.
-            Self::Support(e) if e.kube().is_some() => "kube",
-            Self::Support(_) => "support",
-            Self::Unnamespaced(_) => "unnamespaced",
+            // An API request's failure (named by its CallContext), or another of the support crate's.
+            Self::Support(e) => e.kind(),
             Self::Agent(_) => "agent",
         }
     }

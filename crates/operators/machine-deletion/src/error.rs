@@ -2,17 +2,14 @@
 pub enum Error {
     #[error(transparent)]
     Support(#[from] nodemedic_kube::Error),
-    #[error("{0} has no namespace")]
-    Unnamespaced(String),
 }
 
 impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Support(e) if e.kube().is_some() => "kube",
-            Self::Support(_) => "support",
-            Self::Unnamespaced(_) => "unnamespaced",
+            // An API request's failure (named by its CallContext), or another of the support crate's.
+            Self::Support(e) => e.kind(),
         }
     }
 }

@@ -10,9 +10,8 @@ impl Error {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            // Kubernetes API errors arrive inside nodemedic_kube's error, named by its CallContext.
-            Self::Support(e) if e.kube().is_some() => "kube",
-            Self::Support(_) => "support",
+            // An API request's failure (named by its CallContext), or another of the support crate's.
+            Self::Support(e) => e.kind(),
             Self::Encode(_) => "encode",
         }
     }

@@ -88,8 +88,8 @@ pub async fn run(client: Client, tainter: Client, settings: Settings, metrics: M
 const RECHECK: Duration = Duration::from_secs(120);
 
 async fn reconcile(kd: Arc<KubeDescheduler>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = kd.namespace().ok_or_else(|| Error::Unnamespaced(kd.name_any()))?;
-    let api = Api::<KubeDescheduler>::namespaced(ctx.client.clone(), &namespace);
+    let api = nodemedic_kube::client::namespaced_api(&ctx.client, kd.as_ref())?;
+    let namespace = kd.namespace().unwrap_or_default();
     if kd.name_any() != nodemedic_api::descheduler::NAME {
         return Ok(Action::await_change());
     }

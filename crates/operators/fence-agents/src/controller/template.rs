@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use kube::{
-    Api, ResourceExt,
+    ResourceExt,
     api::{Patch, PatchParams},
     runtime::controller::Action,
 };
@@ -18,17 +18,15 @@ use nodemedic_kube::{CallContext, conditions};
 use serde_json::json;
 
 use super::{Context, options};
-use crate::{Error, Result, decide::parameters, decide::validation};
+use crate::{Result, decide::parameters, decide::validation};
 
 const STATUS_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stands for "any node" when a template names none.
 const ANY_NODE: &str = "any-node";
 
 pub(super) async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx: Arc<Context>) -> Result<Action> {
-    let namespace = template
-        .namespace()
-        .ok_or_else(|| Error::Unnamespaced(template.name_any()))?;
-    let api = Api::<FenceAgentsRemediationTemplate>::namespaced(ctx.client.clone(), &namespace);
+    let api = nodemedic_kube::client::namespaced_api(&ctx.client, template.as_ref())?;
+    let namespace = template.namespace().unwrap_or_default();
     if !template
         .annotations()
         .contains_key(annotations::MULTIPLE_TEMPLATES_SUPPORT)

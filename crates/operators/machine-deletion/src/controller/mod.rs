@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     runtime::{Controller, watcher},
 };
 use nodemedic_api::machine_deletion::MachineDeletionRemediation;
@@ -57,8 +57,7 @@ impl steps::Operator for Context {
     const STEPS: usize = 8;
 
     fn api(&self, mdr: &MachineDeletionRemediation) -> Result<Api<MachineDeletionRemediation>> {
-        let namespace = mdr.namespace().ok_or_else(|| Error::Unnamespaced(mdr.name_any()))?;
-        Ok(Api::namespaced(self.client.clone(), &namespace))
+        Ok(nodemedic_kube::client::namespaced_api(&self.client, mdr)?)
     }
 
     async fn observe(&self, current: MachineDeletionRemediation) -> Result<observe::Observed> {

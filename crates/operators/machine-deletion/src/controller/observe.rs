@@ -42,13 +42,7 @@ pub struct Observed {
 
 pub(super) async fn observe(current: MachineDeletionRemediation, ctx: &Context) -> Result<Observed> {
     let created = current.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let conditions = current
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
-    let finished =
-        nodemedic_kube::conditions::find(conditions, types::SUCCEEDED).is_some_and(|c| c.status != "Unknown");
+    let finished = finished(&current);
     let mut facts = Facts {
         deleting: current.metadata.deletion_timestamp.is_some(),
         has_finalizer: current.finalizers().iter().any(|f| f == FINALIZER),
@@ -107,13 +101,7 @@ async fn turn_taken_by(
             })
         })
         .find(|other| {
-            let conditions = other
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_deref())
-                .unwrap_or_default();
-            let finished =
-                nodemedic_kube::conditions::find(conditions, types::SUCCEEDED).is_some_and(|c| c.status != "Unknown");
+            let finished = finished(other);
             let releasing = other.finalizers().iter().any(|f| f == FINALIZER);
             if other.metadata.deletion_timestamp.is_some() {
                 releasing
@@ -125,6 +113,16 @@ async fn turn_taken_by(
 }
 
 /// The deleted Machine, from the annotations recorded before deleting it.
+/// Whether the remediation has succeeded or failed (its Succeeded condition is no longer Unknown).
+fn finished(mdr: &MachineDeletionRemediation) -> bool {
+    let conditions = mdr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    nodemedic_kube::conditions::find(conditions, types::SUCCEEDED).is_some_and(|c| c.status != "Unknown")
+}
+
 fn recorded_machine(mdr: &MachineDeletionRemediation) -> Option<(Recorded, MachineRef)> {
     let a = mdr.annotations();
     let machine = a.get(recorded::MACHINE_NAME_NAMESPACE)?;

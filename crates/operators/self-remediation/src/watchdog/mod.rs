@@ -169,45 +169,35 @@ fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>)
 /// Finds and arms the node's fencing means, in seed 004's order.
 pub fn open(settings: &Settings) -> Fencing {
     let mut passed_over = Vec::new();
-    if let Some(socket) = settings.device.strip_prefix("lab:") {
-        match LabWatchdog::connect(socket.into()) {
-            Ok(wd) => {
-                return Fencing {
-                    means: Means::HardwareWatchdog,
-                    watchdog: Some(Box::new(wd)),
-                    passed_over,
-                };
-            }
-            Err(error) => passed_over.push(error.to_string()),
+    let mut armed = |opened: Result<(Means, Box<dyn Watchdog>), String>| match opened {
+        Ok(found) => Some(found),
+        Err(error) => {
+            passed_over.push(error);
+            None
         }
+    };
+    let configured = Path::new(&settings.device);
+    let found = if let Some(socket) = settings.device.strip_prefix("lab:") {
+        armed(
+            LabWatchdog::connect(socket.into())
+                .map(|wd| (Means::HardwareWatchdog, Box::new(wd) as Box<dyn Watchdog>))
+                .map_err(|e| e.to_string()),
+        )
+    } else if configured.exists() {
+        armed(device(configured, settings).map_err(|e| e.to_string()))
     } else {
-        let configured = Path::new(&settings.device);
-        if configured.exists() {
-            match device(configured, settings) {
-                Ok((means, wd)) => {
-                    return Fencing {
-                        means,
-                        watchdog: Some(wd),
-                        passed_over,
-                    };
-                }
-                Err(error) => passed_over.push(error.to_string()),
-            }
-        } else {
-            passed_over.push(format!("{}: no such device", configured.display()));
-        }
-    }
-    if let Some(softdog) = find_softdog(settings).filter(|p| p.as_path() != Path::new(&settings.device)) {
-        match device(&softdog, settings) {
-            Ok((means, wd)) => {
-                return Fencing {
-                    means,
-                    watchdog: Some(wd),
-                    passed_over,
-                };
-            }
-            Err(error) => passed_over.push(error.to_string()),
-        }
+        armed(Err(format!("{}: no such device", configured.display())))
+    };
+    let found = found.or_else(|| {
+        let softdog = find_softdog(settings).filter(|p| p.as_path() != configured)?;
+        armed(device(&softdog, settings).map_err(|e| e.to_string()))
+    });
+    if let Some((means, watchdog)) = found {
+        return Fencing {
+            means,
+            watchdog: Some(watchdog),
+            passed_over,
+        };
     }
     if settings.software_reboot {
         return Fencing {

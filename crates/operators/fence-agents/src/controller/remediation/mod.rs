@@ -7,7 +7,7 @@ mod machine;
 mod observe;
 mod perform;
 
-use kube::{Api, ResourceExt};
+use kube::Api;
 use nodemedic_api::fence_agents::FenceAgentsRemediation;
 use nodemedic_kube::{
     events::Events,
@@ -49,8 +49,7 @@ impl steps::Operator for Context {
     const STEPS: usize = 16;
 
     fn api(&self, far: &FenceAgentsRemediation) -> Result<Api<FenceAgentsRemediation>> {
-        let namespace = far.namespace().ok_or_else(|| Error::Unnamespaced(far.name_any()))?;
-        Ok(Api::namespaced(self.client.clone(), &namespace))
+        Ok(nodemedic_kube::client::namespaced_api(&self.client, far)?)
     }
 
     async fn observe(&self, current: FenceAgentsRemediation) -> Result<Seen> {
