@@ -161,7 +161,7 @@ fn write_report(
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     let md_path = args.out.join(format!("chaos-{stamp}.md"));
-    let mut md = markdown(args.seed, machine, results);
+    let mut md = markdown(args.seed, args.plan_version, machine, results);
     if args.peer_detection {
         md.push_str(
             "\nWith the peer failure detector on in every lab, and every health check also unhealthy on PeersReachable=False at once.\n",
@@ -177,7 +177,7 @@ fn write_report(
     Ok((json_path, md_path))
 }
 
-fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
+fn markdown(seed: u64, plan_version: u32, machine: &str, results: &[TrialResult]) -> String {
     let faults = summary::counts(results.iter().map(|r| &r.plan));
     let violations: usize = results.iter().map(|r| r.violations.len()).sum();
     let errors = results.iter().filter(|r| r.error.is_some()).count();
@@ -186,7 +186,7 @@ fn markdown(seed: u64, machine: &str, results: &[TrialResult]) -> String {
         bench::summary(&v).map_or("-".into(), |s| format!("{:.1} / {:.1} / {:.1}", s.p50, s.p90, s.p99))
     };
     let mut out = format!(
-        "# Fault campaign\n\nSeed {seed}, {} on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
+        "# Fault campaign\n\nSeed {seed} (plan version {plan_version}), {} on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
          Recovery, seconds from the first fault (p50 / p90 / p99): workload Running again {}; every node healthy and nothing left behind {}.\n\n\
          Faults injected: {}.\n\n\
          | trial | nodes | path | strategy | faults | violations | workload back (s) | all healthy (s) |\n|---|---|---|---|---|---|---|---|\n",
