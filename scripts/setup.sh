@@ -5,7 +5,8 @@
 # Usage: setup.sh [all|packages|lab|later]   (default: all, in that order)
 #   packages  Debian packages and Rust lint tools: what building the workspace needs
 #   lab       the Redfish BMC emulator and the control plane: what every lab test needs
-#   later     Helm, the machine layer, the descheduler and Prometheus: what only some tests need
+#   later     Helm, the machine layer, the descheduler, Prometheus and what real lab nodes run
+#             besides the kubelet (containerd, the CNI plugins, two images): what only some tests need
 # The test driver runs the phases apart, so that the Go builds overlap the Rust build and the
 # first lab test (scripts/test.sh).
 set -euo pipefail
@@ -60,8 +61,10 @@ lab() {
 
 # Helm and the Prometheus operator CRDs (the chart and its test); Cluster API's core manager and
 # CRDs and the OpenShift Machine API CRDs (machine remediation); the upstream descheduler and
-# Debian's Prometheus and promtool (rebalancing).
+# Debian's Prometheus and promtool (rebalancing); containerd, the CNI plugins and the pause and
+# writer images (real lab nodes).
 later() {
+  bash "$here/build-node.sh" >/dev/null
   bash "$here/build-tools.sh" >/dev/null
   bash "$here/build-machine-layer.sh" >/dev/null
   bash "$here/build-descheduler.sh" >/dev/null

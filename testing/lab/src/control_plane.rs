@@ -74,6 +74,10 @@ pub(crate) fn apiserver(
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
             format!("--client-ca-file={}", p("ca.crt")),
+            format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+            format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+            // Node names resolve nowhere here; their addresses are on the node bridge.
+            "--kubelet-preferred-address-types=InternalIP".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),

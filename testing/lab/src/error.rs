@@ -10,6 +10,16 @@ pub enum Error {
     MissingBinary { binary: String, looked: String },
     #[error("{what} not found: run `make setup`, which installs it")]
     MissingTool { what: String },
+    #[error(
+        "a real node needs {what}, which is missing ({looked}): run `bash scripts/setup.sh later` (scripts/build-node.sh and scripts/build-controlplane.sh build it)"
+    )]
+    MissingNodePart { what: String, looked: String },
+    #[error(
+        "refusing to start a real node: this machine has {path}, which a privileged pod on a real node could reach ({why}); run real nodes on a machine without it, or only kwok nodes here"
+    )]
+    UnsafeHost { path: String, why: &'static str },
+    #[error("real node {node} did not boot: {detail}")]
+    NodeBoot { node: String, detail: String },
     #[error("`{command}` failed: {detail}")]
     Command { command: String, detail: String },
     #[error("{what}: {source}")]

@@ -58,6 +58,11 @@ impl Inner {
         for pid in self.resources.net.pids(node) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         }
+        // A real node's pods run in namespaces of their own and outlive their kubelet: its
+        // cgroup holds them all.
+        if self.nodes.is_real(node) {
+            crate::real_node::cgroup::kill(&crate::real_node::cgroup::path(&self.id, node))?;
+        }
         self.watchdogs.power_lost(node);
         if let Err(error) = self.resources.net.set_link(node, false) {
             tracing::warn!(%error, node, "the powered-off node's link stays up");
@@ -136,10 +141,15 @@ impl Inner {
         }
     }
 
-    fn signal_node(&self, node: &str, signal: Signal) {
+    fn set_frozen(&self, node: &str, frozen: bool) -> Result<()> {
+        if self.nodes.is_real(node) {
+            return crate::real_node::cgroup::set_frozen(&crate::real_node::cgroup::path(&self.id, node), frozen);
+        }
+        let signal = if frozen { Signal::SIGSTOP } else { Signal::SIGCONT };
         for pid in self.resources.net.pids(node) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
         }
+        Ok(())
     }
 }
 
@@ -180,17 +190,18 @@ impl Lab {
         self.inner.power_on(node, "reset").await
     }
 
-    /// SIGSTOPs every process of the node (a hung kernel).
+    /// Stops every process of the node (a hung kernel): a real node's freezer cgroup, its pods
+    /// included; a simulated one's processes by SIGSTOP.
     pub async fn freeze(&self, node: &str) -> Result<()> {
         self.fault(Some(node), "freeze")?;
-        self.inner.signal_node(node, Signal::SIGSTOP);
+        self.inner.set_frozen(node, true)?;
         self.inner.set_condition(node, |c| c.frozen = true)?;
         Ok(())
     }
 
     pub async fn thaw(&self, node: &str) -> Result<()> {
         self.fault(Some(node), "thaw")?;
-        self.inner.signal_node(node, Signal::SIGCONT);
+        self.inner.set_frozen(node, false)?;
         self.inner.set_condition(node, |c| c.frozen = false)?;
         Ok(())
     }

@@ -20,7 +20,7 @@ use kube::{
 use tokio::{sync::mpsc, task::JoinHandle};
 
 use crate::{
-    Error, LabConfig, Result,
+    Error, LabConfig, NodeSpec, Result,
     binaries::{self, Binaries},
     container::{ContainerSpec, Containers},
     control_plane::{self, API_PORT, Ports},
@@ -32,6 +32,7 @@ use crate::{
     observer,
     pki::LabPki,
     process::{ProcessSpec, Supervised},
+    real_node::{self, NodeBinaries, RealNode},
     storage,
     timeline::{Event, NodeCondition, Timeline},
     wait,
@@ -51,6 +52,8 @@ pub(crate) struct Inner {
     pub id: String,
     pub config: LabConfig,
     pub bins: Binaries,
+    /// What real nodes run, when the lab has any.
+    pub node_bins: Option<NodeBinaries>,
     pub kubeconfig: PathBuf,
     pub client: Client,
     /// The lab's nodes of this moment: nodes join and leave a running lab (see `membership`).
@@ -115,6 +118,11 @@ impl Resources {
                     p.kill();
                 }
             }
+        }
+        // Real nodes' pods outlive their kubelet and live in namespaces of their own: their
+        // cgroups hold them all.
+        if let Err(error) = real_node::cgroup::kill(&real_node::cgroup::lab_path(&self.net.id)) {
+            tracing::warn!(%error, "stopping the real nodes' processes failed");
         }
         // Also when a panic poisoned the lock: teardown must still find every namespace.
         let made = self.nodes.lock().unwrap_or_else(PoisonError::into_inner).made();
@@ -213,6 +221,12 @@ impl Lab {
         if config.bmcs.is_some() {
             crate::bmc::preflight()?;
         }
+        let node_bins = if config.nodes.iter().any(|n| n.real) {
+            real_node::refuse_unsafe_host()?;
+            Some(NodeBinaries::locate()?)
+        } else {
+            None
+        };
         let lock = LabLock::acquire(config.kinds()).await?;
         let setup = SetupLock::acquire().await?;
         lock::sweep();
@@ -301,24 +315,31 @@ impl Lab {
         std::fs::write(&stages, nodes::KWOK_STAGES).map_err(io("writing kwok stages"))?;
         let node_api = Api::<Node>::all(client.clone());
         let k8s_version = binaries::version("KUBERNETES_VERSION");
+        let kubelets = Kubelets {
+            resources: &resources,
+            bins: &bins,
+            node_bins: node_bins.as_ref(),
+            pki: &pki,
+            kubeconfig: &kubeconfig,
+            server: &server,
+            lease_seconds: config.timings.node_lease_seconds,
+        };
         for (index, spec) in config.nodes.iter().enumerate() {
             node_api
                 .create(&PostParams::default(), &nodes::node_object(spec, k8s_version))
                 .await?;
-            let kwok = nodes::kwok(
-                &bins,
-                &KwokArgs {
-                    node: &spec.name,
-                    netns: &net.netns(&spec.name),
-                    kubeconfig: &kubeconfig,
-                    stages: &stages,
-                    ip: net.node_ip(index),
-                    index,
-                    lease_seconds: config.timings.node_lease_seconds,
-                },
-            );
-            record_boot(&dir, &spec.name)?;
-            start_process(&resources, &format!("{}/kwok", spec.name), kwok)?;
+            kubelets.start(spec, index)?;
+        }
+        let real: Vec<(String, usize)> = config
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, spec)| spec.real)
+            .map(|(index, spec)| (spec.name.clone(), index))
+            .collect();
+        real_node::route_pods(&net, &real, &real)?;
+        if !real.is_empty() {
+            real_node::publish_api_endpoint(&client, net.host_ip(), API_PORT).await?;
         }
 
         if config.fleet > 0 {
@@ -342,6 +363,7 @@ impl Lab {
             id,
             config,
             bins,
+            node_bins,
             kubeconfig,
             client: client.clone(),
             nodes,
@@ -379,7 +401,7 @@ impl Lab {
         lab.start_bmcs()?;
 
         for node in &node_names {
-            lab.wait_ready_status(node, "True", Duration::from_secs(60)).await?;
+            lab.inner.wait_joined(node).await?;
         }
         lab.wait_bmcs().await?;
         crate::fleet::create(&lab, lab.inner.config.fleet).await?;
@@ -474,6 +496,16 @@ impl Lab {
 
     pub fn kubectl_path(&self) -> &Path {
         &self.inner.bins.kubectl
+    }
+
+    /// `kubectl <args>` with the lab's admin kubeconfig; its standard output.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let kubeconfig = self.inner.kubeconfig.display().to_string();
+        let all: Vec<&str> = ["--kubeconfig", kubeconfig.as_str()]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        crate::cmd::run(&self.inner.bins.kubectl.display().to_string(), &all)
     }
 
     /// `kubectl apply -f -` with the lab's admin kubeconfig.
@@ -725,6 +757,61 @@ fn boot_file(dir: &Path, node: &str) -> PathBuf {
 pub(crate) fn record_boot(dir: &Path, node: &str) -> Result<()> {
     let path = boot_file(dir, node);
     std::fs::write(&path, jiff::Timestamp::now().to_string()).map_err(io(format!("writing {}", path.display())))
+}
+
+/// What starting a node's kubelet takes from its lab.
+pub(crate) struct Kubelets<'a> {
+    pub resources: &'a Resources,
+    pub bins: &'a Binaries,
+    pub node_bins: Option<&'a NodeBinaries>,
+    pub pki: &'a LabPki,
+    pub kubeconfig: &'a Path,
+    pub server: &'a str,
+    pub lease_seconds: u32,
+}
+
+impl Kubelets<'_> {
+    /// Starts the node's kubelet: kwok for a simulated node, the boot of a real one (its
+    /// `<node>/boot` process, which a power-on starts again).
+    pub(crate) fn start(&self, spec: &NodeSpec, index: usize) -> Result<()> {
+        let (name, resources) = (spec.name.as_str(), self.resources);
+        let net = &resources.net;
+        record_boot(&resources.dir, name)?;
+        if !spec.real {
+            let kwok = nodes::kwok(
+                self.bins,
+                &KwokArgs {
+                    node: name,
+                    netns: &net.netns(name),
+                    kubeconfig: self.kubeconfig,
+                    stages: &nodes::stages_file(&resources.dir),
+                    ip: net.node_ip(index),
+                    index,
+                    lease_seconds: self.lease_seconds,
+                },
+            );
+            return start_process(resources, &format!("{name}/kwok"), kwok);
+        }
+        let bins = self
+            .node_bins
+            .ok_or_else(|| Error::Invalid(format!("node {name} is real, but the lab found no real-node binaries")))?;
+        let node = RealNode {
+            lab: &net.id,
+            name,
+            index,
+            ip: net.node_ip(index),
+            netns: &net.netns(name),
+            lab_dir: &resources.dir,
+            server: self.server,
+            lease_seconds: self.lease_seconds,
+        };
+        node.prepare(bins, self.pki)?;
+        start_process(
+            resources,
+            &format!("{name}/boot"),
+            node.boot(bins, &resources.dir.join("logs")),
+        )
+    }
 }
 
 pub(crate) fn start_process(resources: &Resources, name: &str, spec: ProcessSpec) -> Result<()> {

@@ -33,6 +33,7 @@ pub mod pods;
 mod process;
 pub mod prometheus;
 mod readiness;
+pub mod real_node;
 pub mod seeds;
 mod slow_link;
 pub mod storage;

@@ -185,6 +185,7 @@ pub(crate) fn sweep() {
         if !dir.join("torn-down").exists() {
             tracing::warn!(lab = %id, "cleaning up after a lab whose owner died");
             process::kill_recorded(&dir);
+            kill_real_nodes(&id);
             remove_network(&id);
             let shm = std::path::PathBuf::from(format!("/dev/shm/nodemedic-{id}"));
             crate::container::Containers::new(&shm, &id).remove_all();
@@ -199,6 +200,12 @@ pub(crate) fn sweep() {
     let excess = kept.len().saturating_sub(5);
     for old in kept.into_iter().take(excess) {
         let _ = std::fs::remove_dir_all(old);
+    }
+    // Real nodes' processes (their pods too) of labs whose directory is gone altogether.
+    for id in crate::real_node::cgroup::labs() {
+        if !labs_root().join(&id).exists() {
+            kill_real_nodes(&id);
+        }
     }
     // Namespaces and bridges of labs whose directory is gone altogether.
     if let Ok(list) = cmd::run("ip", &["netns", "list"]) {
@@ -218,6 +225,14 @@ pub(crate) fn sweep() {
                 cmd::run_quietly("ip", &["link", "del", name]);
             }
         }
+    }
+}
+
+/// Every process of the lab's real nodes, found by their cgroup: their pods are in neither the
+/// lab's process records nor its namespaces.
+fn kill_real_nodes(id: &str) {
+    if let Err(error) = crate::real_node::cgroup::kill(&crate::real_node::cgroup::lab_path(id)) {
+        tracing::warn!(lab = %id, %error, "stopping a dead lab's real nodes failed");
     }
 }
 

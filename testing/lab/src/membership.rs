@@ -23,10 +23,9 @@ use tokio::task::JoinHandle;
 
 use crate::{
     Error, Lab, NodeSpec, Result, binaries,
-    lab::{Inner, process_died, record_boot, start_process},
+    lab::{Inner, Kubelets, process_died},
     net::NODE_SLOTS,
-    nodes::{self, KwokArgs},
-    sysrq,
+    nodes, real_node, sysrq,
     timeline::{Event, NodeCondition},
     wait, watchdog_device,
 };
@@ -77,6 +76,11 @@ impl NodeTable {
 
     pub(crate) fn indices(&self) -> Vec<(String, usize)> {
         self.read().iter().map(|(name, n)| (name.clone(), n.index)).collect()
+    }
+
+    /// Whether the node is real (false for a node the lab does not know).
+    pub(crate) fn is_real(&self, node: &str) -> bool {
+        self.read().get(node).is_some_and(|n| n.spec.real)
     }
 
     pub(crate) fn specs(&self) -> Vec<NodeSpec> {
@@ -278,40 +282,70 @@ impl Inner {
         removed
     }
 
-    /// Everything of an added node after its Node object, up to its kwok running.
+    /// Everything of an added node after its Node object, up to its kubelet running.
     fn join(&self, spec: &NodeSpec, index: usize) -> Result<()> {
         let inner = self;
         let (name, dir, net) = (spec.name.as_str(), &inner.resources.dir, &inner.resources.net);
+        if spec.real && inner.node_bins.is_none() {
+            return Err(Error::Invalid(format!(
+                "cannot add real node {name}: the lab started without real nodes (start it with one)"
+            )));
+        }
         net.create_node(name, index)?;
-        record_boot(dir, name)?;
         sysrq::prepare(&sysrq::trigger_file(dir, name))?;
         serve_node(inner, name)?;
         lock_conditions(inner).insert(name.to_owned(), NodeCondition::running());
-        let kwok = nodes::kwok(
-            &inner.bins,
-            &KwokArgs {
-                node: name,
-                netns: &net.netns(name),
-                kubeconfig: &inner.kubeconfig,
-                stages: &nodes::stages_file(dir),
-                ip: net.node_ip(index),
-                index,
-                lease_seconds: inner.config.timings.node_lease_seconds,
-            },
-        );
-        start_process(&inner.resources, &format!("{name}/kwok"), kwok)?;
+        let kubelets = Kubelets {
+            resources: &inner.resources,
+            bins: &inner.bins,
+            node_bins: inner.node_bins.as_ref(),
+            pki: &inner.pki,
+            kubeconfig: &inner.kubeconfig,
+            server: &inner.server,
+            lease_seconds: inner.config.timings.node_lease_seconds,
+        };
+        kubelets.start(spec, index)?;
         inner.nodes.insert(spec, index);
+        if spec.real {
+            let real: Vec<(String, usize)> = inner
+                .nodes
+                .specs()
+                .into_iter()
+                .filter(|s| s.real)
+                .filter_map(|s| inner.nodes.index(&s.name).map(|i| (s.name, i)))
+                .collect();
+            real_node::route_pods(net, &real, &[(name.to_owned(), index)])?;
+        }
         Ok(())
     }
 
-    /// Waits for the added node to turn Ready; a kwok that died says more than the timeout.
-    async fn wait_joined(&self, node: &str) -> Result<()> {
-        self.wait_ready_status(node, "True", JOIN_TIMEOUT)
-            .await
-            .map_err(|error| match error {
-                Error::Timeout { .. } => process_died(&self.resources, &format!("{node}/kwok")).unwrap_or(error),
+    /// Waits for a node (started with the lab, or added) to turn Ready. A real node whose boot
+    /// failed says why at once (its boot names what is wrong); a kwok that died says more than
+    /// the timeout (it may die of its startup race and be started again meanwhile).
+    pub(crate) async fn wait_joined(&self, node: &str) -> Result<()> {
+        let kubelet = format!("{node}/{}", self.kubelet_process(node));
+        let boot_failed = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if self.nodes.is_real(node)
+                    && let Some(died) = process_died(&self.resources, &kubelet)
+                {
+                    return died;
+                }
+            }
+        };
+        tokio::select! {
+            ready = self.wait_ready_status(node, "True", JOIN_TIMEOUT) => ready.map_err(|error| match error {
+                Error::Timeout { .. } => process_died(&self.resources, &kubelet).unwrap_or(error),
                 other => other,
-            })
+            }),
+            died = boot_failed => Err(Error::NodeBoot { node: node.to_owned(), detail: died.to_string() }),
+        }
+    }
+
+    /// The process that is the node's kubelet (a real node's boot supervises its own).
+    pub(crate) fn kubelet_process(&self, node: &str) -> &'static str {
+        if self.nodes.is_real(node) { "boot" } else { "kwok" }
     }
 
     async fn dismantle_logged(&self, node: &str, index: usize) {

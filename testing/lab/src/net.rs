@@ -12,6 +12,11 @@ const FAULT_TABLE: &str = "nodemedic_fault";
 /// Node indices the node bridge has addresses for: .11 to .254.
 pub(crate) const NODE_SLOTS: usize = 244;
 
+/// A node's pod network (kwok's announces it; a real node's pods are addressed from it).
+pub(crate) fn pod_cidr(index: usize) -> String {
+    format!("10.{}.{}.0/24", 240 + index / 250, index % 250)
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Network {
     pub id: String,
@@ -129,31 +134,85 @@ impl Network {
         Ok(())
     }
 
-    /// Drops every packet of `node` except to and from `allowed` (its partition's members).
+    /// Drops every packet of `node` except to and from `allowed` (its partition's members),
+    /// its pods' included: what it forwards for them may reach only the members and their pods.
     pub(crate) fn cut_off(&self, node: &str, allowed: &[Ipv4Addr]) -> Result<()> {
-        let set = if allowed.is_empty() {
-            String::new()
+        let mut members: Vec<String> = allowed.iter().map(ToString::to_string).collect();
+        let pods: Vec<String> = allowed.iter().filter_map(|ip| self.pod_cidr_of(*ip)).collect();
+        let (set, forwarded) = if members.is_empty() {
+            (String::new(), String::new())
         } else {
-            let list = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-            format!("ip saddr {{ {list} }} accept\n")
+            let list = members.join(", ");
+            members.extend(pods);
+            let with_pods = members.join(", ");
+            (
+                format!("ip saddr {{ {list} }} accept\n"),
+                format!("ip daddr {{ {with_pods} }} accept\nip saddr {{ {with_pods} }} accept\n"),
+            )
         };
         let out_set = set.replace("saddr", "daddr");
         let rules = format!(
             "table inet {FAULT_TABLE} {{\n\
              chain input {{ type filter hook input priority 0; policy accept; iifname \"lo\" accept\n{set}drop\n}}\n\
-             chain output {{ type filter hook output priority 0; policy accept; oifname \"lo\" accept\n{out_set}drop\n}}\n}}\n"
+             chain output {{ type filter hook output priority 0; policy accept; oifname \"lo\" accept\n{out_set}drop\n}}\n\
+             chain forward {{ type filter hook forward priority 0; policy accept;\n{forwarded}drop\n}}\n}}\n"
         );
         self.replace_fault_rules(node, &rules)
     }
 
-    /// Drops only the node's traffic to and from the API server; peers stay reachable.
+    /// Drops only the node's traffic to and from the API server (its pods' too); peers stay
+    /// reachable.
     pub(crate) fn isolate_from(&self, node: &str, api: Ipv4Addr, port: u16) -> Result<()> {
+        let to_api = format!("ip daddr {api} tcp dport {port} drop");
+        let from_api = format!("ip saddr {api} tcp sport {port} drop");
         let rules = format!(
             "table inet {FAULT_TABLE} {{\n\
-             chain input {{ type filter hook input priority 0; policy accept; ip saddr {api} tcp sport {port} drop\n}}\n\
-             chain output {{ type filter hook output priority 0; policy accept; ip daddr {api} tcp dport {port} drop\n}}\n}}\n"
+             chain input {{ type filter hook input priority 0; policy accept; {from_api}\n}}\n\
+             chain output {{ type filter hook output priority 0; policy accept; {to_api}\n}}\n\
+             chain forward {{ type filter hook forward priority 0; policy accept; {to_api}\n{from_api}\n}}\n}}\n"
         );
         self.replace_fault_rules(node, &rules)
+    }
+
+    /// The pod network of the node at `ip` on the node bridge.
+    fn pod_cidr_of(&self, ip: Ipv4Addr) -> Option<String> {
+        let [a, b, slot, last] = ip.octets();
+        ((a, b, slot) == (10, 213, self.slot) && last >= 11).then(|| pod_cidr(usize::from(last - 11)))
+    }
+
+    /// Lets a real node forward its pods' packets, and routes its pod network to it from the
+    /// host (the API server reaches its pods: webhooks, the aggregator).
+    pub(crate) fn forward_pods(&self, node: &str, index: usize) -> Result<()> {
+        cmd::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.netns(node),
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ],
+        )?;
+        let via = self.node_ip(index).to_string();
+        cmd::run(
+            "ip",
+            &["route", "replace", &pod_cidr(index), "via", &via, "dev", &self.bridge],
+        )?;
+        Ok(())
+    }
+
+    /// Routes the pod network of the real node at `index` to it from the other nodes'
+    /// namespaces (pod to pod, no overlay).
+    pub(crate) fn route_pods_from(&self, index: usize, from: &[&str]) -> Result<()> {
+        let (cidr, via) = (pod_cidr(index), self.node_ip(index).to_string());
+        for other in from {
+            cmd::run(
+                "ip",
+                &["-n", &self.netns(other), "route", "replace", &cidr, "via", &via],
+            )?;
+        }
+        Ok(())
     }
 
     /// Removes the node's fault rules, if it has any. Tried a few times because a simulated
@@ -225,5 +284,19 @@ impl Network {
         }
         cmd::run_quietly("ip", &["link", "del", &self.bridge]);
         cmd::run_quietly("ip", &["link", "del", &self.mgmt_bridge]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_networks_do_not_overlap_and_fit_every_node_slot() {
+        assert_eq!(pod_cidr(0), "10.240.0.0/24");
+        assert_eq!(pod_cidr(249), "10.240.249.0/24");
+        assert_eq!(pod_cidr(250), "10.241.0.0/24");
+        // Every slot of the node bridge is in 10.240.0.0/12, a real node's kube-proxy's cluster CIDR.
+        assert!(pod_cidr(NODE_SLOTS - 1).starts_with("10.240."));
     }
 }

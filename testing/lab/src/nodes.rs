@@ -1,4 +1,5 @@
-//! Simulated nodes: the Node object, and the kwok process that is its kubelet.
+//! A lab's nodes: the Node object, and for a simulated node the kwok process that is its
+//! kubelet (a real node's kubelet is in [`crate::real_node`]).
 
 use std::{
     collections::BTreeMap,
@@ -29,6 +30,8 @@ pub(crate) fn stages_file(dir: &Path) -> PathBuf {
 pub struct NodeSpec {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// A real kubelet, containerd and pods instead of kwok (see [`crate::real_node`]).
+    pub real: bool,
 }
 
 impl NodeSpec {
@@ -36,6 +39,7 @@ impl NodeSpec {
         let mut spec = Self {
             name: name.to_owned(),
             labels: BTreeMap::new(),
+            real: false,
         };
         spec.labels.insert(labels::ROLE_WORKER.into(), String::new());
         spec
@@ -55,7 +59,14 @@ impl NodeSpec {
         Self {
             name: name.to_owned(),
             labels: BTreeMap::new(),
+            real: false,
         }
+    }
+
+    /// The same node, real: a kubelet and containerd that run its pods.
+    pub fn real(mut self) -> Self {
+        self.real = true;
+        self
     }
 }
 
@@ -67,25 +78,26 @@ pub(crate) fn provider_id(node: &str) -> String {
 
 pub(crate) const PROVIDER_ID_SCHEME: &str = "lab://";
 
+/// The Node a lab creates before the node's kubelet starts. A real kubelet registers into it
+/// (keeping its role labels, which a kubelet may not set on itself) and reports its own status.
 pub(crate) fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
     let mut node_labels = spec.labels.clone();
     for (k, v) in [
         (labels::HOSTNAME, spec.name.as_str()),
         ("kubernetes.io/os", "linux"),
         ("kubernetes.io/arch", "amd64"),
-        ("type", "kwok"),
+        ("type", if spec.real { "real" } else { "kwok" }),
     ] {
         node_labels.insert(k.into(), v.into());
     }
-    let annotations = [
-        ("node.alpha.kubernetes.io/ttl", "0"),
-        ("kwok.x-k8s.io/node", "fake"),
-        // The attach-detach controller manages this node's volumes (as for a real kubelet).
-        ("volumes.kubernetes.io/controller-managed-attach-detach", "true"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
+    let kwok = [("node.alpha.kubernetes.io/ttl", "0"), ("kwok.x-k8s.io/node", "fake")];
+    // The attach-detach controller manages this node's volumes (a real kubelet says so itself).
+    let attach = [("volumes.kubernetes.io/controller-managed-attach-detach", "true")];
+    let annotations = attach
+        .into_iter()
+        .chain(kwok.into_iter().filter(|_| !spec.real))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     let resources: BTreeMap<String, Quantity> = [("cpu", "32"), ("memory", "256Gi"), ("pods", "110")]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
@@ -101,7 +113,7 @@ pub(crate) fn node_object(spec: &NodeSpec, kubernetes_version: &str) -> Node {
             provider_id: Some(provider_id(&spec.name)),
             ..Default::default()
         }),
-        status: Some(NodeStatus {
+        status: (!spec.real).then(|| NodeStatus {
             allocatable: Some(resources.clone()),
             capacity: Some(resources),
             node_info: Some(NodeSystemInfo {
@@ -134,7 +146,7 @@ pub(crate) fn kwok(bins: &Binaries, a: &KwokArgs<'_>) -> ProcessSpec {
             format!("--manage-single-node={}", a.node),
             format!("--node-ip={}", a.ip),
             format!("--node-name={}", a.node),
-            format!("--cidr=10.{}.{}.0/24", 240 + a.index / 250, a.index % 250),
+            format!("--cidr={}", crate::net::pod_cidr(a.index)),
             format!("--node-lease-duration-seconds={}", a.lease_seconds),
         ],
     );

@@ -47,6 +47,12 @@ impl LabPki {
         pki.write("apiserver.crt", &server.cert)?;
         pki.write("apiserver.key", &server.key)?;
         pki.issue_client("admin", "admin", &["system:masters"])?;
+        // The API server's own identity towards real kubelets (logs, exec, port-forward).
+        pki.issue_client(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+        )?;
         let sa = key_pair_pem()?;
         pki.write("sa.key", &sa.key)?;
         pki.write("sa.pub", &sa.cert)?;

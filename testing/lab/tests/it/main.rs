@@ -6,6 +6,7 @@ mod support;
 mod bmc;
 mod membership;
 mod nodes;
+mod real_nodes;
 mod storage;
 mod sysrq;
 mod teardown;

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds what a real lab node runs besides the kubelet (scripts/build-controlplane.sh builds that
+# and kube-proxy), once, into a cache outside the repo:
+#   containerd, containerd-shim-runc-v2, ctr   (github.com/containerd/containerd/v2)
+#   bridge, host-local, loopback, portmap      (github.com/containernetworking/plugins)
+#   pause.oci.tar, writer.oci.tar              the pod sandbox and the stateful workload's images,
+#                                              from testing/lab/node-images (nothing can be pulled)
+# Idempotent: nothing is built when every binary answers and the images match their sources.
+# Prints the directory.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
+out="$cache/bin/node-containerd-v$CONTAINERD_VERSION-cni-v$CNI_PLUGINS_VERSION"
+sources=$root/testing/lab/node-images
+mkdir -p "$out"
+export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local GOGC=400
+log() { printf '[build-node] %s\n' "$*" >&2; }
+
+for tool in umoci skopeo runc; do
+  command -v "$tool" >/dev/null || { log "ERROR: $tool is missing: run scripts/setup.sh packages"; exit 1; }
+done
+
+binaries=(containerd containerd-shim-runc-v2 ctr bridge host-local loopback portmap)
+have_binaries() {
+  local b
+  for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done
+  "$out/containerd" --version >/dev/null 2>&1 && "$out/ctr" --version >/dev/null 2>&1
+}
+
+build_binaries() (
+  log "building containerd v$CONTAINERD_VERSION and the CNI plugins v$CNI_PLUGINS_VERSION (first time only, ~2 min on 2 cores)"
+  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  cd "$work"
+  go mod init local/node >/dev/null 2>&1
+  go get "github.com/containerd/containerd/v2@v$CONTAINERD_VERSION" \
+    "github.com/containernetworking/plugins@v$CNI_PLUGINS_VERSION" >/dev/null
+  local c=github.com/containerd/containerd/v2 p=github.com/containernetworking/plugins/plugins
+  local stamp="-s -w -X $c/version.Version=v$CONTAINERD_VERSION -X $c/version.Package=$c"
+  # No btrfs snapshotter (it needs cgo); the shim without its gRPC server (ttrpc only), as
+  # containerd's own release build makes it.
+  go build -trimpath -tags no_btrfs -gcflags=all=-dwarf=false -ldflags "$stamp" -o "$out/" \
+    "$c/cmd/containerd" "$c/cmd/ctr"
+  go build -trimpath -tags no_grpc -gcflags=all=-dwarf=false -ldflags "$stamp" -o "$out/" \
+    "$c/cmd/containerd-shim-runc-v2"
+  go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$out/" \
+    "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback" "$p/meta/portmap"
+)
+
+# An image of one static executable, named as the kubelet asks for it.
+image() (
+  local name=$1 reference=$2 program=$3
+  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  (cd "$work" && go mod init "local/$name" >/dev/null 2>&1 && cp "$sources/$name/main.go" . &&
+    go build -trimpath -ldflags "-s -w" -o "$work/$program" .)
+  umoci init --layout "$work/layout"
+  umoci new --image "$work/layout:latest"
+  umoci unpack --image "$work/layout:latest" "$work/bundle" >/dev/null
+  install -D -m 0755 "$work/$program" "$work/bundle/rootfs/$program"
+  umoci repack --image "$work/layout:latest" "$work/bundle"
+  umoci config --image "$work/layout:latest" --config.entrypoint "/$program" --config.user 0:0
+  umoci gc --layout "$work/layout"
+  skopeo copy --quiet "oci:$work/layout:latest" "oci-archive:$out/$name.oci.tar.partial:$reference"
+  mv "$out/$name.oci.tar.partial" "$out/$name.oci.tar"
+)
+
+have_binaries || build_binaries
+have_binaries || { log "ERROR: containerd or a CNI plugin did not build into $out"; exit 1; }
+# The images follow their sources: a changed program is rebuilt.
+digest=$(cat "$sources"/*/main.go | sha256sum | cut -c1-16)
+if [ "$(cat "$out/images.digest" 2>/dev/null)" != "$digest" ]; then
+  log "building the pause and writer images"
+  image pause lab.nodemedic.io/pause:1 pause
+  image writer lab.nodemedic.io/writer:1 writer
+  echo "$digest" >"$out/images.digest"
+fi
+"$out/containerd" --version >&2
+echo "$out"

@@ -1,0 +1,71 @@
+# A real lab node's boot, run by the lab in the node's network namespace and a mount namespace of
+# its own (a slave of the host's: nothing mounted here reaches the host). Everything it starts
+# stays in the node's cgroup, which is what the lab's power switch kills. Fails closed: a node
+# whose cgroup or mounts cannot be made does not boot, rather than write to the host's
+# directories. The lab passes every path in the environment (see real_node/mod.rs).
+set -eu
+fail() { echo "nodemedic lab: node $NODE cannot boot: $*" >&2; exit 125; }
+
+# The node's cgroup, in every hierarchy (cpuset needs its CPUs and memory nodes copied down).
+for root in /sys/fs/cgroup/*; do
+  [ -e "$root/cgroup.procs" ] || continue
+  dir=$root
+  for part in $(echo "$CGROUP" | tr / ' '); do
+    parent=$dir dir=$dir/$part
+    # Another node of the lab may be booting beside this one.
+    [ -d "$dir" ] || mkdir "$dir" 2>/dev/null || [ -d "$dir" ] || fail "cannot create cgroup $dir"
+    if [ -e "$dir/cpuset.cpus" ] && [ -z "$(cat "$dir/cpuset.cpus")" ]; then
+      cat "$parent/cpuset.cpus" >"$dir/cpuset.cpus" && cat "$parent/cpuset.mems" >"$dir/cpuset.mems" ||
+        fail "cannot set up cpuset $dir"
+    fi
+  done
+  echo $$ >"$dir/cgroup.procs" || fail "cannot join cgroup $dir"
+done
+
+# A machine's own directories where the kubelet, containerd and the CNI plugins hard-code paths,
+# and the hostPaths the pods use: bound over the host's, one set per node.
+bind() {
+  mkdir -p "$1" "$2" || fail "cannot create $1 or $2"
+  mount --bind "$1" "$2" || fail "cannot bind $1 over $2"
+}
+mount -t tmpfs -o mode=0755 tmpfs /run/containerd 2>/dev/null ||
+  { mkdir -p /run/containerd && mount -t tmpfs -o mode=0755 tmpfs /run/containerd; } ||
+  fail "cannot mount a tmpfs on /run/containerd"
+for pair in $BINDS; do
+  bind "${pair%%=*}" "${pair#*=}"
+done
+# The kernel's tunables are the machine's, shared by every node: the kubelet checks them
+# (protectKernelDefaults) against files of the values it expects, never the host's.
+for pair in $SYSCTLS; do
+  [ -e "/proc/sys/${pair#*=}" ] || continue
+  mount --bind "${pair%%=*}" "/proc/sys/${pair#*=}" || fail "cannot bind ${pair%%=*} over /proc/sys/${pair#*=}"
+done
+
+export PATH="$NODE_BIN:$PATH"
+containerd --config "$CONTAINERD_CONFIG" >>"$LOGS/${NODE}_containerd.log" 2>&1 &
+containerd=$!
+# The tmpfs is new: a socket there is this boot's.
+until ctr --address /run/containerd/containerd.sock version >/dev/null 2>&1; do
+  kill -0 "$containerd" 2>/dev/null || fail "containerd exited (see ${NODE}_containerd.log)"
+  sleep 0.05
+done
+# Nothing can be pulled: the images come from the lab's archives, imported once per node (and
+# again when an archive changes).
+for archive in $IMAGES; do
+  stamp="$NODE_DIR/imported/$(basename "$archive").$(stat -c %s-%Y "$archive")"
+  [ -e "$stamp" ] && continue
+  ctr --address /run/containerd/containerd.sock -n k8s.io images import "$archive" >/dev/null ||
+    fail "cannot import $archive"
+  mkdir -p "$NODE_DIR/imported" && touch "$stamp"
+done
+
+# Supervised as a machine's init would: each restarts when it exits.
+(while :; do
+  kube-proxy --config "$KUBE_PROXY_CONFIG" >>"$LOGS/${NODE}_kube-proxy.log" 2>&1 || true
+  sleep 1
+done) &
+while :; do
+  kubelet $KUBELET_ARGS >>"$LOGS/${NODE}_kubelet.log" 2>&1 || true
+  echo "kubelet exited; starting it again" >&2
+  sleep 1
+done
