@@ -5,6 +5,7 @@
 #   bridge, host-local, loopback, portmap      (github.com/containernetworking/plugins)
 #   pause.oci.tar, writer.oci.tar              the pod sandbox and the stateful workload's images,
 #                                              from testing/lab/node-images (nothing can be pulled)
+#   csi-registrar                              the lab CSI driver's registrar (testing/lab/node-images)
 # Idempotent: nothing is built when every binary answers and the images match their sources.
 # Prints the directory.
 set -euo pipefail
@@ -69,13 +70,24 @@ image() (
 
 have_binaries || build_binaries
 have_binaries || { log "ERROR: containerd or a CNI plugin did not build into $out"; exit 1; }
-# The images follow their sources: a changed program is rebuilt.
+# The registrar, with the kubelet's own registration API (k8s.io/kubelet of the pinned release).
+registrar() (
+  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  cd "$work"
+  go mod init local/csi-registrar >/dev/null 2>&1
+  cp "$sources/csi-registrar/main.go" .
+  go get "k8s.io/kubelet@v0.${KUBERNETES_VERSION#1.}" google.golang.org/grpc >/dev/null
+  go build -trimpath -ldflags "-s -w" -o "$out/csi-registrar" .
+)
+
+# The images and the registrar follow their sources: a changed program is rebuilt.
 digest=$(cat "$sources"/*/main.go | sha256sum | cut -c1-16)
-if [ "$(cat "$out/images.digest" 2>/dev/null)" != "$digest" ]; then
-  log "building the pause and writer images"
+if [ "$(cat "$out/sources.digest" 2>/dev/null)" != "$digest" ] || [ ! -x "$out/csi-registrar" ]; then
+  log "building the pause and writer images and the CSI registrar"
   image pause lab.nodemedic.io/pause:1 pause
   image writer lab.nodemedic.io/writer:1 writer
-  echo "$digest" >"$out/images.digest"
+  registrar
+  echo "$digest" >"$out/sources.digest"
 fi
 "$out/containerd" --version >&2
 echo "$out"

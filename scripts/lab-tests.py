@@ -16,7 +16,8 @@ TIMES_FILE. Exits non-zero when any test failed, after every test has run.
 
 `--after READY_FILE MODULES` holds back the tests of the comma-separated MODULES (`chart,machines`)
 until READY_FILE exists, holding the exit status of what they need (tools still being built):
-0 lets them run, anything else fails them without running. Lanes run other tests meanwhile.
+0 lets them run, anything else fails them without running. A module named after several
+`--after`s waits for all of them. Lanes run other tests meanwhile.
 """
 
 import argparse
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -35,18 +36,24 @@ class Test:
     executable: str
     folder: str
     name: str
-    after: str | None = None
+    # The ready files of everything the test needs made first.
+    after: list[str] = field(default_factory=list)
 
 
 def ready(test: Test) -> str | None:
-    """None while what the test needs is still being made; its exit status once made."""
-    if test.after is None:
-        return "0"
-    try:
-        with open(test.after, encoding="utf-8") as status:
-            return status.read().strip() or None
-    except FileNotFoundError:
-        return None
+    """None while what the test needs is still being made; once all is made, the first failed
+    maker's exit status, or "0"."""
+    for ready_file in test.after:
+        try:
+            with open(ready_file, encoding="utf-8") as status:
+                made = status.read().strip()
+        except FileNotFoundError:
+            return None
+        if not made:
+            return None
+        if made != "0":
+            return made
+    return "0"
 
 
 def listed(label: str, executable: str, folder: str) -> list[Test]:
@@ -97,7 +104,7 @@ class Run:
             if status == "0":
                 self.run_one(number, test)
             else:
-                self.record(number, test, time.monotonic(), 0.0, 1, f"not run: {test.after} says {status}\n")
+                self.record(number, test, time.monotonic(), 0.0, 1, f"not run: one of {test.after} says {status}\n")
 
     def run_one(self, lane: int, test: Test) -> None:
         began = time.monotonic()
@@ -144,7 +151,7 @@ def main() -> int:
     for ready_file, modules in args.after:
         for test in tests:
             if test.name.split("::")[0] in modules.split(","):
-                test.after = ready_file
+                test.after.append(ready_file)
     expected = expected_seconds(args.expected)
     tests.sort(key=lambda t: expected.get((t.label, t.name), float("inf")), reverse=True)
     run = Run(list(tests), args.times)

@@ -117,9 +117,11 @@ pub struct PoisonPillRemediationTemplateResource {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PoisonPillConfigSpec {
-    /// The watchdog device the agents open (SelfNodeRemediationConfig's watchdogFilePath).
+    /// The watchdog device the agents open, an absolute path such as /dev/watchdog
+    /// (SelfNodeRemediationConfig's watchdogFilePath).
     #[serde(default = "defaults::watchdog_file_path")]
     #[schemars(length(min = 1))]
+    #[x_kube(validation = crate::schema::watchdog_file_path_rule())]
     pub watchdog_file_path: String,
     /// Wait at least this long before recovering workloads; values below the provable minimum
     /// are not used (SelfNodeRemediationConfig's field of the same name).

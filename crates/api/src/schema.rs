@@ -21,6 +21,16 @@ fn validations_in(schema: &mut Object, rules: Value) {
     schema.insert("x-kubernetes-validations".into(), Value::Array(all));
 }
 
+/// `watchdogFilePath` (of the SelfNodeRemediationConfig and the PoisonPillConfig): an absolute
+/// path without `..` components. The agents refuse any other path without opening it (the
+/// safe time trusts the watchdog an agent registers); the CRD refuses it before that.
+pub fn watchdog_file_path_rule() -> kube::core::Rule {
+    kube::core::Rule::new("self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')").message(
+        "watchdogFilePath is not an absolute device path (it must start with / and have no .. component): \
+         set an absolute device path such as /dev/watchdog",
+    )
+}
+
 /// An int-or-string that is a count (>= 0) or a percentage 0%..100%, as medik8s accepts.
 pub fn int_or_percent(schema: &mut Schema) {
     schema.insert("pattern".into(), json!(r"^((100|[0-9]{1,2})%|[0-9]+)$"));

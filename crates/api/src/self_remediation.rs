@@ -153,12 +153,14 @@ pub struct TemplateStatus {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SelfNodeRemediationConfigSpec {
-    /// The watchdog device the agents open. When it cannot be opened an agent falls back to an
+    /// The watchdog device the agents open: an absolute path such as /dev/watchdog, without ..
+    /// components (anything else is refused). When it cannot be opened an agent falls back to an
     /// existing softdog device, then (with isSoftwareRebootEnabled) to a software reboot driven by
     /// its own timer, and otherwise reports that its node cannot be self-remediated. nodemedic
     /// never loads the softdog module itself.
     #[serde(default = "defaults::watchdog_file_path")]
     #[schemars(length(min = 1))]
+    #[x_kube(validation = crate::schema::watchdog_file_path_rule())]
     pub watchdog_file_path: String,
 
     /// nodemedic: the timeout the agents program into their watchdog device (WDIOC_SETTIMEOUT),

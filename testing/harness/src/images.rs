@@ -106,17 +106,20 @@ pub async fn start_controller_container(
 }
 
 /// Runs the agent image in every node's namespace as the DaemonSet's pod there: a token bound
-/// to that pod, and the lab's stand-ins for the node's watchdog, boot time, sysrq trigger and
-/// state directory (the lab directory, mounted at the same path).
+/// to that pod, and the lab's stand-ins for the node's boot time, sysrq trigger and state
+/// directory (the lab directory, mounted at the same path) and its watchdog device (the node's
+/// emulated one, bound at the path the agent is given, as the DaemonSet mounts the node's /dev).
 pub async fn start_agent_containers(lab: &Lab, image: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
     lab.apply_yaml_once(&chart_rbac())?;
     for node in lab.nodes() {
         let token = scenario::daemonset_pod_token(lab, &node).await?;
         let tokens = projected_service_account(lab, &format!("{node}/agent"), &token)?;
-        let args = scenario::agent_args(lab, config, &node, LabWatchdog::Socket)?;
+        let args = scenario::agent_args(lab, config, &node, LabWatchdog::Device)?;
+        let device = lab.watchdog_device_path(&node);
         let spec = in_cluster(ContainerSpec::new(image, args), lab, &tokens)
             .env("RUST_LOG", "info,kube=warn")
-            .bind(lab.dir(), lab.dir().display().to_string(), true);
+            .bind(lab.dir(), lab.dir().display().to_string(), true)
+            .bind(&device, device.display().to_string(), true);
         lab.add_node_container(&node, "agent", &spec)?;
     }
     Ok(())

@@ -256,10 +256,10 @@ pub async fn install_playground(lab: &Lab, exe: &Path, patch: &str, metrics_port
     agents_settled(lab).await
 }
 
-/// Starts an agent (`exe`) in every node, each with its own node identity and lab watchdog, with
-/// the flags the manager's DaemonSet would give it.
+/// Starts an agent (`exe`) in every node, each with its own node identity and the node's emulated
+/// watchdog device, with the flags the manager's DaemonSet would give it.
 pub fn start_agents(lab: &Lab, exe: &Path, config: &SelfNodeRemediationConfig) -> Result<()> {
-    start_agents_with(lab, exe, config, LabWatchdog::Socket)
+    start_agents_with(lab, exe, config, LabWatchdog::Device)
 }
 
 /// [`start_agents`], every agent with the given watchdog.
@@ -283,7 +283,7 @@ pub async fn start_agents_as_daemonset_pods(lab: &Lab, exe: &Path, config: &Self
     for node in lab.nodes() {
         let token = daemonset_pod_token(lab, &node).await?;
         let kubeconfig = lab.kubeconfig_with_token(&format!("agent-{node}"), &token)?;
-        start_agent_with(lab, exe, config, &node, &kubeconfig, LabWatchdog::Socket)?;
+        start_agent_with(lab, exe, config, &node, &kubeconfig, LabWatchdog::Device)?;
     }
     Ok(())
 }
@@ -349,9 +349,8 @@ pub fn sibling_executable(exe: &Path, name: &str) -> Result<PathBuf> {
 /// Which watchdog a lab agent opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LabWatchdog {
-    /// The lab's socket watchdog (`lab:<socket>`).
-    Socket,
-    /// The lab's emulated device, driven by the product's Linux watchdog driver.
+    /// The node's emulated device ([`Lab::watchdog_device_path`]), driven by the product's Linux
+    /// watchdog driver as a real device is.
     Device,
     /// No device at all (the path does not exist).
     Missing,
@@ -395,7 +394,6 @@ pub fn agent_args(
     watchdog: LabWatchdog,
 ) -> Result<Vec<String>> {
     let device = match watchdog {
-        LabWatchdog::Socket => format!("lab:{}", lab.watchdog_path(node).display()),
         LabWatchdog::Device => lab.watchdog_device_path(node).display().to_string(),
         LabWatchdog::Missing => lab
             .dir()

@@ -78,6 +78,9 @@ pub(crate) fn apiserver(
             format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
             // Node names resolve nowhere here; their addresses are on the node bridge.
             "--kubelet-preferred-address-types=InternalIP".into(),
+            // Webhook Services are reached at their endpoints (pods on real nodes, routed from
+            // the host): the host runs no kube-proxy for their cluster IPs.
+            "--enable-aggregator-routing=true".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),

@@ -58,7 +58,8 @@ pub(crate) struct Inner {
     pub client: Client,
     /// The lab's nodes of this moment: nodes join and leave a running lab (see `membership`).
     pub nodes: NodeTable,
-    /// Each node's watchdog socket and device servers, stopped when the node leaves.
+    /// Each node's servers (its watchdog device; a real node's CSI plugin), stopped when the
+    /// node leaves.
     pub node_tasks: NodeTasks,
     pub conditions: Arc<Mutex<BTreeMap<String, NodeCondition>>>,
     /// Nodes whose link is slowed ([`Lab::slow_links`]); dropped before the namespaces go.
@@ -323,12 +324,16 @@ impl Lab {
             kubeconfig: &kubeconfig,
             server: &server,
             lease_seconds: config.timings.node_lease_seconds,
+            images: &config.node_images,
         };
         for (index, spec) in config.nodes.iter().enumerate() {
             node_api
                 .create(&PostParams::default(), &nodes::node_object(spec, k8s_version))
                 .await?;
-            kubelets.start(spec, index)?;
+            // A real node boots once its watchdog device is served (below).
+            if !spec.real {
+                kubelets.start(spec, index)?;
+            }
         }
         let real: Vec<(String, usize)> = config
             .nodes
@@ -385,8 +390,11 @@ impl Lab {
                 inner.timeline.clone(),
             )));
         }
-        for node in &node_names {
-            crate::membership::serve_node(&inner, node)?;
+        for spec in &inner.config.nodes {
+            crate::membership::serve_node(&inner, &spec.name, spec.real)?;
+        }
+        for (index, spec) in inner.config.nodes.iter().enumerate().filter(|(_, spec)| spec.real) {
+            inner.kubelets().start(spec, index)?;
         }
         tasks.push(crate::sysrq::watch(inner.clone())?);
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
@@ -466,11 +474,6 @@ impl Lab {
     pub fn netns(&self, node: &str) -> Result<String> {
         self.inner.index(node)?;
         Ok(self.inner.resources.net.netns(node))
-    }
-
-    /// Path the node's agent opens as its watchdog device.
-    pub fn watchdog_path(&self, node: &str) -> PathBuf {
-        self.inner.watchdog_path(node)
     }
 
     /// The file the lab writes the node's boot time into at each simulated boot (what `btime`
@@ -740,10 +743,6 @@ impl Inner {
             .ok_or_else(|| Error::UnknownNode(node.to_owned()))
     }
 
-    pub(crate) fn watchdog_path(&self, node: &str) -> PathBuf {
-        self.resources.dir.join("nodes").join(format!("{node}.watchdog"))
-    }
-
     pub(crate) fn boot_file(&self, node: &str) -> PathBuf {
         boot_file(&self.resources.dir, node)
     }
@@ -768,6 +767,23 @@ pub(crate) struct Kubelets<'a> {
     pub kubeconfig: &'a Path,
     pub server: &'a str,
     pub lease_seconds: u32,
+    /// Imported by real nodes besides the lab's own images.
+    pub images: &'a [PathBuf],
+}
+
+impl Inner {
+    pub(crate) fn kubelets(&self) -> Kubelets<'_> {
+        Kubelets {
+            resources: &self.resources,
+            bins: &self.bins,
+            node_bins: self.node_bins.as_ref(),
+            pki: &self.pki,
+            kubeconfig: &self.kubeconfig,
+            server: &self.server,
+            lease_seconds: self.config.timings.node_lease_seconds,
+            images: &self.config.node_images,
+        }
+    }
 }
 
 impl Kubelets<'_> {
@@ -804,13 +820,11 @@ impl Kubelets<'_> {
             lab_dir: &resources.dir,
             server: self.server,
             lease_seconds: self.lease_seconds,
+            watchdog_device: &crate::watchdog_device::device_path(&resources.dir, name),
         };
         node.prepare(bins, self.pki)?;
-        start_process(
-            resources,
-            &format!("{name}/boot"),
-            node.boot(bins, &resources.dir.join("logs")),
-        )
+        let boot = node.boot(bins, self.images, &resources.dir.join("logs"));
+        start_process(resources, &format!("{name}/boot"), boot)
     }
 }
 

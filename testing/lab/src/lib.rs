@@ -16,6 +16,7 @@ mod cmd;
 mod container;
 mod control_plane;
 mod crds;
+pub mod data_witness;
 mod error;
 mod fault;
 mod faults;
@@ -73,7 +74,7 @@ pub struct Timings {
     pub toleration_seconds: u32,
     /// How long a powered-on node takes to boot before its processes run again.
     pub boot_delay: Duration,
-    /// Timeout of each node's lab watchdog (the socket's, and the device's until programmed).
+    /// Timeout of each node's lab watchdog: its emulated device's until programmed.
     pub watchdog_timeout: Duration,
     /// kube-controller-manager `--attach-detach-reconcile-sync-period`: how long the
     /// attach-detach controller can take to notice a VolumeAttachment deleted by someone else.
@@ -151,6 +152,9 @@ pub struct LabConfig {
     pub fleet: usize,
     /// No other lab runs beside this one, whatever its timings: benchmarks measure the machine.
     pub alone: bool,
+    /// OCI archives every real node's containerd imports at boot, besides the lab's own pause
+    /// and writer images (nothing can be pulled): e.g. nodemedic's, for `helm install`.
+    pub node_images: Vec<std::path::PathBuf>,
 }
 
 impl LabConfig {
@@ -163,6 +167,7 @@ impl LabConfig {
             bmcs: None,
             fleet: 0,
             alone: false,
+            node_images: Vec::new(),
         }
     }
 
@@ -176,6 +181,7 @@ impl LabConfig {
             bmcs: None,
             fleet: count,
             alone: false,
+            node_images: Vec::new(),
         }
     }
 

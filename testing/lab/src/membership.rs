@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::{
     Error, Lab, NodeSpec, Result, binaries,
-    lab::{Inner, Kubelets, process_died},
+    lab::{Inner, process_died, start_process},
     net::NODE_SLOTS,
     nodes, real_node, sysrq,
     timeline::{Event, NodeCondition},
@@ -180,13 +180,24 @@ impl Drop for NodeTasks {
     }
 }
 
-/// Serves the node's watchdog socket and mounts its watchdog device.
-pub(crate) fn serve_node(inner: &Inner, node: &str) -> Result<()> {
+/// Mounts the node's watchdog device and, for a real node, serves its CSI node plugin.
+pub(crate) fn serve_node(inner: &Inner, node: &str, real: bool) -> Result<()> {
     let timeout = inner.config.timings.watchdog_timeout;
-    let socket = inner.watchdogs.serve(node, inner.watchdog_path(node), timeout)?;
-    inner.node_tasks.push(node, socket);
-    let device = watchdog_device::mount(&inner.watchdogs, node, &inner.resources.dir, timeout)?;
+    let dir = &inner.resources.dir;
+    let device = watchdog_device::mount(&inner.watchdogs, node, dir, timeout)?;
     inner.node_tasks.push(node, device);
+    if real {
+        let kubelet_dir = dir.join("nodes").join(node).join("kubelet");
+        inner
+            .node_tasks
+            .push(node, real_node::csi::serve(dir, node, &kubelet_dir)?);
+        let bins = inner
+            .node_bins
+            .as_ref()
+            .ok_or_else(|| Error::Invalid(format!("node {node} is real, but the lab found no real-node binaries")))?;
+        let registrar = real_node::csi::registrar(&bins.csi_registrar(), &kubelet_dir);
+        start_process(&inner.resources, &format!("{node}/csi-registrar"), registrar)?;
+    }
     Ok(())
 }
 
@@ -293,18 +304,9 @@ impl Inner {
         }
         net.create_node(name, index)?;
         sysrq::prepare(&sysrq::trigger_file(dir, name))?;
-        serve_node(inner, name)?;
+        serve_node(inner, name, spec.real)?;
         lock_conditions(inner).insert(name.to_owned(), NodeCondition::running());
-        let kubelets = Kubelets {
-            resources: &inner.resources,
-            bins: &inner.bins,
-            node_bins: inner.node_bins.as_ref(),
-            pki: &inner.pki,
-            kubeconfig: &inner.kubeconfig,
-            server: &inner.server,
-            lease_seconds: inner.config.timings.node_lease_seconds,
-        };
-        kubelets.start(spec, index)?;
+        inner.kubelets().start(spec, index)?;
         inner.nodes.insert(spec, index);
         if spec.real {
             let real: Vec<(String, usize)> = inner
@@ -372,11 +374,7 @@ impl Inner {
         let device = watchdog_device::mount_point(dir, node);
         // The device's session unmounts as its task ends; this catches one that did not.
         watchdog_device::unmount_under(&device);
-        for file in [
-            inner.watchdog_path(node),
-            inner.boot_file(node),
-            sysrq::trigger_file(dir, node),
-        ] {
+        for file in [inner.boot_file(node), sysrq::trigger_file(dir, node)] {
             let _ = std::fs::remove_file(file);
         }
         // Never remove_dir_all: a mount still there must not be walked into.

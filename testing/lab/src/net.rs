@@ -180,20 +180,14 @@ impl Network {
         ((a, b, slot) == (10, 213, self.slot) && last >= 11).then(|| pod_cidr(usize::from(last - 11)))
     }
 
-    /// Lets a real node forward its pods' packets, and routes its pod network to it from the
-    /// host (the API server reaches its pods: webhooks, the aggregator).
+    /// Lets a real node forward its pods' packets, routes its pod network to it from the host
+    /// (the API server reaches its pods: webhooks, the aggregator), and makes the host its
+    /// gateway: a Service's cluster IP is routed before kube-proxy's rules rewrite it.
     pub(crate) fn forward_pods(&self, node: &str, index: usize) -> Result<()> {
-        cmd::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.netns(node),
-                "sysctl",
-                "-qw",
-                "net.ipv4.ip_forward=1",
-            ],
-        )?;
+        let ns = self.netns(node);
+        let gateway = self.host_ip().to_string();
+        cmd::run("ip", &["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        cmd::run("ip", &["-n", &ns, "route", "replace", "default", "via", &gateway])?;
         let via = self.node_ip(index).to_string();
         cmd::run(
             "ip",

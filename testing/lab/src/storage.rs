@@ -10,6 +10,10 @@
 //! - **volumes in use** (kubelet's): a connected node reports the volumes its pods use in
 //!   `status.volumesInUse`, so the attach-detach controller will not detach them behind a node
 //!   it cannot hear from (it waits, as in a real cluster, unless the node is out of service).
+//!
+//! On a real node the kubelet is real: it waits for the attachment, mounts through the lab's CSI
+//! node plugin ([`crate::real_node::csi`]) and reports its own volumes in use, so the mount gate
+//! and the reporting leave real nodes alone.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -196,6 +200,14 @@ async fn reconcile(
         })
         .collect();
 
+    // Labelled by the lab when it creates a real node's Node (`type=real`).
+    let real: BTreeSet<String> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default().labels("type=real"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
     let pods = Api::<Pod>::all(client.clone()).list(&lp).await?.items;
     let mut in_use: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for pod in &pods {
@@ -205,6 +217,9 @@ async fn reconcile(
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             continue;
         };
+        if real.contains(&node) {
+            continue;
+        }
         let volumes: Vec<String> = claims(pod)
             .iter()
             .filter_map(|c| pvcs.get(&(ns.to_owned(), c.clone())).cloned())
@@ -236,7 +251,8 @@ async fn reconcile(
                 .extend(volumes.iter().map(|pv| format!("kubernetes.io/csi/{DRIVER}^{pv}")));
         }
     }
-    report_volumes_in_use(client, connected, &in_use).await
+    let simulated: BTreeSet<String> = connected.difference(&real).cloned().collect();
+    report_volumes_in_use(client, &simulated, &in_use).await
 }
 
 fn claims(pod: &Pod) -> Vec<String> {

@@ -1,40 +1,28 @@
-//! A lab watchdog per node. It runs on the host, outside the node's namespace, so a network
-//! partition does not stop the feed while a crash or a freeze does. The node's agent opens its
-//! socket as it would open `/dev/watchdog`:
+//! A lab watchdog per node: the timer behind the node's emulated watchdog device
+//! ([`crate::watchdog_device`]). It runs on the host, outside the node's namespace, so a network
+//! partition does not stop the feed while a crash or a freeze does. The device arms, feeds,
+//! disarms and programs it; when not fed within its timeout it asks the lab to power-cycle the
+//! node.
 //!
-//! - on connect the watchdog sends `timeout <milliseconds>\n` (the WDIOC_GETTIMEOUT answer) and is
-//!   armed;
-//! - each `k\n` the agent writes is a keep-alive;
-//! - `V\n` (the magic close) disarms it; a connection closed without it leaves it armed, as with a
-//!   real device;
-//! - `R\n` resets the node now (what a real agent's software reboot does).
-//!
-//! When not fed within the timeout it asks the lab to power-cycle the node.
-//!
-//! The emulated watchdog device ([`crate::watchdog_device`]) keeps its state here too, so both
-//! arm, feed and expire the same per-node timer.
+//! (The lab once served a unix socket per node as well, which agents opened as `lab:<socket>`;
+//! the product no longer accepts such a path, and the agents open the emulated device with the
+//! product's own Linux driver.)
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    net::UnixListener,
-    sync::mpsc,
-    time::Instant,
-};
+use tokio::{sync::mpsc, time::Instant};
 
-use crate::{Result, error::io, watchdog_device::WatchdogDeviceStats};
+use crate::watchdog_device::WatchdogDeviceStats;
 
 #[derive(Default)]
 pub(crate) struct State {
     /// Armed with this deadline, or disarmed.
     deadline: Option<Instant>,
-    /// Bumped on each arm so a stale connection's feeds do not re-arm a fired watchdog.
+    /// Bumped on each arm so a stale handle's feeds do not re-arm a fired watchdog.
     generation: u64,
     /// What the emulated device was programmed with since the node last booted (a driver
     /// starts again from its default at boot).
@@ -112,66 +100,6 @@ impl Watchdogs {
             .lock()
             .map(|all| all.get(node).is_some_and(|s| s.deadline.is_some()))
             .unwrap_or(false)
-    }
-
-    /// Serves the node's watchdog socket at `path`.
-    pub(crate) fn serve(&self, node: &str, path: PathBuf, timeout: Duration) -> Result<tokio::task::JoinHandle<()>> {
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).map_err(io(format!("binding watchdog socket {}", path.display())))?;
-        let this = self.clone();
-        let node = node.to_owned();
-        self.register(&node);
-        Ok(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let generation = this.arm(&node, timeout);
-                let this = this.clone();
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let (read, mut write) = stream.into_split();
-                    if write
-                        .write_all(format!("timeout {}\n", timeout.as_millis()).as_bytes())
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    let mut lines = BufReader::new(read).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        match line.trim() {
-                            "k" => this.feed(&node, generation, timeout),
-                            "V" => {
-                                this.disarm(&node, generation);
-                                break;
-                            }
-                            "R" => this.expire_now(&node, generation),
-                            _ => {}
-                        }
-                    }
-                });
-            }
-        }))
-    }
-
-    fn arm(&self, node: &str, timeout: Duration) -> u64 {
-        let Ok(mut all) = self.0.lock() else { return 0 };
-        all.entry(node.to_owned()).or_default().arm(timeout)
-    }
-
-    fn feed(&self, node: &str, generation: u64, timeout: Duration) {
-        self.with_node(node, |state| state.feed(generation, timeout));
-    }
-
-    fn expire_now(&self, node: &str, generation: u64) {
-        if let Ok(mut all) = self.0.lock()
-            && let Some(state) = all.get_mut(node)
-            && state.generation == generation
-        {
-            state.deadline = Some(Instant::now());
-        }
-    }
-
-    fn disarm(&self, node: &str, generation: u64) {
-        self.with_node(node, |state| state.disarm(generation));
     }
 
     /// Sends the name of every node whose watchdog expires, once per expiry.

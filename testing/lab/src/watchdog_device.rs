@@ -2,8 +2,8 @@
 //! `<lab>/nodes/<node>-dev/watchdog` that speaks the Linux watchdog API (open arms it,
 //! WDIOC_SETTIMEOUT / GETTIMEOUT / GETSUPPORT / KEEPALIVE, a write is a keep-alive, the magic
 //! close disarms), so the product's unmodified `LinuxWatchdog` runs against it. It is served by a
-//! thread of the lab on the host, like the socket watchdog whose per-node state it shares: a
-//! partition does not stop it, and its expiry power-cycles the node the same way.
+//! thread of the lab on the host, its timer the node's lab watchdog ([`crate::watchdog`]): a
+//! partition does not stop it, and its expiry power-cycles the node.
 //!
 //! FUSE passes only "restricted" ioctls on a regular file: the kernel copies in and out what the
 //! command's _IOC direction and size say, which the WDIOC_* commands (an `int` or a
@@ -333,6 +333,11 @@ pub(crate) fn mount_point(dir: &Path, node: &str) -> PathBuf {
     dir.join("nodes").join(format!("{node}-dev"))
 }
 
+/// The node's device file, under its mount point.
+pub(crate) fn device_path(dir: &Path, node: &str) -> PathBuf {
+    mount_point(dir, node).join(NAME)
+}
+
 /// Mounts the node's device and serves it on a thread of its own until the returned task is
 /// dropped (aborted with the lab's tasks); teardown unmounts it first in any case.
 pub(crate) fn mount(
@@ -413,7 +418,7 @@ impl Lab {
     /// The node's emulated watchdog device, for `LinuxWatchdog::open` (or an agent's
     /// `--watchdog=<path>`). Served on the host; visible inside the node's namespace too.
     pub fn watchdog_device_path(&self, node: &str) -> PathBuf {
-        mount_point(self.dir(), node).join(NAME)
+        device_path(self.dir(), node)
     }
 
     /// What the node's emulated watchdog device was asked to do since the lab started.

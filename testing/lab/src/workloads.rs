@@ -45,3 +45,34 @@ spec:
 "#
     )
 }
+
+/// The stateful stand-in as a real process, for real nodes: the same `db` StatefulSet, whose
+/// container appends synced records (its pod's UID, a sequence number, a time) to its volume
+/// (see testing/lab/node-images/writer); [`crate::data_witness`] reads them.
+pub const WRITER_STATEFULSET: &str = r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: vm}
+spec:
+  replicas: 1
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: db
+        image: lab.nodemedic.io/writer:1
+        imagePullPolicy: Never
+        env:
+        - {name: INSTANCE, valueFrom: {fieldRef: {fieldPath: metadata.uid}}}
+        - {name: INTERVAL, value: 100ms}
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      accessModes: [ReadWriteOnce]
+      storageClassName: lab-rwo
+      resources: {requests: {storage: 1Gi}}
+"#;

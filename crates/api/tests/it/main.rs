@@ -1,8 +1,10 @@
-//! The API crate's integration tests: seed manifests round-trip through the types, and the
-//! committed CRD YAML matches what the types generate.
+//! The API crate's integration tests: seed manifests round-trip through the types, the
+//! committed CRD YAML matches what the types generate, and the CRDs refuse a watchdog path the
+//! agents would refuse.
 
 mod crds_committed;
 mod seed_roundtrip;
+mod watchdog_path;
 
 use std::path::PathBuf;
 

@@ -100,7 +100,7 @@ async fn doctor_finds_each_planted_misconfiguration_with_its_fix() {
     start_controller(&lab, "controller", &[]);
     // Planted: node-3 gets no agent.
     for node in ["node-1", "node-2"] {
-        scenario::start_node_agent(&lab, &crate::nodemedic_exe(), &config, node, LabWatchdog::Socket).expect("agent");
+        scenario::start_node_agent(&lab, &crate::nodemedic_exe(), &config, node, LabWatchdog::Device).expect("agent");
     }
     scenario::members_are(&lab, &["node-1".to_owned(), "node-2".to_owned()])
         .await

@@ -19,7 +19,7 @@ use scenario::{LabWatchdog, node_of};
 const LONG: Duration = Duration::from_secs(180);
 
 /// The means a node's agent registered.
-async fn means(lab: &Lab, node: &str) -> Option<String> {
+pub(crate) async fn means(lab: &Lab, node: &str) -> Option<String> {
     let lease = Api::<Lease>::namespaced(lab.client(), NS)
         .get_opt(&format!("nodemedic-agent-{node}"))
         .await
@@ -27,7 +27,7 @@ async fn means(lab: &Lab, node: &str) -> Option<String> {
     lease.annotations().get("nodemedic.medik8s.io/fencing-means").cloned()
 }
 
-/// Nodemedic with every agent on the lab's socket watchdog except `bare`'s, which has no device;
+/// Nodemedic with every agent on its node's emulated watchdog device except `bare`'s, which has none;
 /// the SelfNodeRemediationConfig is the fast one with `patch` merged.
 async fn install(lab: &Lab, bare: &str, patch: serde_json::Value) {
     let mut config: serde_json::Value = serde_json::from_str(scenario::FAST_CONFIG).expect("json");
@@ -39,7 +39,7 @@ async fn install(lab: &Lab, bare: &str, patch: serde_json::Value) {
         let watchdog = if node == bare {
             LabWatchdog::Missing
         } else {
-            LabWatchdog::Socket
+            LabWatchdog::Device
         };
         scenario::start_node_agent(lab, &exe(), &config, &node, watchdog).expect("agent");
     }

@@ -51,6 +51,16 @@ async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_
     scenario::agents_settled(&lab)
         .await
         .expect("every agent container registered");
+    // Each opened its node's emulated watchdog device, bound into its container, with the
+    // product's Linux driver: a hardware watchdog as far as it can tell.
+    for node in lab.nodes() {
+        assert_eq!(
+            crate::fencing_means::means(&lab, &node).await.as_deref(),
+            Some("hardware-watchdog"),
+            "{node}'s agent container"
+        );
+        assert!(lab.watchdog_armed(&node), "{node}'s watchdog device is armed");
+    }
 
     scenario::deploy_workload(&lab).await.expect("workload");
     let pod = scenario::running_pod(&lab.client(), &[], std::time::Duration::from_secs(180))

@@ -147,7 +147,7 @@ async fn a_cluster_api_health_check_hands_a_crashed_machine_to_self_remediation(
         .await
         .expect("config");
     start_controller(&lab, "controller", &["--disable=health-check"]);
-    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Socket).expect("agents");
+    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Device).expect("agents");
     scenario::deploy_workload(&lab).await.expect("workload");
     let a = node_of(&running_pod(&client, &[]).await);
     lab.start_machine_layer(NS).await.expect("machine layer");
@@ -349,7 +349,7 @@ async fn a_node_health_check_escalates_from_self_remediation_to_replacing_the_cl
         .await
         .expect("config");
     start_controller(&lab, "controller", &[]);
-    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Socket).expect("agents");
+    scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Device).expect("agents");
     scenario::deploy_workload(&lab).await.expect("workload");
     let a = node_of(&running_pod(&client, &[]).await);
     lab.start_machine_layer(NS).await.expect("machine layer");

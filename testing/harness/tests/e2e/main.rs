@@ -17,6 +17,7 @@ mod machine_layer;
 mod machines;
 mod maintenance;
 mod membership;
+mod on_real_nodes;
 mod out_of_the_box;
 mod outages;
 mod peer_detection;

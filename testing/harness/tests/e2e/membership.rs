@@ -61,7 +61,7 @@ async fn a_node_joins_within_seconds_and_a_deleted_node_leaves_without_an_admini
         .await
         .expect("node-4 added");
     let started = Instant::now();
-    scenario::start_node_agent(&lab, &exe(), &config, "node-4", LabWatchdog::Socket).expect("node-4's agent");
+    scenario::start_node_agent(&lab, &exe(), &config, "node-4", LabWatchdog::Device).expect("node-4's agent");
     let all: Vec<String> = ["node-1", "node-2", "node-3", "node-4"].map(String::from).to_vec();
     scenario::members_are(&lab, &all).await.expect("node-4 joins");
     let joined = started.elapsed();

@@ -117,7 +117,7 @@ async fn ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothi
     let config = LabConfig::seed().with_timings(Timings::kubernetes_defaults());
     let (lab, _) = cluster_with_seed_durations(
         config,
-        LabWatchdog::Socket,
+        LabWatchdog::Device,
         &scenario::with_detector(scenario::SEED_TIMINGS_CONFIG),
     )
     .await;

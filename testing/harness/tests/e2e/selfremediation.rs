@@ -1,7 +1,7 @@
-//! Self Node Remediation end to end: agents in the nodes' namespaces with lab watchdogs (the
-//! socket one, or the emulated device the product's Linux watchdog driver opens), the manager in
-//! the controller, a one-replica StatefulSet with a ReadWriteOnce volume, and the at-most-one
-//! witness over everything that happened.
+//! Self Node Remediation end to end: agents in the nodes' namespaces on the lab's emulated
+//! watchdog devices (which the product's Linux watchdog driver opens), the manager in the
+//! controller, a one-replica StatefulSet with a ReadWriteOnce volume, and the at-most-one witness
+//! over everything that happened.
 
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ const LONG: Duration = Duration::from_secs(120);
 /// watching (every node when the lab's nodes lack the seed's role labels), its durations
 /// shortened to [`scenario::TEST_CONDITION_DURATION`]; returns the pod's node.
 pub(crate) async fn cluster(config: LabConfig) -> (Lab, String) {
-    cluster_with(config, LabWatchdog::Socket, scenario::FAST_CONFIG).await
+    cluster_with(config, LabWatchdog::Device, scenario::FAST_CONFIG).await
 }
 
 /// [`cluster`] with the agents' watchdog and the SelfNodeRemediationConfig patch given.
@@ -249,7 +249,7 @@ async fn a_partitioned_node_fences_before_its_pod_moves_and_its_peers_never_fenc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_partitioned_nodes_of_five_fence_before_their_pods_move_and_the_majority_never_fences() {
-    partition_fences(LabConfig::workers(5), 1, LabWatchdog::Socket).await;
+    partition_fences(LabConfig::workers(5), 1, LabWatchdog::Device).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

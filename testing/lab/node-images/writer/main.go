@@ -26,18 +26,17 @@ func main() {
 		os.Exit(2)
 	}
 	path := filepath.Join(dir, "records")
-	sequence, torn := lastSequence(path)
+	sequence, whole := lastSequence(path)
+	// A torn last line (the power went mid-write) was never synced: it goes, as a database
+	// drops a torn tail of its log.
+	if err := os.Truncate(path, whole); err != nil && !os.IsNotExist(err) {
+		fmt.Fprintln(os.Stderr, "writer:", err)
+		os.Exit(1)
+	}
 	file, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "writer:", err)
 		os.Exit(1)
-	}
-	if torn {
-		// The power went mid-record: the next record starts on a line of its own.
-		if _, err := file.WriteString("\n"); err != nil {
-			fmt.Fprintln(os.Stderr, "writer:", err)
-			os.Exit(1)
-		}
 	}
 	for {
 		sequence++
@@ -62,12 +61,12 @@ func getenv(key, fallback string) string {
 	return fallback
 }
 
-// The sequence of the file's last whole record (0 for a new file), and whether the file ends
-// in a torn line (written when the power went), which is not a record.
-func lastSequence(path string) (int64, bool) {
+// The sequence of the file's last whole record (0 for a new file), and the length of its whole
+// lines.
+func lastSequence(path string) (int64, int64) {
 	data, err := os.ReadFile(path)
-	if err != nil || len(data) == 0 {
-		return 0, false
+	if err != nil {
+		return 0, 0
 	}
 	text := string(data)
 	whole := text[:strings.LastIndex(text, "\n")+1]
@@ -81,5 +80,5 @@ func lastSequence(path string) (int64, bool) {
 			last = n
 		}
 	}
-	return last, len(whole) < len(text)
+	return last, int64(len(whole))
 }

@@ -22,6 +22,28 @@ for root in /sys/fs/cgroup/*; do
   echo $$ >"$dir/cgroup.procs" || fail "cannot join cgroup $dir"
 done
 
+# The machine's devices: a /dev of the node's own, with the host's harmless character devices and
+# the lab's emulated watchdog device at /dev/watchdog. containerd gives a privileged container
+# (the agent) every device of its /dev: this one's, never the host's disks or a host watchdog.
+dev=$NODE_DIR/dev
+mkdir -p "$dev" && mount -t tmpfs -o mode=0755,size=1m,nosuid tmpfs "$dev" || fail "cannot mount a tmpfs for its /dev"
+for device in null zero full random urandom tty kmsg; do
+  [ -e "/dev/$device" ] || continue
+  cp -a "/dev/$device" "$dev/" || fail "cannot copy /dev/$device into its /dev"
+done
+mkdir "$dev/pts" "$dev/shm" "$dev/mqueue"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$dev/pts" || fail "cannot mount its /dev/pts"
+ln -s pts/ptmx "$dev/ptmx"
+# The host's /dev/shm, where the lab keeps its logs (each pod gets a shm of its own).
+mount --rbind /dev/shm "$dev/shm" || fail "cannot bind /dev/shm into its /dev"
+ln -s /proc/self/fd "$dev/fd"
+ln -s /proc/self/fd/0 "$dev/stdin"
+ln -s /proc/self/fd/1 "$dev/stdout"
+ln -s /proc/self/fd/2 "$dev/stderr"
+touch "$dev/watchdog" && mount --bind "$WATCHDOG_DEVICE" "$dev/watchdog" ||
+  fail "cannot bind the lab's watchdog device $WATCHDOG_DEVICE over its /dev/watchdog"
+mount --move "$dev" /dev || fail "cannot move its /dev over the machine's"
+
 # A machine's own directories where the kubelet, containerd and the CNI plugins hard-code paths,
 # and the hostPaths the pods use: bound over the host's, one set per node.
 bind() {

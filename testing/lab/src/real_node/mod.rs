@@ -9,6 +9,7 @@
 
 pub(crate) mod cgroup;
 mod config;
+pub(crate) mod csi;
 
 use std::{
     net::Ipv4Addr,
@@ -135,6 +136,11 @@ pub fn node_dir() -> PathBuf {
 }
 
 impl NodeBinaries {
+    /// The lab CSI driver's registrar.
+    pub(crate) fn csi_registrar(&self) -> PathBuf {
+        self.bin.join("csi-registrar")
+    }
+
     /// Finds everything, or says what is missing and how to build it.
     pub(crate) fn locate() -> Result<Self> {
         Self::locate_in(node_dir(), &binaries::build_dir())
@@ -159,6 +165,7 @@ impl NodeBinaries {
             "host-local",
             "loopback",
             "portmap",
+            "csi-registrar",
         ] {
             executable(&bin, part)?;
         }
@@ -189,6 +196,8 @@ pub(crate) struct RealNode<'a> {
     pub lab_dir: &'a Path,
     pub server: &'a str,
     pub lease_seconds: u32,
+    /// The node's emulated watchdog device (served by the lab), its /dev/watchdog.
+    pub watchdog_device: &'a Path,
 }
 
 impl RealNode<'_> {
@@ -229,7 +238,7 @@ impl RealNode<'_> {
     }
 
     /// The node's boot: its `<node>/boot` process, started at every power-on.
-    pub(crate) fn boot(&self, bins: &NodeBinaries, logs: &Path) -> ProcessSpec {
+    pub(crate) fn boot(&self, bins: &NodeBinaries, more_images: &[PathBuf], logs: &Path) -> ProcessSpec {
         let dir = self.dir();
         let binds = MACHINE_DIRECTORIES
             .map(|(machine, own)| format!("{}={machine}", dir.join(own).display()))
@@ -257,6 +266,7 @@ impl RealNode<'_> {
         let images = bins
             .images
             .iter()
+            .chain(more_images)
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(" ");
@@ -281,6 +291,7 @@ impl RealNode<'_> {
         .env("NODE_DIR", dir.display().to_string())
         .env("NODE_BIN", bins.bin.display().to_string())
         .env("CGROUP", self.cgroup())
+        .env("WATCHDOG_DEVICE", self.watchdog_device.display().to_string())
         .env("LOGS", logs.display().to_string())
         .env("BINDS", binds)
         .env("SYSCTLS", sysctls)
@@ -409,6 +420,8 @@ mod tests {
         let output = std::process::Command::new("unshare")
             .args(["--mount", "--propagation", "slave", "--", "/bin/sh", "-c", BOOT, "boot"])
             .env("NODE", "node-x")
+            .env("NODE_DIR", scratch.path())
+            .env("WATCHDOG_DEVICE", &not_a_directory)
             .env("CGROUP", cgroup::path(&lab, "node-x"))
             .env(
                 "BINDS",

@@ -13,14 +13,12 @@ use crate::{
     teardown::leftovers,
 };
 
-/// Feeds the node's socket watchdog every 500 ms, as an agent would.
+/// Opens the node's watchdog device and feeds it every 500 ms, as an agent would.
 const FEEDER: &str = r#"
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.recv(64)
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY)
 while True:
-    s.send(b"k\n")
+    os.write(fd, b"k")
     time.sleep(0.5)
 "#;
 
@@ -122,7 +120,7 @@ async fn a_node_added_to_a_running_lab_is_ready_runs_processes_and_takes_every_f
     )
     .await;
 
-    // Processes in it, its peers both ways, its watchdog socket and device.
+    // Processes in it, its peers both ways, its watchdog device.
     listen_in(&lab, "node-1");
     listen_in(&lab, "node-4");
     assert!(lab.process_running("node-4/listener"));
@@ -136,9 +134,8 @@ async fn a_node_added_to_a_running_lab_is_ready_runs_processes_and_takes_every_f
     );
     let stats = lab.watchdog_device_stats("node-4").expect("stats");
     assert_eq!((stats.opens, stats.magic_closes), (1, 1), "{stats:?}");
-    // After the device: both share the node's one timer, and the last open holds it.
-    let socket = lab.watchdog_path("node-4").display().to_string();
-    let feeder = ProcessSpec::new("/usr/bin/python3", ["-c", FEEDER, &socket]);
+    // Opened again and fed, as an agent does.
+    let feeder = ProcessSpec::new("/usr/bin/python3", ["-c", FEEDER, &device]);
     lab.add_node_process("node-4", "feeder", feeder).expect("feeder starts");
     wait_armed(&lab, "node-4", true).await;
 

@@ -169,3 +169,59 @@ fn a_torn_last_line_is_no_record() {
     std::fs::write(&path, "a 1 100\na 2 200\na 3").expect("write");
     assert_eq!(read_records(&path), vec![("a".to_owned(), 1), ("a".to_owned(), 2)]);
 }
+
+/// The node `vm/db-0` runs on, once it runs.
+async fn db_running(pods: &Api<Pod>, not_on: Option<&str>) -> String {
+    wait::until("db-0 running", Duration::from_secs(120), || async {
+        let Some(pod) = pods.get_opt("db-0").await? else {
+            return Ok(None);
+        };
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        Ok(node.filter(|n| running && Some(n.as_str()) != not_on))
+    })
+    .await
+    .expect("db-0 runs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_writer_s_volume_moves_with_it_through_the_lab_s_csi_driver_and_its_records_go_on() {
+    logs();
+    let mut config = LabConfig::new(vec![
+        NodeSpec::worker("node-1").real(),
+        NodeSpec::worker("node-2").real(),
+    ]);
+    config.persistent_volumes = 2;
+    let lab = Lab::start(config).await.expect("lab starts");
+    lab.kubectl(&["create", "namespace", "vm"]).expect("namespace");
+    lab.apply_yaml(nodemedic_lab::workloads::WRITER_STATEFULSET)
+        .expect("the writer");
+    let pods = Api::<Pod>::namespaced(lab.client(), "vm");
+    let first_node = db_running(&pods, None).await;
+    let mut witness = lab.data_witness("vm", "data-db-0").await.expect("the claim's volume");
+    let first = wait::until("the first instance's records", Duration::from_secs(60), || {
+        let (records, violations) = witness.look();
+        assert!(violations.is_empty(), "{violations:?}");
+        async move { Ok((records.len() > 5).then_some(records)) }
+    })
+    .await
+    .expect("records");
+
+    // Moved: its node cordoned, the pod deleted; the claim's volume is detached from the old
+    // node and attached to the new one before the new instance writes.
+    lab.kubectl(&["cordon", &first_node]).expect("cordon");
+    lab.kubectl(&["delete", "pod", "-n", "vm", "db-0", "--wait=false"])
+        .expect("delete");
+    let second_node = db_running(&pods, Some(&first_node)).await;
+    let moved = wait::until("the second instance's records", Duration::from_secs(60), || {
+        let (records, violations) = witness.look();
+        assert!(violations.is_empty(), "{violations:?}");
+        let instances: std::collections::BTreeSet<&str> = records.iter().map(|r| r.instance.as_str()).collect();
+        let moved = instances.len() == 2 && records.len() > first.len() + 5;
+        async move { Ok(moved.then_some(records)) }
+    })
+    .await
+    .expect("records after the move");
+    assert_ne!(first_node, second_node);
+    assert!(moved.starts_with(&first), "the first instance's records are intact");
+}

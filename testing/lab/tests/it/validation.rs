@@ -212,6 +212,32 @@ fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
             vec!["spec.peerDetection", "at least probePeriod"],
         ),
         (
+            "lab: watchdogFilePath",
+            snrc(CONFIG, "  watchdogFilePath: lab:/x\n"),
+            vec![
+                "spec.watchdogFilePath",
+                "not an absolute device path",
+                "such as /dev/watchdog",
+            ],
+        ),
+        (
+            "relative watchdogFilePath",
+            snrc(CONFIG, "  watchdogFilePath: dev/watchdog\n"),
+            vec!["spec.watchdogFilePath", "not an absolute device path"],
+        ),
+        (
+            "watchdogFilePath with ..",
+            snrc(CONFIG, "  watchdogFilePath: /dev/../tmp/watchdog\n"),
+            vec!["spec.watchdogFilePath", "not an absolute device path"],
+        ),
+        (
+            "PoisonPillConfig lab: watchdogFilePath",
+            format!(
+                "apiVersion: medik8s.io/v1alpha1\nkind: PoisonPillConfig\nmetadata: {{name: poison-pill-config, namespace: {NS}}}\nspec:\n  watchdogFilePath: lab:/x\n"
+            ),
+            vec!["spec.watchdogFilePath", "not an absolute device path"],
+        ),
+        (
             "toleration operator",
             snrc(CONFIG, "  customDsTolerations: [{key: a, operator: Maybe}]\n"),
             vec!["spec.customDsTolerations[0]", "operator must be Exists or Equal"],
@@ -355,6 +381,13 @@ async fn seed_manifests_are_accepted_and_each_schema_rule_rejects_its_invalid_va
         Err(e) => failures.push(format!("nodeName change rejected without naming the field: {e}")),
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // An absolute device path is accepted (the lab's emulated device is one too).
+    lab.apply_yaml(&snrc(CONFIG, "  watchdogFilePath: /dev/watchdog1\n"))
+        .expect("an absolute watchdogFilePath is valid");
+    let device = lab.watchdog_device_path("node-1").display().to_string();
+    lab.apply_yaml(&snrc(CONFIG, &format!("  watchdogFilePath: {device}\n")))
+        .expect("the lab's emulated device path is valid");
 
     // An empty peerDetection turns the detector on with the documented defaults.
     lab.apply_yaml(&snrc(CONFIG, "  peerDetection: {}\n"))

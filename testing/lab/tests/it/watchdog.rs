@@ -1,4 +1,5 @@
-//! The lab watchdog: fires when its feeder stops, not when the node is only cut off.
+//! The lab watchdog (each node's emulated device, served on the host): fires when its feeder
+//! stops, not when the node is only cut off.
 
 use std::time::Duration;
 
@@ -6,16 +7,15 @@ use nodemedic_lab::{Event, Lab, LabConfig, ProcessSpec, wait};
 
 use crate::support::{logs, unknown_within};
 
-/// A feeder like an agent's: open the watchdog, read its timeout, keep it alive every 500 ms,
-/// counting each feed in a file so the test can see time pass while it feeds.
+/// A feeder like an agent's: open the node's watchdog device (which arms it), keep it alive
+/// every 500 ms with a write, counting each feed in a file so the test can see time pass while
+/// it feeds.
 const FEEDER: &str = r#"
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-s.recv(64)
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY)
 n = 0
 while True:
-    s.send(b"k\n")
+    os.write(fd, b"k")
     n += 1
     open(sys.argv[2], "w").write(str(n))
     time.sleep(0.5)
@@ -33,13 +33,13 @@ async fn the_watchdog_power_cycles_a_node_whose_feeder_stops_but_not_one_fed_thr
     logs();
     let lab = Lab::start(LabConfig::seed()).await.expect("lab starts");
     let counter = lab.dir().join("feeds-node-1");
-    let socket = lab.watchdog_path("node-1");
+    let device = lab.watchdog_device_path("node-1");
     let feeder = ProcessSpec::new(
         "/usr/bin/python3",
         [
             "-c",
             FEEDER,
-            &socket.display().to_string(),
+            &device.display().to_string(),
             &counter.display().to_string(),
         ],
     );

@@ -27,9 +27,10 @@ pub struct AgentArgs {
     pub address: IpAddr,
     #[arg(long, env = "HOST_PORT", default_value_t = 30001)]
     pub host_port: u16,
-    /// A watchdog device (`/dev/watchdog`), or `lab:<socket>` for the lab's simulated one. When
-    /// it cannot be opened the agent falls back to an existing softdog device, then (with
-    /// `--software-reboot`) to its own timer, then to nothing; it never exits for lack of one.
+    /// The watchdog device, an absolute path (`/dev/watchdog`); any other path (relative, with a
+    /// `..` component) is refused without being opened. When it is refused or cannot be opened
+    /// the agent falls back to an existing softdog device, then (with `--software-reboot`) to its
+    /// own timer, then to nothing; it never exits for lack of one.
     #[arg(long, env = "WATCHDOG_PATH", default_value = "/dev/watchdog")]
     pub watchdog: String,
     /// Reboot through /proc/sysrq-trigger: at once when the node must fence, and as the

@@ -73,7 +73,11 @@ pub(super) async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<C
 
 /// The `Valid` condition; returns whether the DaemonSet may be rendered from the config.
 fn set_validity(config: &SelfNodeRemediationConfig, list: &mut Vec<Condition>, now: &Time) -> bool {
-    let (status, reason, message) = match daemonset::validate(&config.spec) {
+    let validated = daemonset::validate(&config.spec).map(|mut warnings| {
+        warnings.extend(watchdog_warning(&config.spec.watchdog_file_path));
+        warnings
+    });
+    let (status, reason, message) = match validated {
         Err(error) => (false, "InvalidField", error.to_string()),
         Ok(warnings) if warnings.is_empty() => (true, "Valid", "every field is usable".to_owned()),
         Ok(warnings) => (true, "ValidWithWarnings", warnings.join("; ")),
@@ -90,6 +94,17 @@ fn set_validity(config: &SelfNodeRemediationConfig, list: &mut Vec<Condition>, n
         now,
     );
     status
+}
+
+/// A `watchdogFilePath` the agents refuse (the CRD refuses it too, but a config stored before
+/// that rule, or one a PoisonPillConfig set, may hold one). Only a warning: the agents still run
+/// and vote, and fence with what the order offers after the device (softdog, software reboot).
+fn watchdog_warning(path: &str) -> Option<String> {
+    crate::watchdog::refusal(path).map(|why| {
+        format!(
+            "{why} (the agents do not open it: each falls back to a softdog device, then software reboot if enabled)"
+        )
+    })
 }
 
 /// The registered agents, their fencing means, the membership and the provable safe time.
@@ -289,4 +304,50 @@ pub(super) fn error_policy(config: Arc<SelfNodeRemediationConfig>, error: &Error
         })
         .inc();
     nodemedic_kube::steps::retry(config.as_ref(), error, Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use nodemedic_api::self_remediation::SelfNodeRemediationConfigSpec;
+
+    use super::*;
+
+    fn validity(path: &str) -> Condition {
+        let spec = SelfNodeRemediationConfigSpec {
+            watchdog_file_path: path.to_owned(),
+            ..Default::default()
+        };
+        let config = SelfNodeRemediationConfig::new(CONFIG_NAME, spec);
+        let mut list = Vec::new();
+        assert!(set_validity(&config, &mut list, &nodemedic_kube::time::now()), "{path}");
+        list.into_iter()
+            .find(|c| c.type_ == VALID)
+            .expect("the Valid condition")
+    }
+
+    #[test]
+    fn a_watchdog_path_the_agents_refuse_is_a_warning_that_says_how_to_fix_it() {
+        let valid = validity("/dev/watchdog");
+        assert_eq!((valid.status.as_str(), valid.reason.as_str()), ("True", "Valid"));
+        for path in ["lab:/x", "dev/watchdog", "/dev/../watchdog"] {
+            let warned = validity(path);
+            assert_eq!(
+                (warned.status.as_str(), warned.reason.as_str()),
+                ("True", "ValidWithWarnings"),
+                "{path}"
+            );
+            assert!(
+                warned.message.contains(&format!("watchdogFilePath {path}")),
+                "{}",
+                warned.message
+            );
+            assert!(
+                warned
+                    .message
+                    .contains("set an absolute device path such as /dev/watchdog"),
+                "{}",
+                warned.message
+            );
+        }
+    }
 }

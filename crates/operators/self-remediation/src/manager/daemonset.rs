@@ -173,6 +173,17 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
         }),
         ..Default::default()
     };
+    // The node's devices, as medik8s's agent mounts them: a privileged container gets the
+    // device nodes the runtime copies, and this makes the watchdog the node has at
+    // watchdogFilePath the one the agent opens, whatever kind of file it is.
+    let devices = Volume {
+        name: "dev".into(),
+        host_path: Some(HostPathVolumeSource {
+            path: "/dev".into(),
+            type_: Some("Directory".into()),
+        }),
+        ..Default::default()
+    };
     let container = Container {
         name: "agent".into(),
         image: Some(image.into()),
@@ -197,11 +208,18 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             run_as_user: Some(0),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "state".into(),
-            mount_path: "/var/lib/nodemedic".into(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "state".into(),
+                mount_path: "/var/lib/nodemedic".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "dev".into(),
+                mount_path: "/dev".into(),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     };
     let mut ds = DaemonSet {
@@ -228,7 +246,7 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
                     tolerations: Some(tolerations),
                     affinity,
                     containers: vec![container],
-                    volumes: Some(vec![state]),
+                    volumes: Some(vec![state, devices]),
                     ..Default::default()
                 }),
             },

@@ -7,22 +7,25 @@
 //! own timer; else nothing, and says so in its registration so the manager reports at once that
 //! the node cannot be self-remediated.
 //!
-//! Three implementations: the Linux device (`/dev/watchdog`, the only code with `unsafe`, in
-//! [`linux`]), the software timer ([`software`]), and the lab's (`lab:<socket>`), a host-side
-//! timer that power-cycles a simulated node. The software reboot writes `b` to
+//! The configured device must be an absolute path without `..` components: anything else (such
+//! as the `lab:<socket>` of earlier test labs) is refused without being opened, since the safe
+//! time trusts the watchdog an agent registers; the refusal is one of the reasons the agent
+//! passes the configured device over, and the order goes on from the softdog.
+//!
+//! Two implementations: the Linux device (`/dev/watchdog`, the only code with `unsafe`, in
+//! [`linux`]) and the software timer ([`software`]). The test lab gives every node an emulated
+//! watchdog device that this same Linux driver opens. The software reboot writes `b` to
 //! `/proc/sysrq-trigger` and only with `--software-reboot`; the lab runs every node process with
 //! a file of its own mounted over that path, so a lab reboot reaches the lab, never the host.
 
-mod lab;
 pub(crate) mod linux;
 mod software;
 
 use std::{
-    path::{Path, PathBuf},
+    path::{Component, Path, PathBuf},
     time::Duration,
 };
 
-pub use lab::LabWatchdog;
 pub use linux::LinuxWatchdog;
 pub(crate) use software::SoftwareTimer;
 
@@ -90,7 +93,7 @@ impl Reboot {
 /// Where the agent looks for its fencing means.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// The configured device (`watchdogFilePath`), or `lab:<socket>` for the lab's.
+    /// The configured device (`watchdogFilePath`): an absolute path (see [`refusal`]).
     pub device: String,
     /// The timeout to program (zero: the driver's own).
     pub timeout: Duration,
@@ -156,6 +159,22 @@ fn find_softdog(settings: &Settings) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
+/// Why a configured `watchdogFilePath` is refused without being opened: it is not an absolute
+/// path, or it has a `..` component. None for a path the agent may open. The manager reports the
+/// same text in the SelfNodeRemediationConfig's `Valid` condition.
+pub fn refusal(path: &str) -> Option<String> {
+    const FIX: &str = "set an absolute device path such as /dev/watchdog";
+    let parsed = Path::new(path);
+    let shown = if path.is_empty() { "\"\"" } else { path };
+    if !parsed.is_absolute() {
+        Some(format!("watchdogFilePath {shown} is not an absolute path: {FIX}"))
+    } else if parsed.components().any(|c| c == Component::ParentDir) {
+        Some(format!("watchdogFilePath {shown} has a '..' component: {FIX}"))
+    } else {
+        None
+    }
+}
+
 fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>), WatchdogError> {
     let wd = LinuxWatchdog::open(path, settings.timeout, settings.reboot.clone())?;
     let means = if wd.is_softdog() {
@@ -166,7 +185,9 @@ fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>)
     Ok((means, Box::new(wd)))
 }
 
-/// Finds and arms the node's fencing means, in seed 004's order.
+/// Finds and arms the node's fencing means, in seed 004's order. A configured device that
+/// [`refusal`] refuses is passed over unopened (the reason in [`Fencing::passed_over`]); the order
+/// goes on from the softdog.
 pub fn open(settings: &Settings) -> Fencing {
     let mut passed_over = Vec::new();
     let mut armed = |opened: Result<(Means, Box<dyn Watchdog>), String>| match opened {
@@ -177,12 +198,8 @@ pub fn open(settings: &Settings) -> Fencing {
         }
     };
     let configured = Path::new(&settings.device);
-    let found = if let Some(socket) = settings.device.strip_prefix("lab:") {
-        armed(
-            LabWatchdog::connect(socket.into())
-                .map(|wd| (Means::HardwareWatchdog, Box::new(wd) as Box<dyn Watchdog>))
-                .map_err(|e| e.to_string()),
-        )
+    let found = if let Some(why) = refusal(&settings.device) {
+        armed(Err(why))
     } else if configured.exists() {
         armed(device(configured, settings).map_err(|e| e.to_string()))
     } else {
@@ -285,6 +302,65 @@ mod tests {
         }
         let s = settings(dir.path(), "/nonexistent/watchdog", false);
         assert_eq!(find_softdog(&s), Some(dir.path().join("dev").join("watchdog1")));
+    }
+
+    #[test]
+    fn only_an_absolute_path_without_parent_components_may_be_opened() {
+        for fine in [
+            "/dev/watchdog",
+            "/dev/watchdog1",
+            "/dev/./watchdog",
+            "/run/lab/node-1-dev/watchdog",
+        ] {
+            assert_eq!(refusal(fine), None, "{fine}");
+        }
+        for (path, why) in [
+            ("lab:/x", "watchdogFilePath lab:/x is not an absolute path"),
+            ("dev/watchdog", "watchdogFilePath dev/watchdog is not an absolute path"),
+            ("watchdog", "is not an absolute path"),
+            ("", "watchdogFilePath \"\" is not an absolute path"),
+            ("/dev/../etc/watchdog", "has a '..' component"),
+            ("/dev/watchdog/..", "has a '..' component"),
+        ] {
+            let refused = refusal(path).unwrap_or_else(|| panic!("{path:?} accepted"));
+            assert!(refused.contains(why), "{path:?}: {refused}");
+            assert!(
+                refused.ends_with("set an absolute device path such as /dev/watchdog"),
+                "{path:?}: {refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_path_is_never_opened_and_the_order_goes_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // What a lab socket watchdog was: nothing may connect to it.
+        let socket = dir.path().join("node-1.watchdog");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        // An existing file behind a `..`: refused before it is opened.
+        std::fs::create_dir_all(dir.path().join("dev")).expect("dir");
+        std::fs::write(dir.path().join("dev").join("watchdog"), "").expect("file");
+        let dotted = format!("{}/dev/../dev/watchdog", dir.path().display());
+        for device in [format!("lab:{}", socket.display()), dotted, "dev/watchdog".to_owned()] {
+            let expected = refusal(&device).expect("refused");
+            let fencing = open(&settings(dir.path(), &device, true));
+            assert_eq!(fencing.means, Means::SoftwareReboot, "{device}");
+            assert_eq!(fencing.passed_over, [expected], "{device}");
+            assert!(
+                fencing.describe().starts_with("software-reboot"),
+                "{}",
+                fencing.describe()
+            );
+            let fencing = open(&settings(dir.path(), &device, false));
+            assert_eq!(fencing.means, Means::None, "{device}");
+            assert!(fencing.watchdog.is_none());
+        }
+        assert_eq!(
+            listener.accept().map(drop).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "nothing connected to the socket"
+        );
     }
 
     #[test]

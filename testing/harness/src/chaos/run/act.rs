@@ -185,7 +185,7 @@ async fn add_node(ctx: &Ctx<'_>, name: &str) -> anyhow::Result<()> {
         .get(CONFIG_NAME)
         .await
         .context("reading the SelfNodeRemediationConfig")?;
-    scenario::start_node_agent(lab, ctx.exe, &config, name, LabWatchdog::Socket)?;
+    scenario::start_node_agent(lab, ctx.exe, &config, name, LabWatchdog::Device)?;
     Ok(())
 }
 
