@@ -166,7 +166,7 @@ impl Drop for ReadyLow {
     }
 }
 
-async fn create(client: &Client, name: &str, node: &str, drain_timeout: Option<&str>) {
+pub(crate) async fn create(client: &Client, name: &str, node: &str, drain_timeout: Option<&str>) {
     let mut spec = json!({"nodeName": node, "reason": "test"});
     if let Some(t) = drain_timeout {
         spec["drainTimeout"] = json!(t);
@@ -184,7 +184,7 @@ async fn create(client: &Client, name: &str, node: &str, drain_timeout: Option<&
         .unwrap_or_else(|e| panic!("creating {name}: {e}"));
 }
 
-async fn in_phase(client: &Client, name: &str, phase: MaintenancePhase) -> NodeMaintenance {
+pub(crate) async fn in_phase(client: &Client, name: &str, phase: MaintenancePhase) -> NodeMaintenance {
     eventually(&format!("NodeMaintenance {name} {phase:?}"), LONG, || async {
         let nm = Api::<NodeMaintenance>::all(client.clone()).get_opt(name).await.ok()??;
         (nm.status.as_ref()?.phase == Some(phase)).then_some(nm)
@@ -231,7 +231,7 @@ async fn pods_on(client: &Client, node: &str) -> Vec<Pod> {
         .collect()
 }
 
-async fn all_ready(client: &Client, label: &str, count: usize) {
+pub(crate) async fn all_ready(client: &Client, label: &str, count: usize) {
     eventually(&format!("{count} ready pods {label}"), LONG, || async {
         let pods = Api::<Pod>::namespaced(client.clone(), "shop")
             .list(&ListParams::default().labels(label))
