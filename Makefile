@@ -30,12 +30,22 @@ test:
 image: build
 	bash scripts/build-images.sh
 
+# Real nodes (ARGS=--real-nodes) also need the images, containerd and the CNI plugins, and Helm.
 demo: build
+ifneq (,$(findstring --real-nodes,$(ARGS)))
+	bash scripts/build-images.sh
+	bash scripts/build-node.sh >/dev/null
+	bash scripts/build-tools.sh >/dev/null
+endif
 	$(NODEMEDIC_LAB) demo $(ARGS)
 
 # Benchmarks: time to safe recovery, scale (1,000 and 5,000 nodes), agent footprint; one report
 # in bench/results/. One suite: ARGS="--suite recovery|scale|footprint|images|peer-aggregation" (see nodemedic-lab bench --help).
 bench: build image
+ifneq (,$(findstring --real-nodes,$(ARGS)))
+	bash scripts/build-node.sh >/dev/null
+	bash scripts/build-tools.sh >/dev/null
+endif
 	$(NODEMEDIC_LAB) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes

@@ -12,11 +12,12 @@ use std::{
 use anyhow::{Context, bail};
 use clap::Args;
 use nodemedic_harness::{
+    real_nodes,
     report::Report,
     scenario::{self, NS},
     story::{self, Milestone, Subject},
 };
-use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, Timings, witness};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, Timings, data_witness::DataWitness, witness};
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -29,6 +30,11 @@ pub(crate) struct DemoArgs {
     /// manifests' own durations: minutes instead of about one.
     #[arg(long)]
     pub default_timings: bool,
+    /// Real nodes (a kubelet, containerd and real pods each) with nodemedic installed by
+    /// `helm install` from its images (`make image`), and a writer that really writes: the
+    /// narration ends with its last record on the dead node and its first on the new one.
+    #[arg(long)]
+    pub real_nodes: bool,
     /// Where the report goes (timeline.json, timeline.html).
     #[arg(long, default_value = "nodemedic-demo")]
     pub report_dir: PathBuf,
@@ -47,12 +53,10 @@ fn durations(manifest: &mut serde_json::Value, seconds: Option<u32>) {
     }
 }
 
-/// Marks the example health check in the demo's choice of check.
-const PEER_DETECTION_CHECK: &str = "examples/peer-detection/nodehealthcheck.yaml";
-
-async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
+/// A lab of simulated nodes with nodemedic's processes: the lab, the workload's node and the
+/// controller's metrics port.
+async fn simulated(args: &DemoArgs, shortened: Option<u32>) -> anyhow::Result<(Lab, String, Option<u16>)> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let shortened = (!args.default_timings).then_some(5);
     let mut config = LabConfig::seed();
     if args.default_timings {
         config = config.with_timings(Timings::kubernetes_defaults());
@@ -75,54 +79,118 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let client = lab.client();
     scenario::create_namespace(&client, NS).await?;
     let metrics = scenario::free_port()?;
-    let check = if args.fence_agents {
-        let patch = scenario::with_detector(if args.default_timings {
-            scenario::SEED_TIMINGS_CONFIG
-        } else {
-            scenario::FAST_CONFIG
-        });
+    let patch = self_remediation_config(args);
+    if args.fence_agents {
         println!(
             "==> installing nodemedic (controller, an agent per node with the peer failure detector) and the seed fence agents template (fence_redfish)"
         );
         scenario::install_fence_agents_with_detection(&lab, &exe, &patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
-        (PEER_DETECTION_CHECK, "peer-detection")
     } else {
-        let patch = if args.default_timings {
-            scenario::SEED_TIMINGS_CONFIG
-        } else {
-            scenario::FAST_CONFIG
-        };
         println!("==> installing nodemedic: the controller, an agent per node, the seed configuration");
         println!(
             "    (SelfNodeRemediationConfig: {})",
             patch.split_whitespace().collect::<Vec<_>>().join(" ")
         );
-        scenario::install_self_remediation(&lab, &exe, patch, metrics).await?;
+        scenario::install_self_remediation(&lab, &exe, &patch, metrics).await?;
         scenario::deploy_workload(&lab).await?;
         println!(
             "==> waiting until every agent is a member (seconds: a membership change needs a majority's acknowledgement)"
         );
         scenario::agents_settled(&lab).await?;
-        ("000-nhc-master-test.yaml", "nhc-master-test")
-    };
+    }
     let pod = scenario::running_pod(&client, &[], Duration::from_secs(180)).await?;
     let node = scenario::node_of(&pod);
     let ready_after = shortened.map_or("the check's durations".into(), |s| format!("{s}s"));
-    if check.0 == PEER_DETECTION_CHECK {
+    if args.fence_agents {
         scenario::apply_peer_detection_check(&lab, |m| durations(m, shortened))?;
         println!(
-            "==> NodeHealthCheck {} (examples/peer-detection) watches the nodes: unhealthy as soon as PeersReachable is False, or NotReady for {ready_after}",
-            check.1
+            "==> NodeHealthCheck peer-detection (examples/peer-detection) watches the nodes: unhealthy as soon as PeersReachable is False, or NotReady for {ready_after}"
         );
     } else {
-        scenario::apply_seed(&lab, check.0, |m| durations(m, shortened))?;
+        scenario::apply_seed(&lab, "000-nhc-master-test.yaml", |m| durations(m, shortened))?;
         println!(
-            "==> NodeHealthCheck {} watches the control-plane nodes (unhealthy after {ready_after} NotReady)",
-            check.1
+            "==> NodeHealthCheck nhc-master-test watches the control-plane nodes (unhealthy after {ready_after} NotReady)"
         );
     }
     println!("==> the \"VM\" (StatefulSet db, pod db-0, ReadWriteOnce volume) runs on {node}");
+    Ok((lab, node, Some(metrics)))
+}
+
+/// The self remediation configuration of the demo's timings (with the peer failure detector for
+/// fence agents).
+fn self_remediation_config(args: &DemoArgs) -> String {
+    let timings = if args.default_timings {
+        scenario::SEED_TIMINGS_CONFIG
+    } else {
+        scenario::FAST_CONFIG
+    };
+    if args.fence_agents {
+        scenario::with_detector(timings)
+    } else {
+        timings.to_owned()
+    }
+}
+
+/// A lab of real nodes with nodemedic installed by Helm, and the writer running: the lab, the
+/// writer's node and the witness of its volume.
+async fn real(args: &DemoArgs, shortened: Option<u32>) -> anyhow::Result<(Lab, String, DataWitness)> {
+    if args.default_timings {
+        bail!("--real-nodes runs on the lab's fast timings; leave out --default-timings");
+    }
+    let exe = nodemedic_harness::product::nodemedic()?;
+    let mut config = real_nodes::config(&exe).context("real nodes import the images `make image` builds")?;
+    if args.fence_agents {
+        config = config.with_bmcs(BmcOptions {
+            delays: PowerDelays::None,
+            ..BmcOptions::default()
+        });
+    }
+    println!(
+        "==> starting a lab: a real control plane and three real nodes (a kubelet, containerd and runc each){}",
+        if args.fence_agents {
+            ", each with a Redfish BMC"
+        } else {
+            ""
+        }
+    );
+    let lab = Lab::start(config).await.context("starting the lab")?;
+    let values = real_nodes::values(&self_remediation_config(args), args.fence_agents)?;
+    println!("==> helm install nodemedic charts/nodemedic, from its images, with:");
+    for value in &values {
+        println!("    --set-json {value}");
+    }
+    real_nodes::helm_install(&lab, &values).await?;
+    println!("==> the controller's two replicas and an agent on every node run as pods");
+    if args.fence_agents {
+        scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+        scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m))?;
+        scenario::apply_peer_detection_check(&lab, |m| durations(m, shortened))?;
+        println!(
+            "==> the seed fence agents template (fence_redfish) and NodeHealthCheck peer-detection (examples/peer-detection)"
+        );
+    } else {
+        println!("==> the chart's default NodeHealthCheck nhc-worker-default watches the workers");
+    }
+    let (node, witness) = real_nodes::start_writer(&lab).await?;
+    println!(
+        "==> the \"VM\" (StatefulSet db, pod db-0, a ReadWriteOnce volume of the lab's CSI driver) runs on {node}, appending a synced record every 100 ms"
+    );
+    Ok((lab, node, witness))
+}
+
+async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
+    let shortened = (!args.default_timings).then_some(5);
+    let (lab, node, metrics, mut data) = if args.real_nodes {
+        let (lab, node, witness) = real(args, shortened).await?;
+        (lab, node, None, Some(witness))
+    } else {
+        let (lab, node, metrics) = simulated(args, shortened).await?;
+        (lab, node, metrics, None)
+    };
+    let first_writer = data
+        .as_mut()
+        .and_then(|w| w.look().0.first().map(|r| r.instance.clone()));
 
     let subject = Subject {
         node: node.clone(),
@@ -202,9 +270,33 @@ async fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         bail!("the witness saw two writers");
     }
     println!("witness: db-0 and its volume never ran on two nodes at once");
+    if let (Some(witness), Some(first)) = (data.as_mut(), first_writer) {
+        let (records, data_violations) = witness.look();
+        if !data_violations.is_empty() {
+            bail!("{}", real_nodes::violated(witness, &data_violations));
+        }
+        if let Some((last, next)) = real_nodes::handover(&records, &first) {
+            println!(
+                "data: the writer's last record on {node} was #{} at {}; its first on the new node #{} at {} ({:.1} s later); {} records, none lost, never two writers",
+                last.sequence,
+                jiff::Timestamp::from_nanosecond(i128::from(last.nanos))
+                    .map(|t| t.to_string())
+                    .unwrap_or_default(),
+                next.sequence,
+                jiff::Timestamp::from_nanosecond(i128::from(next.nanos))
+                    .map(|t| t.to_string())
+                    .unwrap_or_default(),
+                (next.nanos - last.nanos) as f64 / 1e9,
+                records.len()
+            );
+        }
+    }
     if let Err(why) = story::in_safe_order(&story) {
         bail!("the recovery is incomplete or out of order: {why}");
     }
-    println!("controller metrics were at http://127.0.0.1:{metrics}/metrics; the lab is torn down now");
+    match metrics {
+        Some(port) => println!("controller metrics were at http://127.0.0.1:{port}/metrics; the lab is torn down now"),
+        None => println!("the lab is torn down now"),
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod fleet;
 pub mod images;
 pub mod product;
+pub mod real_nodes;
 pub mod report;
 pub mod scenario;
 pub mod story;

@@ -55,6 +55,11 @@ pub(crate) struct BenchArgs {
     /// Fleet sizes for the scale suite.
     #[arg(long = "fleet", default_values_t = [1000, 5000])]
     pub fleets: Vec<usize>,
+    /// The recovery suite on real nodes (nodemedic installed by Helm, a writer that really
+    /// writes), self remediation and fence agents with the detector, beside the same series on
+    /// kwok nodes.
+    #[arg(long)]
+    pub real_nodes: bool,
     /// Where the JSON and markdown reports go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,

@@ -1,173 +1,67 @@
 //! nodemedic on real nodes, installed as users install it: `helm install` of the shipped chart,
 //! from the images `make image` builds (imported into each node's containerd: nothing can be
 //! pulled here), the controller's replicas and the agent DaemonSet running as pods on real
-//! kubelets.
+//! kubelets (see [`nodemedic_harness::real_nodes`]), the stateful stand-in a process that
+//! writes, checked by the data witness.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::time::Duration;
 
-use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment},
-    core::v1::Pod,
-};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use nodemedic_harness::images::Images;
-use nodemedic_lab::{
-    BmcOptions, Lab, LabConfig, NodeSpec,
-    data_witness::{DataWitness, Record},
-    tools_dir, workloads,
-};
+use nodemedic_harness::real_nodes::{self, NODES};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, data_witness::DataWitness};
 
 use crate::{
     fenceagents::{adapt_template, bmc_power, far},
     selfremediation::snr,
     support::{NS, apply_seed, eventually, lab, scenario},
-    text,
 };
 
-const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
-const INSTALLED: Duration = Duration::from_secs(180);
 const LONG: Duration = Duration::from_secs(180);
 
-/// The seed's three nodes, real, each importing nodemedic's images at its boot, with the lab's
-/// ReadWriteOnce volumes.
 fn real_config() -> LabConfig {
-    let images = Images::of(&crate::nodemedic_exe()).expect("the images are built");
-    let mut config = LabConfig::new(NODES.iter().map(|n| NodeSpec::control_plane_worker(n).real()).collect());
-    config.persistent_volumes = 2;
-    config.node_images = vec![images.controller, images.agent];
-    config
+    real_nodes::config(&crate::nodemedic_exe()).expect("the images are built")
 }
 
-/// The values a lab installs with, and why: the default health check's conditions last 2 s
-/// instead of 300 s, and self remediation's timings are the lab's (API checks every second, a
-/// 5 s safe time) instead of the seed's minutes, so a scenario takes seconds. Nothing else:
-/// the images, their tags and every other default are the chart's.
+async fn helm_install(lab: &Lab, values: &[String]) {
+    real_nodes::helm_install(lab, values).await.expect("helm install");
+}
+
 fn lab_values() -> Vec<String> {
-    let fast: serde_json::Value = serde_json::from_str(scenario::FAST_CONFIG).expect("json");
-    vec![
-        format!("defaultHealthCheck.unhealthyConditions={}", scenario::test_conditions()),
-        format!("selfNodeRemediationConfig.spec={}", fast["spec"]),
-    ]
+    real_nodes::values(scenario::FAST_CONFIG, false).expect("values")
 }
 
-/// `helm install` of charts/nodemedic as shipped, with `values` (`--set-json` pairs) on top.
-fn helm_install(lab: &Lab, values: &[String]) {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/nodemedic");
-    let mut helm = Command::new(tools_dir().join("helm"));
-    helm.args(["install", "nodemedic"])
-        .arg(&chart)
-        .args(["--namespace", NS, "--kubeconfig"])
-        .arg(lab.kubeconfig());
-    for value in values {
-        helm.args(["--set-json", value]);
-    }
-    let out = helm.output().expect("helm runs");
-    assert!(out.status.success(), "helm install: {}", text(&out));
-}
-
-/// Both controller replicas ready and an agent ready on every node.
-async fn installed(lab: &Lab) {
-    let deployments = Api::<Deployment>::namespaced(lab.client(), NS);
-    eventually("the controller's two replicas ready", INSTALLED, || async {
-        let ready = deployments.get_opt("nodemedic-controller").await.ok().flatten()?;
-        (ready.status?.ready_replicas? == 2).then_some(())
-    })
-    .await;
-    let daemon_sets = Api::<DaemonSet>::namespaced(lab.client(), NS);
-    eventually("an agent ready on every node", INSTALLED, || async {
-        let status = daemon_sets.get_opt("nodemedic-agent").await.ok().flatten()?.status?;
-        (status.number_ready == NODES.len() as i32).then_some(())
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_installs_nodemedic_from_its_images_and_every_agent_arms_its_node_s_watchdog_from_its_pod() {
-    let lab = lab(real_config()).await;
-    helm_install(&lab, &[]);
-    installed(&lab).await;
-    // Each agent found its node, its peers and its certificates, and opened the node's
-    // /dev/watchdog (the lab's emulated device) from inside its container.
-    for node in NODES {
-        eventually(&format!("{node}'s agent feeds its watchdog"), INSTALLED, || async {
-            lab.watchdog_device_stats(node)
-                .ok()
-                .filter(|s| s.keepalives > 0)
-                .map(|_| ())
-        })
-        .await;
-    }
-}
-
-/// The node `vm/db-0` runs on once it runs (not on `not_on`).
-async fn writer_running(lab: &Lab, not_on: Option<&str>) -> String {
-    let pods = Api::<Pod>::namespaced(lab.client(), "vm");
-    eventually("db-0 running", LONG, || async {
-        let pod = pods.get_opt("db-0").await.ok().flatten()?;
-        let node = pod.spec.as_ref()?.node_name.clone()?;
-        let running = pod.status.as_ref()?.phase.as_deref() == Some("Running");
-        (running && Some(node.as_str()) != not_on).then_some(node)
-    })
-    .await
-}
-
-/// Waits until the volume holds more than `than` records of `instances` writers, checking the
-/// data witness at every look.
-async fn records(witness: &mut DataWitness, than: usize, instances: usize) -> Vec<Record> {
-    eventually(
-        &format!("more than {than} records of {instances} writers"),
-        LONG,
-        || {
-            let (records, violations) = witness.look();
-            assert!(
-                violations.is_empty(),
-                "the data witness: {violations:?} in {}",
-                witness.path().display()
-            );
-            let writers: std::collections::BTreeSet<&str> = records.iter().map(|r| r.instance.as_str()).collect();
-            let enough = records.len() > than && writers.len() == instances;
-            async move { enough.then_some(records) }
-        },
-    )
-    .await
-}
-
-/// The writer, running with a few records synced; its node and the witness of its volume.
-async fn start_writer(lab: &Lab) -> (String, DataWitness, Vec<Record>) {
-    lab.kubectl(&["create", "namespace", "vm"]).expect("namespace");
-    lab.apply_yaml(workloads::WRITER_STATEFULSET).expect("the writer");
-    let node = writer_running(lab, None).await;
-    let mut witness = lab.data_witness("vm", "data-db-0").await.expect("the writer's volume");
-    let before = records(&mut witness, 5, 1).await;
+/// The writer running, its node, its volume's witness and its first records.
+async fn start_writer(lab: &Lab) -> (String, DataWitness, Vec<nodemedic_lab::data_witness::Record>) {
+    let (node, mut witness) = real_nodes::start_writer(lab).await.expect("the writer runs");
+    let before = real_nodes::records(&mut witness, 5, 1, LONG)
+        .await
+        .expect("its records");
     (node, witness, before)
 }
 
 /// Crashes the writer's node `a`: the writer goes on on another node with every record synced
 /// before and no second writer. Prints its last record on `a` and its first on the new node.
-async fn crash_and_move(lab: &Lab, a: &str, witness: &mut DataWitness, before: &[Record]) {
+async fn crash_and_move(lab: &Lab, a: &str, witness: &mut DataWitness, before: &[nodemedic_lab::data_witness::Record]) {
     lab.crash(a).await.expect("crash");
-    let b = writer_running(lab, Some(a)).await;
-    let after = records(witness, before.len() + 5, 2).await;
+    let b = real_nodes::writer_running(lab, Some(a), LONG)
+        .await
+        .expect("the writer elsewhere");
+    let after = real_nodes::records(witness, before.len() + 5, 2, LONG)
+        .await
+        .expect("its records");
     assert!(
         after.starts_with(before),
         "the records synced before the crash are intact"
     );
-    let last_on_a = after
-        .iter()
-        .take_while(|r| r.instance == before[0].instance)
-        .last()
-        .expect("a's records");
-    let first_on_b = after
-        .iter()
-        .find(|r| r.instance != before[0].instance)
-        .expect("b's records");
+    let (last, first) = real_nodes::handover(&after, &before[0].instance).expect("a handover");
     println!(
         "the writer's last record on {a}: {} at {}; its first on {b}: {} at {} ({:.1} s later)",
-        last_on_a.sequence,
-        last_on_a.nanos,
-        first_on_b.sequence,
-        first_on_b.nanos,
-        (first_on_b.nanos - last_on_a.nanos) as f64 / 1e9
+        last.sequence,
+        last.nanos,
+        first.sequence,
+        first.nanos,
+        (first.nanos - last.nanos) as f64 / 1e9
     );
 }
 
@@ -191,6 +85,23 @@ where
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_installs_nodemedic_from_its_images_and_every_agent_arms_its_node_s_watchdog_from_its_pod() {
+    let lab = lab(real_config()).await;
+    helm_install(&lab, &[]).await;
+    // Each agent found its node, its peers and its certificates, and opened the node's
+    // /dev/watchdog (the lab's emulated device) from inside its container.
+    for node in NODES {
+        eventually(&format!("{node}'s agent feeds its watchdog"), LONG, || async {
+            lab.watchdog_device_stats(node)
+                .ok()
+                .filter(|s| s.keepalives > 0)
+                .map(|_| ())
+        })
+        .await;
+    }
+}
+
 /// Seed scenario (a) on real nodes: the node running the writer loses its power; the agents'
 /// peers and the remediation fence it (its own agent's watchdog went with its power), the
 /// writer runs on another node with every record it synced and no second writer, and the node
@@ -198,8 +109,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_node_losing_power_is_remediated_and_its_writer_goes_on_elsewhere_with_every_record() {
     let lab = lab(real_config()).await;
-    helm_install(&lab, &lab_values());
-    installed(&lab).await;
+    helm_install(&lab, &lab_values()).await;
     let (a, mut witness, before) = start_writer(&lab).await;
     crash_and_move(&lab, &a, &mut witness, &before).await;
     let client = lab.client();
@@ -214,14 +124,8 @@ async fn a_real_node_losing_power_is_remediated_and_its_writer_goes_on_elsewhere
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_node_losing_power_is_fenced_through_its_redfish_bmc_and_its_writer_goes_on_elsewhere() {
     let lab = lab(real_config().with_bmcs(BmcOptions::default())).await;
-    let mut values = lab_values();
-    let fast: serde_json::Value = serde_json::from_str(&scenario::with_detector(scenario::FAST_CONFIG)).expect("json");
-    values[1] = format!("selfNodeRemediationConfig.spec={}", fast["spec"]);
-    // The example health check below fences through fence agents; the default one would race
-    // it with self remediation.
-    values.push("defaultHealthCheck.enabled=false".into());
-    helm_install(&lab, &values);
-    installed(&lab).await;
+    let values = real_nodes::values(&scenario::with_detector(scenario::FAST_CONFIG), true).expect("values");
+    helm_install(&lab, &values).await;
     apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
     apply_seed(&lab, "002-far-template.yaml", adapt_template(&lab));
     scenario::apply_peer_detection_check(&lab, scenario::shorten_durations).expect("the example health check");
@@ -274,8 +178,7 @@ async fn a_node_maintenance_drains_a_real_node_past_a_budget_that_first_holds_a_
 
     use crate::maintenance::{all_ready, create, in_phase};
     let lab = lab(real_config()).await;
-    helm_install(&lab, &lab_values());
-    installed(&lab).await;
+    helm_install(&lab, &lab_values()).await;
     let client = lab.client();
     lab.apply_yaml(WEB).expect("the web deployment");
     all_ready(&client, "app=web", 2).await;
@@ -341,8 +244,7 @@ async fn a_node_maintenance_drains_a_real_node_past_a_budget_that_first_holds_a_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_pod_is_started_again_by_its_daemon_set_and_nothing_is_fenced() {
     let lab = lab(real_config()).await;
-    helm_install(&lab, &lab_values());
-    installed(&lab).await;
+    helm_install(&lab, &lab_values()).await;
     let client = lab.client();
     let node = NODES[1];
     let pods = Api::<Pod>::namespaced(client.clone(), NS);
@@ -364,7 +266,7 @@ async fn a_killed_agent_pod_is_started_again_by_its_daemon_set_and_nothing_is_fe
     let fed_before = lab.watchdog_device_stats(node).expect("stats").keepalives;
     lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--grace-period=0", "--force"])
         .expect("the agent pod killed");
-    eventually("another agent pod ready on node-2", INSTALLED, || async {
+    eventually("another agent pod ready on node-2", LONG, || async {
         let listed = pods.list(&Default::default()).await.ok()?;
         listed
             .items
@@ -378,7 +280,7 @@ async fn a_killed_agent_pod_is_started_again_by_its_daemon_set_and_nothing_is_fe
             })
     })
     .await;
-    eventually("the new agent feeds node-2's watchdog", INSTALLED, || async {
+    eventually("the new agent feeds node-2's watchdog", LONG, || async {
         let fed = lab.watchdog_device_stats(node).ok()?.keepalives;
         (fed > fed_before + 3).then_some(())
     })

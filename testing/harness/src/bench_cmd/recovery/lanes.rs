@@ -257,7 +257,7 @@ pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::
 }
 
 /// The subject's story since the crash, until its pod runs elsewhere.
-async fn measure(lab: &Lab, subject: &Subject, since: jiff::Timestamp) -> anyhow::Result<Breakdown> {
+pub(super) async fn measure(lab: &Lab, subject: &Subject, since: jiff::Timestamp) -> anyhow::Result<Breakdown> {
     let story = wait::until(
         &format!("{} Running elsewhere", subject.pod),
         Duration::from_secs(600),

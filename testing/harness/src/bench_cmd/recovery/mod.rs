@@ -6,6 +6,7 @@
 //! time, and side by side they cost half the hour.
 
 mod lanes;
+mod real;
 
 use anyhow::bail;
 use clap::ValueEnum;
@@ -68,6 +69,11 @@ struct Series {
     detector: bool,
     /// Self remediation: the safe time the manager used (seconds).
     safe_time: Option<f64>,
+    /// Real nodes (nodemedic installed by Helm, the writer on the lab's CSI volumes) rather
+    /// than kwok's.
+    real_nodes: bool,
+    /// Real nodes: seconds from the crash to the writer's first record on its new node.
+    first_record: Vec<f64>,
     trials: Vec<Breakdown>,
     failures: Vec<String>,
 }
@@ -87,6 +93,9 @@ fn or_all<T: Clone + PartialEq>(chosen: &[T], all: Vec<T>) -> Vec<T> {
 }
 
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
+    if args.real_nodes {
+        return run_beside_real_nodes(args).await;
+    }
     let paths = or_all(
         &args.paths,
         vec![Path::SelfRemediation, Path::FenceRedfish, Path::FenceIpmi],
@@ -140,6 +149,36 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
     })
 }
 
+/// The series real nodes run (self remediation; fence agents through Redfish with the peer
+/// detector, the seed template's OutOfServiceTaint), each on kwok nodes and on real ones, the
+/// lab's fast profile.
+async fn run_beside_real_nodes(args: &BenchArgs) -> anyhow::Result<Section> {
+    let mut all = Vec::new();
+    for (path, detector) in [(Path::SelfRemediation, false), (Path::FenceRedfish, true)] {
+        println!(
+            "==> {path:?} / OutOfServiceTaint / Fast on kwok nodes: {} trials",
+            args.trials
+        );
+        all.extend(
+            series(
+                path,
+                &[Strategy::OutOfServiceTaint],
+                Profile::Fast,
+                detector,
+                args.trials,
+            )
+            .await?,
+        );
+        println!("==> {path:?} on real nodes (Helm, the writer): {} trials", args.trials);
+        all.push(real::series(path, args.trials).await?);
+    }
+    Ok(Section {
+        name: "recovery-real-nodes",
+        json: json!({"series": all}),
+        markdown: markdown(&all),
+    })
+}
+
 fn markdown(all: &[Series]) -> String {
     let mut out = String::from(
         "## Time to safe recovery
@@ -149,15 +188,20 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
          *defaults* = Kubernetes' default node-monitor timings (node leases 40 s, grace 50 s) and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable (detector: yes) and without (the baseline). \
          With the detector, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
          Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
-         | path | strategy | profile | detector | trials | detection | health check | fencing | deletion | rescheduling | controlled | total |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         On *real* nodes (a kubelet, containerd and real pods each; nodemedic installed by Helm from its images; the stateful stand-in a writer on the lab's CSI volumes; the default health check's durations 2 s) \
+         *first record* is the crash to the writer's first record on its new node, read from its volume.\n\n\
+         | nodes | path | strategy | profile | detector | trials | detection | health check | fencing | deletion | rescheduling | controlled | total | first record |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in all {
         let col = |f: fn(&Breakdown) -> f64| {
             let values: Vec<f64> = s.trials.iter().map(f).collect();
             bench::summary(&values).map_or("-".into(), |v| format!("{:.1} / {:.1} / {:.1}", v.p50, v.p90, v.p99))
         };
+        let first_record = bench::summary(&s.first_record)
+            .map_or("-".into(), |v| format!("{:.1} / {:.1} / {:.1}", v.p50, v.p90, v.p99));
         out.push_str(&format!(
-            "| {:?} | {:?} | {:?} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {:?} | {:?} | {:?} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            if s.real_nodes { "real" } else { "kwok" },
             s.path,
             s.strategy,
             s.profile,
@@ -175,6 +219,7 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             col(|b| b.rescheduling),
             col(|b| b.controlled),
             col(|b| b.total),
+            first_record,
         ));
     }
     if let Some(shared) = all.iter().find(|s| s.side_by_side) {
@@ -287,6 +332,8 @@ async fn series(
             side_by_side: lanes.len() > 1,
             detector,
             safe_time: None,
+            real_nodes: false,
+            first_record: Vec::new(),
             trials: Vec::new(),
             failures: Vec::new(),
         })
