@@ -171,7 +171,7 @@ pub fn violated(witness: &DataWitness, violations: &[DataViolation]) -> Error {
 
 /// The writer's last record of instance `before` and the first of the instance after it.
 pub fn handover<'a>(records: &'a [Record], before: &str) -> Option<(&'a Record, &'a Record)> {
-    let last = records.iter().filter(|r| r.instance == before).last()?;
+    let last = records.iter().rev().find(|r| r.instance == before)?;
     let first = records
         .iter()
         .find(|r| r.instance != before && r.sequence > last.sequence)?;
