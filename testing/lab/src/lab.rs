@@ -802,7 +802,7 @@ impl Kubelets<'_> {
                     kubeconfig: self.kubeconfig,
                     stages: &nodes::stages_file(&resources.dir),
                     ip: net.node_ip(index),
-                    index,
+                    pod_cidr: net.pod_cidr(index),
                     lease_seconds: self.lease_seconds,
                 },
             );
@@ -814,7 +814,7 @@ impl Kubelets<'_> {
         let node = RealNode {
             lab: &net.id,
             name,
-            index,
+            pod_cidr: net.pod_cidr(index),
             ip: net.node_ip(index),
             netns: &net.netns(name),
             lab_dir: &resources.dir,

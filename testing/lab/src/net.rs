@@ -12,9 +12,17 @@ const FAULT_TABLE: &str = "nodemedic_fault";
 /// Node indices the node bridge has addresses for: .11 to .254.
 pub(crate) const NODE_SLOTS: usize = 244;
 
-/// A node's pod network (kwok's announces it; a real node's pods are addressed from it).
-pub(crate) fn pod_cidr(index: usize) -> String {
-    format!("10.{}.{}.0/24", 240 + index / 250, index % 250)
+/// Every lab's pod networks: 10.64.0.0/10, a /16 per lab (by its slot), a /26 per node (by its
+/// index). Real nodes' pods are routed by these on the host, so no two labs on the machine may
+/// share one.
+pub(crate) const POD_NETWORKS: &str = "10.64.0.0/10";
+
+/// The pod network of the node at `index` in the lab of `slot` (kwok's announces it; a real
+/// node's pods are addressed from it).
+fn pod_cidr(slot: u8, index: usize) -> String {
+    let offset = (u32::from(slot) << 14) | ((index as u32 & 0xff) << 6);
+    let base = u32::from(Ipv4Addr::new(10, 64, 0, 0)) + offset;
+    format!("{}/26", Ipv4Addr::from(base))
 }
 
 #[derive(Clone, Debug)]
@@ -43,6 +51,11 @@ impl Network {
     /// The host's address on the node bridge, where the API server listens.
     pub(crate) fn host_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.slot, 1)
+    }
+
+    /// The pod network of this lab's node at `index`.
+    pub(crate) fn pod_cidr(&self, index: usize) -> String {
+        pod_cidr(self.slot, index)
     }
 
     pub(crate) fn node_ip(&self, index: usize) -> Ipv4Addr {
@@ -177,7 +190,7 @@ impl Network {
     /// The pod network of the node at `ip` on the node bridge.
     fn pod_cidr_of(&self, ip: Ipv4Addr) -> Option<String> {
         let [a, b, slot, last] = ip.octets();
-        ((a, b, slot) == (10, 213, self.slot) && last >= 11).then(|| pod_cidr(usize::from(last - 11)))
+        ((a, b, slot) == (10, 213, self.slot) && last >= 11).then(|| self.pod_cidr(usize::from(last - 11)))
     }
 
     /// Lets a real node forward its pods' packets, routes its pod network to it from the host
@@ -191,7 +204,15 @@ impl Network {
         let via = self.node_ip(index).to_string();
         cmd::run(
             "ip",
-            &["route", "replace", &pod_cidr(index), "via", &via, "dev", &self.bridge],
+            &[
+                "route",
+                "replace",
+                &self.pod_cidr(index),
+                "via",
+                &via,
+                "dev",
+                &self.bridge,
+            ],
         )?;
         Ok(())
     }
@@ -199,7 +220,7 @@ impl Network {
     /// Routes the pod network of the real node at `index` to it from the other nodes'
     /// namespaces (pod to pod, no overlay).
     pub(crate) fn route_pods_from(&self, index: usize, from: &[&str]) -> Result<()> {
-        let (cidr, via) = (pod_cidr(index), self.node_ip(index).to_string());
+        let (cidr, via) = (self.pod_cidr(index), self.node_ip(index).to_string());
         for other in from {
             cmd::run(
                 "ip",
@@ -283,14 +304,24 @@ impl Network {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]
-    fn pod_networks_do_not_overlap_and_fit_every_node_slot() {
-        assert_eq!(pod_cidr(0), "10.240.0.0/24");
-        assert_eq!(pod_cidr(249), "10.240.249.0/24");
-        assert_eq!(pod_cidr(250), "10.241.0.0/24");
-        // Every slot of the node bridge is in 10.240.0.0/12, a real node's kube-proxy's cluster CIDR.
-        assert!(pod_cidr(NODE_SLOTS - 1).starts_with("10.240."));
+    fn pod_networks_are_distinct_across_labs_and_nodes_and_inside_the_pod_networks() {
+        assert_eq!(pod_cidr(1, 0), "10.64.64.0/26");
+        assert_eq!(pod_cidr(1, 1), "10.64.64.64/26");
+        assert_eq!(pod_cidr(2, 0), "10.64.128.0/26");
+        let mut seen = BTreeSet::new();
+        for slot in [1u8, 2, 17, 250] {
+            for index in 0..NODE_SLOTS {
+                let cidr = pod_cidr(slot, index);
+                let base: Ipv4Addr = cidr.trim_end_matches("/26").parse().expect("an address");
+                let [a, b, ..] = base.octets();
+                assert!(a == 10 && (64..128).contains(&b), "{cidr} is outside {POD_NETWORKS}");
+                assert!(seen.insert(cidr.clone()), "{cidr} given twice");
+            }
+        }
     }
 }

@@ -133,7 +133,7 @@ pub(crate) struct KwokArgs<'a> {
     pub kubeconfig: &'a Path,
     pub stages: &'a Path,
     pub ip: Ipv4Addr,
-    pub index: usize,
+    pub pod_cidr: String,
     pub lease_seconds: u32,
 }
 
@@ -146,7 +146,7 @@ pub(crate) fn kwok(bins: &Binaries, a: &KwokArgs<'_>) -> ProcessSpec {
             format!("--manage-single-node={}", a.node),
             format!("--node-ip={}", a.ip),
             format!("--node-name={}", a.node),
-            format!("--cidr={}", crate::net::pod_cidr(a.index)),
+            format!("--cidr={}", a.pod_cidr),
             format!("--node-lease-duration-seconds={}", a.lease_seconds),
         ],
     );

@@ -7,13 +7,16 @@ set -eu
 fail() { echo "nodemedic lab: node $NODE cannot boot: $*" >&2; exit 125; }
 
 # The node's cgroup, in every hierarchy (cpuset needs its CPUs and memory nodes copied down).
+# Under the lab's lock: nodes booting side by side share the levels above their own, and a task
+# joining a cpuset while another boot writes its parent's CPUs fails.
+exec 9>"$CGROUP_LOCK"
+flock 9 || fail "cannot take the lab's cgroup lock $CGROUP_LOCK"
 for root in /sys/fs/cgroup/*; do
   [ -e "$root/cgroup.procs" ] || continue
   dir=$root
   for part in $(echo "$CGROUP" | tr / ' '); do
     parent=$dir dir=$dir/$part
-    # Another node of the lab may be booting beside this one.
-    [ -d "$dir" ] || mkdir "$dir" 2>/dev/null || [ -d "$dir" ] || fail "cannot create cgroup $dir"
+    [ -d "$dir" ] || mkdir "$dir" || fail "cannot create cgroup $dir"
     if [ -e "$dir/cpuset.cpus" ] && [ -z "$(cat "$dir/cpuset.cpus")" ]; then
       cat "$parent/cpuset.cpus" >"$dir/cpuset.cpus" && cat "$parent/cpuset.mems" >"$dir/cpuset.mems" ||
         fail "cannot set up cpuset $dir"
@@ -21,6 +24,7 @@ for root in /sys/fs/cgroup/*; do
   done
   echo $$ >"$dir/cgroup.procs" || fail "cannot join cgroup $dir"
 done
+exec 9>&-
 
 # The machine's devices: a /dev of the node's own, with the host's harmless character devices and
 # the lab's emulated watchdog device at /dev/watchdog. containerd gives a privileged container

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{NodeBinaries, PAUSE_IMAGE, RealNode};
-use crate::net::pod_cidr;
+use crate::net::POD_NETWORKS;
 
 /// The kernel tunables the kubelet checks (`protectKernelDefaults`), with the values it expects.
 /// The kernel is the machine's, shared by every node and the host: each node's boot binds files
@@ -19,9 +19,6 @@ pub(crate) const KERNEL_TUNABLES: [(&str, u32); 6] = [
     ("kernel.keys.root_maxkeys", 1_000_000),
     ("kernel.keys.root_maxbytes", 25_000_000),
 ];
-
-/// Every lab node's pod network together (kube-proxy's cluster CIDR).
-const PODS: &str = "10.240.0.0/12";
 
 pub(super) fn kubelet(node: &RealNode<'_>, client_ca: &Path) -> String {
     format!(
@@ -130,7 +127,7 @@ pub(super) fn kube_proxy(node: &RealNode<'_>) -> String {
 kind: KubeProxyConfiguration
 mode: nftables
 hostnameOverride: {name}
-clusterCIDR: {PODS}
+clusterCIDR: {POD_NETWORKS}
 clientConnection:
   kubeconfig: {kubeconfig}
 metricsBindAddress: 127.0.0.1:10249
@@ -150,8 +147,7 @@ conntrack:
 
 /// A bridge in the node's namespace, its pods addressed from the node's pod network; the lab
 /// routes the other nodes' pod networks to each node (no overlay).
-pub(super) fn cni(index: usize) -> String {
-    let subnet = pod_cidr(index);
+pub(super) fn cni(subnet: &str) -> String {
     format!(
         r#"{{
   "cniVersion": "1.0.0",
@@ -183,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_cni_network_is_valid_json() {
-        let conf: serde_json::Value = serde_json::from_str(&cni(3)).expect("json");
-        assert_eq!(conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.240.3.0/24");
+        let conf: serde_json::Value = serde_json::from_str(&cni("10.64.64.192/26")).expect("json");
+        assert_eq!(conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.64.64.192/26");
     }
 }

@@ -189,7 +189,8 @@ impl NodeBinaries {
 pub(crate) struct RealNode<'a> {
     pub lab: &'a str,
     pub name: &'a str,
-    pub index: usize,
+    /// Its pods' addresses (a /26 of the lab's pod networks).
+    pub pod_cidr: String,
     pub ip: Ipv4Addr,
     pub netns: &'a str,
     /// The lab's directory (the node's files are under nodes/<name>/).
@@ -230,7 +231,7 @@ impl RealNode<'_> {
         write("kubelet.yaml", config::kubelet(self, &pki.path("ca.crt")))?;
         write("containerd.toml", config::containerd(self, bins))?;
         write("kube-proxy.yaml", config::kube_proxy(self))?;
-        write("cni/net.d/10-lab.conflist", config::cni(self.index))?;
+        write("cni/net.d/10-lab.conflist", config::cni(&self.pod_cidr))?;
         for (entry, value) in config::KERNEL_TUNABLES {
             write(&format!("sysctl/{entry}"), format!("{value}\n"))?;
         }
@@ -291,6 +292,10 @@ impl RealNode<'_> {
         .env("NODE_DIR", dir.display().to_string())
         .env("NODE_BIN", bins.bin.display().to_string())
         .env("CGROUP", self.cgroup())
+        .env(
+            "CGROUP_LOCK",
+            self.lab_dir.join("nodes").join("cgroup.lock").display().to_string(),
+        )
         .env("WATCHDOG_DEVICE", self.watchdog_device.display().to_string())
         .env("LOGS", logs.display().to_string())
         .env("BINDS", binds)
@@ -421,6 +426,7 @@ mod tests {
             .args(["--mount", "--propagation", "slave", "--", "/bin/sh", "-c", BOOT, "boot"])
             .env("NODE", "node-x")
             .env("NODE_DIR", scratch.path())
+            .env("CGROUP_LOCK", scratch.path().join("cgroup.lock"))
             .env("WATCHDOG_DEVICE", &not_a_directory)
             .env("CGROUP", cgroup::path(&lab, "node-x"))
             .env(
