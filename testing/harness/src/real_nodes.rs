@@ -58,6 +58,7 @@ pub fn values(patch: &str, fence_agents: bool) -> Result<Vec<String>> {
 /// (`--set-json` pairs); returns once both controller replicas and an agent on every node are
 /// ready.
 pub async fn helm_install(lab: &Lab, values: &[String]) -> Result<()> {
+    lab.wait_node_images(INSTALLED).await?;
     scenario::create_namespace(&lab.client(), NS).await?;
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/nodemedic");
     let mut helm = Command::new(tools_dir().join("helm"));

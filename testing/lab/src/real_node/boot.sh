@@ -76,14 +76,22 @@ until ctr --address /run/containerd/containerd.sock version >/dev/null 2>&1; do
   sleep 0.05
 done
 # Nothing can be pulled: the images come from the lab's archives, imported once per node (and
-# again when an archive changes).
-for archive in $IMAGES; do
-  stamp="$NODE_DIR/imported/$(basename "$archive").$(stat -c %s-%Y "$archive")"
-  [ -e "$stamp" ] && continue
-  ctr --address /run/containerd/containerd.sock -n k8s.io images import "$archive" >/dev/null ||
-    fail "cannot import $archive"
-  mkdir -p "$NODE_DIR/imported" && touch "$stamp"
-done
+# again when an archive changes), each marked by a stamp the lab waits for.
+import() {
+  for archive in "$@"; do
+    stamp="$NODE_DIR/imported/$(basename "$archive").$(stat -c %s-%Y "$archive")"
+    [ -e "$stamp" ] && continue
+    ctr --address /run/containerd/containerd.sock -n k8s.io images import "$archive" >/dev/null ||
+      { echo "nodemedic lab: node $NODE cannot import $archive" >&2; return 1; }
+    mkdir -p "$NODE_DIR/imported" && touch "$stamp"
+  done
+}
+# The sandbox's and the writer's (small) before the kubelet; the others (nodemedic's, large)
+# while it registers, so a busy machine's imports do not hold the node back from Ready.
+# shellcheck disable=SC2086 # one path per word
+import $BOOT_IMAGES || fail "cannot import the lab's images"
+# shellcheck disable=SC2086
+import $IMAGES &
 
 # Supervised as a machine's init would: each restarts when it exits.
 (while :; do

@@ -264,13 +264,13 @@ impl RealNode<'_> {
             "--v=1".into(),
         ]
         .join(" ");
-        let images = bins
-            .images
-            .iter()
-            .chain(more_images)
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" ");
+        let paths = |images: &[PathBuf]| {
+            images
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         let netns = format!("--net=/run/netns/{}", self.netns);
         ProcessSpec::new(
             "nsenter",
@@ -300,7 +300,8 @@ impl RealNode<'_> {
         .env("LOGS", logs.display().to_string())
         .env("BINDS", binds)
         .env("SYSCTLS", sysctls)
-        .env("IMAGES", images)
+        .env("BOOT_IMAGES", paths(&bins.images))
+        .env("IMAGES", paths(more_images))
         .env("CONTAINERD_CONFIG", dir.join("containerd.toml").display().to_string())
         .env("KUBE_PROXY_CONFIG", dir.join("kube-proxy.yaml").display().to_string())
         .env("KUBELET_ARGS", kubelet_args)
@@ -374,6 +375,45 @@ pub(crate) async fn publish_api_endpoint(client: &Client, ip: Ipv4Addr, port: u1
         )
         .await?;
     Ok(())
+}
+
+/// The stamp a node's boot leaves once it imported `archive` (as it is now).
+fn import_stamp(node_dir: &Path, archive: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(archive).ok()?;
+    let name = archive.file_name()?.to_string_lossy().into_owned();
+    Some(
+        node_dir
+            .join("imported")
+            .join(format!("{name}.{}-{}", meta.size(), meta.mtime())),
+    )
+}
+
+impl crate::Lab {
+    /// Waits until every real node has imported every image of `LabConfig::node_images` (a node
+    /// imports them while its kubelet registers, so it is Ready before they are in).
+    pub async fn wait_node_images(&self, timeout: std::time::Duration) -> Result<()> {
+        let nodes: Vec<String> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| self.inner.nodes.is_real(n))
+            .collect();
+        let images = self.inner.config.node_images.clone();
+        crate::wait::until("every real node's images imported", timeout, || {
+            let missing: Vec<String> = nodes
+                .iter()
+                .flat_map(|node| {
+                    let dir = self.dir().join("nodes").join(node);
+                    images
+                        .iter()
+                        .filter(move |archive| !import_stamp(&dir, archive).is_some_and(|stamp| stamp.exists()))
+                        .map(move |archive| format!("{node}: {}", archive.display()))
+                })
+                .collect();
+            async move { Ok(missing.is_empty().then_some(())) }
+        })
+        .await
+    }
 }
 
 /// The directories of these executables, for PATH.
