@@ -50,10 +50,16 @@ endif
 
 # The fault campaign: randomized trials reproducible from SEED (writes
 # bench/results/chaos-*.{json,md}; a violation names the command that replays its trial).
+# On real nodes (ARGS=--real-nodes) it also needs the images, containerd and the CNI plugins, and Helm.
 .PHONY: chaos
 SEED ?= 1
 TRIALS ?= 200
 chaos: build
+ifneq (,$(findstring --real-nodes,$(ARGS)))
+	bash scripts/build-images.sh
+	bash scripts/build-node.sh >/dev/null
+	bash scripts/build-tools.sh >/dev/null
+endif
 	$(NODEMEDIC_LAB) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
 
 # Regenerate the committed CRD YAML from the types (deploy/crds and the chart's copy).

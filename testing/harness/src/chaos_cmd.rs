@@ -47,6 +47,13 @@ pub(crate) struct ChaosArgs {
     /// beside fence agents), and every health check acting on its PeersReachable condition.
     #[arg(long)]
     pub peer_detection: bool,
+    /// Labs of real nodes (kubelets, containerd, real pods; nodemedic installed by Helm from
+    /// its images; the writer StatefulSet judged by the data witness too): three nodes unless
+    /// `--nodes` says otherwise, self remediation and fence agents by turns, no membership
+    /// churn, and node faults where the kwok campaign draws long control-plane outages or a
+    /// full disk.
+    #[arg(long)]
+    pub real_nodes: bool,
 }
 
 fn lab_size(s: &str) -> Result<usize, String> {
@@ -80,6 +87,7 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     let options = Options {
         nodes: args.nodes,
         version: args.plan_version,
+        real_nodes: args.real_nodes,
     };
     let indices = trial_indices(&args)?;
     if args.dry_run {
@@ -155,6 +163,7 @@ fn write_report(
         "planVersion": args.plan_version,
         "nodes": args.nodes,
         "peerDetection": args.peer_detection,
+        "realNodes": args.real_nodes,
         "machine": machine,
         "planned": planned,
         "trials": results,
@@ -162,6 +171,11 @@ fn write_report(
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     let md_path = args.out.join(format!("chaos-{stamp}.md"));
     let mut md = markdown(args.seed, args.plan_version, machine, results);
+    if args.real_nodes {
+        md.push_str(
+            "\nOn real nodes: a kubelet, containerd and real pods each; nodemedic installed by `helm install` from its images; the workload the writer StatefulSet, whose volume the data witness also reads after every trial (two writers, a synced record lost, a sequence skipped).\n",
+        );
+    }
     if args.peer_detection {
         md.push_str(
             "\nWith the peer failure detector on in every lab, and every health check also unhealthy on PeersReachable=False at once.\n",

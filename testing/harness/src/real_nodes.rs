@@ -38,17 +38,17 @@ pub fn config(exe: &Path) -> Result<LabConfig> {
 /// How a lab installs nodemedic, and why each value: the default health check's conditions last
 /// 2 s instead of 300 s, and self remediation runs on the lab's timings (`patch`, e.g.
 /// [`scenario::FAST_CONFIG`]: API checks every second, a 5 s safe time) instead of the seed's
-/// minutes, so a scenario takes seconds; with `fence_agents`, the default check (self
-/// remediation) is off, since the example check fences through fence agents instead. The
+/// minutes, so a scenario takes seconds; `without_default_check` turns the default check (self
+/// remediation) off, where a scenario brings its own (fencing through fence agents, say). The
 /// images, their tags and every other value are the chart's.
-pub fn values(patch: &str, fence_agents: bool) -> Result<Vec<String>> {
+pub fn values(patch: &str, without_default_check: bool) -> Result<Vec<String>> {
     let patch: serde_json::Value =
         serde_json::from_str(patch).map_err(|e| Error::Invalid(format!("a SelfNodeRemediationConfig patch: {e}")))?;
     let mut values = vec![
         format!("defaultHealthCheck.unhealthyConditions={}", scenario::test_conditions()),
         format!("selfNodeRemediationConfig.spec={}", patch["spec"]),
     ];
-    if fence_agents {
+    if without_default_check {
         values.push("defaultHealthCheck.enabled=false".into());
     }
     Ok(values)

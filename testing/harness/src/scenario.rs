@@ -31,6 +31,15 @@ pub const FAST_CONFIG: &str = r#"{"spec": {
     "peerDialTimeout": "500ms", "peerRequestTimeout": "500ms", "peerUpdateInterval": "30s",
     "peerApiServerTimeout": "500ms", "safeTimeToAssumeNodeRebootedSeconds": 5}}"#;
 
+/// [`FAST_CONFIG`], with the peer failure detector on if `detector`.
+pub fn fast_config(detector: bool) -> String {
+    if detector {
+        with_detector(FAST_CONFIG)
+    } else {
+        FAST_CONFIG.to_owned()
+    }
+}
+
 /// A SelfNodeRemediationConfig patch (such as [`FAST_CONFIG`]) with the peer failure detector
 /// on, at its defaults.
 /// A patch that is not JSON is returned as it is, for the apply to reject with its reason.

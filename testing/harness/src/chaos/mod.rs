@@ -20,8 +20,9 @@ pub use verdict::{Snapshot, Violation, ViolationKind};
 pub fn replay(plan: &TrialPlan, nodes: Option<usize>, peer_detection: bool) -> String {
     let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
     let detection = if peer_detection { " --peer-detection" } else { "" };
+    let real = if plan.shape.real_nodes { " --real-nodes" } else { "" };
     format!(
-        "make chaos SEED={} TRIALS={} ARGS=\"--only-trial {}{nodes}{detection} --plan-version {}\"",
+        "make chaos SEED={} TRIALS={} ARGS=\"--only-trial {}{nodes}{detection}{real} --plan-version {}\"",
         plan.seed,
         plan.index + 1,
         plan.index,

@@ -34,6 +34,9 @@ pub enum ViolationKind {
     Leftover,
     /// The cluster did not come back (nodes Ready, workload Running, no remediation) in time.
     NotRecovered,
+    /// Real nodes: the writer's volume shows two writers, a synced record lost, or a sequence
+    /// skipped or repeated (see `nodemedic_lab::data_witness`).
+    DataWitness,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -26,11 +26,13 @@ fn plans() -> Vec<TrialPlan> {
         nodes: 3,
         path: PathKind::SelfRemediation,
         slow_bmc: false,
+        real_nodes: false,
     };
     let far = Shape {
         nodes: 3,
         path: PathKind::FenceRedfish,
         slow_bmc: false,
+        real_nodes: false,
     };
     let plan = |index, shape, strategy, list: &[(u64, Action)]| TrialPlan {
         seed: 0,

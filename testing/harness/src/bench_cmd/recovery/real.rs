@@ -32,12 +32,8 @@ async fn start(path: Path) -> anyhow::Result<(Lab, String, DataWitness)> {
         });
     }
     let lab = Lab::start(config).await.context("starting a lab of real nodes")?;
-    let patch = if fence {
-        scenario::with_detector(scenario::FAST_CONFIG)
-    } else {
-        scenario::FAST_CONFIG.to_owned()
-    };
-    real_nodes::helm_install(&lab, &real_nodes::values(&patch, fence)?).await?;
+    let values = real_nodes::values(&scenario::fast_config(fence), fence)?;
+    real_nodes::helm_install(&lab, &values).await?;
     if fence {
         scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
         scenario::apply_seed(&lab, "002-far-template.yaml", |m| scenario::adapt_far_template(&lab, m))?;

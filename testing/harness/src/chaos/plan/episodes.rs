@@ -94,7 +94,13 @@ impl Builder {
         // Only a fault held steadily gets disturbances on top (a flapping node has gaps).
         // Version 2 added the disk's two: the draws of version 1 stay as they were.
         let kinds = if self.version >= 2 { 21 } else { 19 };
-        let (targets, end) = match self.rng.random_range(0..kinds) {
+        let kind = self.rng.random_range(0..kinds);
+        let kind = if self.shape.real_nodes {
+            real_node_kind(kind)
+        } else {
+            kind
+        };
+        let (targets, end) = match kind {
             0..=2 => self.simple(
                 start,
                 |n| Action::Fault(Fault::Crash { node: n }),
@@ -366,5 +372,23 @@ impl Builder {
             }
             t += self.rng.random_range(2_000..5_000);
         }
+    }
+}
+
+/// The episode kind a lab of real nodes plays for a drawn `kind`. Long control-plane outages
+/// (minutes with every node healthy: nothing of a node's own is exercised, and the kwok
+/// campaigns play them) and the disk filling up (a kwok stage, not a real kubelet's eviction
+/// manager) become node faults, so real nodes' trials are spent on what differs there: power
+/// lost and back, a hung node, cut links, slow links.
+fn real_node_kind(kind: u32) -> u32 {
+    match kind {
+        // Long outages: crashes (a power cycle each), a freeze, a partition.
+        12 => 0,
+        13 => 3,
+        14 => 5,
+        // A full disk: API isolation, a crash.
+        19 => 8,
+        20 => 1,
+        other => other,
     }
 }

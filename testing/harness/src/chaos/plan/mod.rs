@@ -43,13 +43,18 @@ pub struct Shape {
     pub path: PathKind,
     /// The BMCs' power transitions take the emulator's realistic 1-11 s (fence agents only).
     pub slow_bmc: bool,
+    /// Real nodes (kubelets, containerd, real pods) with nodemedic installed by Helm and the
+    /// writer StatefulSet on the lab's CSI volumes, rather than kwok nodes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub real_nodes: bool,
 }
 
 impl Shape {
     /// Whether nodes can join and leave: a lab with BMCs cannot add nodes (its BMCs are made at
-    /// start), so only self remediation's labs churn.
+    /// start), so only self remediation's labs churn; nor do real nodes (their agents come
+    /// from the DaemonSet, and a real node joining costs a boot and an image import).
     pub fn churns(&self) -> bool {
-        self.path == PathKind::SelfRemediation
+        self.path == PathKind::SelfRemediation && !self.real_nodes
     }
 
     /// The slot of [`EXTRA_NODE`].
@@ -136,6 +141,10 @@ pub struct Options {
     pub nodes: Option<usize>,
     /// 1 to [`PLAN_VERSION`].
     pub version: u32,
+    /// Labs of real nodes (see [`Shape::real_nodes`]): three nodes unless `nodes` says
+    /// otherwise, the paths in turn by block, and only the episodes a real node plays the same
+    /// way as a kwok one (see [`episodes`]).
+    pub real_nodes: bool,
 }
 
 impl Default for Options {
@@ -143,6 +152,7 @@ impl Default for Options {
         Self {
             nodes: None,
             version: PLAN_VERSION,
+            real_nodes: false,
         }
     }
 }
@@ -169,10 +179,26 @@ fn shape(seed: u64, block: usize, options: Options) -> Shape {
     } else {
         PathKind::FenceRedfish
     };
+    let slow_bmc = rng.random_bool(0.3);
+    if options.real_nodes {
+        // Both paths in any campaign of two blocks or more, whatever the seed.
+        let path = if block.is_multiple_of(2) {
+            PathKind::SelfRemediation
+        } else {
+            PathKind::FenceRedfish
+        };
+        return Shape {
+            nodes: options.nodes.unwrap_or(3),
+            path,
+            slow_bmc: path == PathKind::FenceRedfish && slow_bmc,
+            real_nodes: true,
+        };
+    }
     Shape {
         nodes: options.nodes.unwrap_or(nodes),
         path,
-        slow_bmc: path == PathKind::FenceRedfish && rng.random_bool(0.3),
+        slow_bmc: path == PathKind::FenceRedfish && slow_bmc,
+        real_nodes: false,
     }
 }
 

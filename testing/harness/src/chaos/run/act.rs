@@ -7,7 +7,7 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api,
-    api::{Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
 use nodemedic_lab::{Event, Lab, NodeSpec, wait};
@@ -16,6 +16,8 @@ use serde_json::json;
 use crate::chaos::{plan::Action, verdict};
 use crate::scenario::{self, LabWatchdog, NS};
 
+/// The agent DaemonSet's pods' component label.
+const AGENT: &str = "nodemedic-agent";
 /// How long a step `mid_remediation` waits for a remediation in flight.
 const MID_REMEDIATION: Duration = Duration::from_secs(40);
 /// How much longer than the lab the runner waits for the API after etcd is started again.
@@ -36,6 +38,8 @@ pub(super) struct Ctx<'a> {
     pub originals: &'a [String],
     /// The trial's first step.
     pub since: jiff::Timestamp,
+    /// Real nodes: the controller and agents are pods, restarted by deleting them.
+    pub real_nodes: bool,
 }
 
 /// The faults the trial injected and has not undone yet, so everything can be healed at the end
@@ -63,7 +67,7 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
         Action::Fault(fault) => inject(lab, &fault.resolve(node)?, faults).await,
         Action::RestartController { mid_remediation } => {
             let waited = in_flight(lab, *mid_remediation, since).await;
-            restart_controller(lab)?;
+            restart_controller(ctx).await?;
             Ok(format!("restart controller{waited}"))
         }
         Action::RestartControllerLoop { restarts, every_ms } => {
@@ -72,7 +76,7 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
                 if i > 0 {
                     tokio::time::sleep(Duration::from_millis(*every_ms)).await;
                 }
-                restart_controller(lab)?;
+                restart_controller(ctx).await?;
             }
             Ok(format!(
                 "restart controller {restarts} times, {:.1}s apart{waited}",
@@ -89,6 +93,10 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
             let c = lab.condition(&n)?;
             if !c.powered || c.frozen {
                 return Ok(format!("skipped restarting {n}/agent: the node is off or frozen"));
+            }
+            if ctx.real_nodes {
+                delete_pods(lab, &format!("app.kubernetes.io/component={AGENT}"), Some(&n)).await?;
+                return Ok(format!("delete {n}'s agent pod{waited}"));
             }
             lab.restart_process(&format!("{n}/agent"))?;
             Ok(format!("restart {n}/agent{waited}"))
@@ -148,13 +156,30 @@ async fn start_control_plane(lab: &Lab, fault: &Fault) -> anyhow::Result<String>
 }
 
 /// Restarts the controller and records it: the verdict's remediation budget counts from the
-/// controller's last start.
-fn restart_controller(lab: &Lab) -> anyhow::Result<()> {
-    lab.timeline().record(Event::Fault {
+/// controller's last start. On real nodes both replicas' pods are deleted, as `kubectl delete`
+/// does (their Deployment starts new ones).
+async fn restart_controller(ctx: &Ctx<'_>) -> anyhow::Result<()> {
+    ctx.lab.timeline().record(Event::Fault {
         node: None,
         fault: verdict::CONTROLLER_RESTART.to_owned(),
     });
-    lab.restart_process("controller")?;
+    if ctx.real_nodes {
+        return delete_pods(ctx.lab, "app.kubernetes.io/component=controller", None).await;
+    }
+    ctx.lab.restart_process("controller")?;
+    Ok(())
+}
+
+/// Deletes nodemedic's pods with `labels` (on `node` only, if given), gracefully.
+async fn delete_pods(lab: &Lab, labels: &str, node: Option<&str>) -> anyhow::Result<()> {
+    let mut selection = ListParams::default().labels(labels);
+    if let Some(node) = node {
+        selection = selection.fields(&format!("spec.nodeName={node}"));
+    }
+    Api::<Pod>::namespaced(lab.client(), NS)
+        .delete_collection(&DeleteParams::default(), &selection)
+        .await
+        .with_context(|| format!("deleting the pods {labels} on {}", node.unwrap_or("any node")))?;
     Ok(())
 }
 

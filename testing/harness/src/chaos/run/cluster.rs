@@ -11,7 +11,7 @@ use k8s_openapi::api::{
 use kube::{Api, api::ListParams};
 use nodemedic_api::{fence_agents::FenceAgentsRemediation, names::leases, self_remediation::SelfNodeRemediation};
 use nodemedic_kube::node_lease;
-use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, data_witness::DataWitness};
 use serde_json::json;
 
 use super::UNHEALTHY_FOR;
@@ -20,6 +20,7 @@ use crate::{
         plan::{PathKind, Shape, Strategy},
         verdict::{NodeSnapshot, Snapshot},
     },
+    real_nodes,
     scenario::{self, NS},
 };
 
@@ -120,15 +121,7 @@ pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone:
         .collect();
     let mut config = LabConfig::new(nodes);
     if shape.path == PathKind::FenceRedfish {
-        let delays = if shape.slow_bmc {
-            PowerDelays::Realistic
-        } else {
-            PowerDelays::None
-        };
-        config = config.with_bmcs(BmcOptions {
-            delays,
-            ..BmcOptions::default()
-        });
+        config = config.with_bmcs(bmc_options(shape));
     }
     if alone {
         config = config.alone();
@@ -136,18 +129,12 @@ pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone:
     let lab = Lab::start(config).await.context("starting the lab")?;
     scenario::create_namespace(&lab.client(), NS).await?;
     let metrics = scenario::free_port()?;
-    let nhc = match shape.path {
+    match shape.path {
         PathKind::SelfRemediation => {
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
-            let config = if peer_detection {
-                scenario::with_detector(scenario::FAST_CONFIG)
-            } else {
-                scenario::FAST_CONFIG.to_owned()
-            };
-            scenario::install_self_remediation(&lab, exe, &config, metrics).await?;
+            scenario::install_self_remediation(&lab, exe, &scenario::fast_config(peer_detection), metrics).await?;
             scenario::deploy_workload(&lab).await?;
             scenario::agents_settled(&lab).await?;
-            "002-nhc-snr-3node.yaml"
         }
         PathKind::FenceRedfish => {
             if peer_detection {
@@ -164,10 +151,20 @@ pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone:
             }
             apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
             scenario::deploy_workload(&lab).await?;
-            "002-nhc-far-3node.yaml"
         }
+    }
+    apply_health_check(&lab, shape.path, peer_detection)?;
+    Ok(lab)
+}
+
+/// The seed health check of `path` on the trial's template, its durations [`UNHEALTHY_FOR`],
+/// with `peer_detection` also unhealthy on PeersReachable=False at once.
+fn apply_health_check(lab: &Lab, path: PathKind, peer_detection: bool) -> anyhow::Result<()> {
+    let nhc = match path {
+        PathKind::SelfRemediation => "002-nhc-snr-3node.yaml",
+        PathKind::FenceRedfish => "002-nhc-far-3node.yaml",
     };
-    scenario::apply_seed(&lab, nhc, |m| {
+    scenario::apply_seed(lab, nhc, |m| {
         m["spec"]["remediationTemplate"]["name"] = json!(TEMPLATE);
         if let Some(conditions) = m["spec"]["unhealthyConditions"].as_array_mut() {
             for c in conditions.iter_mut() {
@@ -178,7 +175,53 @@ pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone:
             }
         }
     })?;
-    Ok(lab)
+    Ok(())
+}
+
+/// A lab of real nodes of the shape: nodemedic installed by `helm install` from its images
+/// (controller and agents as pods, self remediation's agents on every node whatever the
+/// path), the writer StatefulSet running, and the seed health check for the path in place of
+/// the chart's default one, so the trial chooses the template's strategy. Returns the lab and
+/// the witness of the writer's volume.
+pub(super) async fn setup_real(
+    exe: &Path,
+    shape: Shape,
+    peer_detection: bool,
+    alone: bool,
+) -> anyhow::Result<(Lab, DataWitness)> {
+    let mut config = real_nodes::config(exe)?;
+    config.nodes = (1..=shape.nodes)
+        .map(|i| NodeSpec::control_plane_worker(&format!("node-{i}")).real())
+        .collect();
+    if shape.path == PathKind::FenceRedfish {
+        config = config.with_bmcs(bmc_options(shape));
+    }
+    if alone {
+        config = config.alone();
+    }
+    let lab = Lab::start(config).await.context("starting a lab of real nodes")?;
+    // The default check off whatever the path: the campaign's own check replaces it.
+    let values = real_nodes::values(&scenario::fast_config(peer_detection), true)?;
+    real_nodes::helm_install(&lab, &values).await?;
+    if shape.path == PathKind::FenceRedfish {
+        scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+    }
+    apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
+    let (_, witness) = real_nodes::start_writer(&lab).await?;
+    apply_health_check(&lab, shape.path, peer_detection)?;
+    Ok((lab, witness))
+}
+
+fn bmc_options(shape: Shape) -> BmcOptions {
+    let delays = if shape.slow_bmc {
+        PowerDelays::Realistic
+    } else {
+        PowerDelays::None
+    };
+    BmcOptions {
+        delays,
+        ..BmcOptions::default()
+    }
 }
 
 /// The path's template, named [`TEMPLATE`], with the trial's strategy. Fence agents: the seed

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Context;
 use nodemedic_healthcheck::decide::{Budget, IntOrPercent};
-use nodemedic_lab::{Event, Lab, wait};
+use nodemedic_lab::{Event, Lab, data_witness::DataWitness, wait};
 use serde::Serialize;
 
 pub use super::plan::kind;
@@ -22,7 +22,7 @@ use super::{
     plan::{self, EXTRA_NODE, PathKind, Shape, TrialPlan},
     verdict::{self, Params, Violation, ViolationKind},
 };
-use crate::scenario;
+use crate::{real_nodes, scenario};
 use act::{Ctx, Faults};
 
 /// The health check's unhealthy durations in the lab (the seed's 10 s, shortened as the bench's
@@ -38,6 +38,8 @@ const CLEANUP: Duration = Duration::from_secs(60);
 /// kubelet backs off a container that keeps exiting.
 const CONTROLLER_BACKOFF: Duration = Duration::from_secs(5);
 const POD: &str = "vm/db-0";
+/// Real nodes: how long after recovery the writer has to sync a record.
+const WRITES_AGAIN: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,12 +61,23 @@ pub struct TrialResult {
     pub replay: String,
     /// Where the lab's logs were kept (a trial with a violation or an error keeps them).
     pub logs: Option<PathBuf>,
+    /// Real nodes: the records on the writer's volume once the trial was judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<usize>,
+}
+
+/// A lab kept for the trials of its shape, with the witness of its writer's volume (real
+/// nodes).
+struct Kept {
+    shape: Shape,
+    lab: Lab,
+    witness: Option<DataWitness>,
 }
 
 /// Runs trials; keeps the last lab for the next trial of its shape.
 pub struct Runner {
     exe: PathBuf,
-    lab: Option<(Shape, Lab)>,
+    lab: Option<Kept>,
     /// The `--nodes` restriction, repeated in replay commands.
     nodes_option: Option<usize>,
     /// `--peer-detection`: every lab runs the peer failure detector.
@@ -104,6 +117,7 @@ impl Runner {
             error: None,
             replay: super::replay(plan, self.nodes_option, self.peer_detection),
             logs: None,
+            records: None,
         };
         if let Err(e) = self.run(plan, &mut result).await {
             result.error = Some(format!("{e:#}"));
@@ -111,49 +125,55 @@ impl Runner {
         // A lab is reused only after a trial that ran and recovered cleanly; the logs of one that
         // did not are kept, to find out why (a replay is a race run again, and may pass).
         if result.error.is_some() || !result.violations.is_empty() {
-            result.logs = self.lab.as_ref().map(|(_, lab)| lab.keep_logs());
+            result.logs = self.lab.as_ref().map(|kept| kept.lab.keep_logs());
             self.lab = None;
         }
         result
     }
 
-    async fn lab(&mut self, shape: Shape) -> anyhow::Result<&Lab> {
-        if self.lab.as_ref().is_some_and(|(s, _)| *s != shape) {
+    async fn lab(&mut self, shape: Shape) -> anyhow::Result<&mut Kept> {
+        if self.lab.as_ref().is_some_and(|kept| kept.shape != shape) {
             // Dropped first: a campaign's lab waits for every other lab to end, its last one too.
             self.lab = None;
         }
         if self.lab.is_none() {
             println!("    starting a lab: {shape:?}");
-            self.lab = Some((
-                shape,
-                cluster::setup(&self.exe, shape, self.peer_detection, self.alone).await?,
-            ));
+            let (lab, witness) = if shape.real_nodes {
+                let (lab, witness) = cluster::setup_real(&self.exe, shape, self.peer_detection, self.alone).await?;
+                (lab, Some(witness))
+            } else {
+                let lab = cluster::setup(&self.exe, shape, self.peer_detection, self.alone).await?;
+                (lab, None)
+            };
+            self.lab = Some(Kept { shape, lab, witness });
         }
-        self.lab.as_ref().map(|(_, lab)| lab).context("no lab")
+        self.lab.as_mut().context("no lab")
     }
 
     async fn run(&mut self, plan: &TrialPlan, result: &mut TrialResult) -> anyhow::Result<()> {
         plan::validate(plan).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
         let exe = self.exe.clone();
-        let lab = self.lab(plan.shape).await?;
+        let kept = self.lab(plan.shape).await?;
+        let (lab, witness) = (&kept.lab, kept.witness.as_mut());
         tokio::select! {
-            done = trial(lab, &exe, plan, result) => done,
-            never = kubelet(lab) => match never {},
+            done = trial(lab, &exe, plan, result, witness) => done,
+            never = kubelet(lab, plan.shape.real_nodes) => match never {},
         }
     }
 }
 
 /// Restarts kube-controller-manager and kube-scheduler whenever they exit, as the kubelet of a
-/// real control-plane node does (see [`Lab::revive_control_plane`]), and the controller, as the
-/// kubelet of its Deployment's pod does: a controller that loses the lead (the API server or
-/// etcd gone longer than its lease) exits so as never to act beside a new leader.
-async fn kubelet(lab: &Lab) -> std::convert::Infallible {
+/// real control-plane node does (see [`Lab::revive_control_plane`]), and on kwok nodes the
+/// controller, as the kubelet of its Deployment's pod does: a controller that loses the lead
+/// (the API server or etcd gone longer than its lease) exits so as never to act beside a new
+/// leader. On real nodes the controller's pods have real kubelets.
+async fn kubelet(lab: &Lab, real_nodes: bool) -> std::convert::Infallible {
     let mut controller_started = tokio::time::Instant::now();
     loop {
         if let Err(error) = lab.revive_control_plane() {
             tracing::warn!(%error, "restarting the control plane failed");
         }
-        if !lab.process_running("controller") && controller_started.elapsed() >= CONTROLLER_BACKOFF {
+        if !real_nodes && !lab.process_running("controller") && controller_started.elapsed() >= CONTROLLER_BACKOFF {
             match lab.restart_process("controller") {
                 Ok(()) => lab
                     .timeline()
@@ -167,8 +187,14 @@ async fn kubelet(lab: &Lab) -> std::convert::Infallible {
 }
 
 /// One trial in a ready lab: baseline, the steps at their times, quiet until the plan's end,
-/// heal, recovery, verdict.
-async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult) -> anyhow::Result<()> {
+/// heal, recovery, verdict (on real nodes, the writer's volume's too).
+async fn trial(
+    lab: &Lab,
+    exe: &Path,
+    plan: &TrialPlan,
+    result: &mut TrialResult,
+    witness: Option<&mut DataWitness>,
+) -> anyhow::Result<()> {
     let mut found = lab.nodes();
     found.sort();
     anyhow::ensure!(
@@ -202,6 +228,7 @@ async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult
         nodes: &result.nodes,
         originals: &found,
         since,
+        real_nodes: plan.shape.real_nodes,
     };
     let mut faults = Faults::default();
     let mut failed = None;
@@ -237,6 +264,11 @@ async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult
             .map_err(|e| format!("the membership did not settle on the lab's nodes: {e}"));
     }
     let until = jiff::Timestamp::now();
+    if let Some(witness) = witness {
+        let (records, violations) = data_verdict(witness, recovered.is_ok()).await;
+        result.records = Some(records);
+        result.violations.extend(violations);
+    }
     if let Err(detail) = recovered {
         result.violations.push(Violation {
             kind: ViolationKind::NotRecovered,
@@ -273,6 +305,43 @@ async fn trial(lab: &Lab, exe: &Path, plan: &TrialPlan, result: &mut TrialResult
         Some(e) => anyhow::bail!(e),
         None => Ok(()),
     }
+}
+
+/// The data witness's verdict on the writer's volume, and how many records it holds: once the
+/// cluster `recovered`, the writer must also sync a record again.
+async fn data_verdict(witness: &mut DataWitness, recovered: bool) -> (usize, Vec<Violation>) {
+    let (records, found) = witness.look();
+    let instances = records
+        .iter()
+        .map(|r| r.instance.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    let mut violations: Vec<Violation> = found
+        .iter()
+        .map(|v| Violation {
+            kind: ViolationKind::DataWitness,
+            node: None,
+            at: None,
+            detail: format!("{} ({})", v, witness.path().display()),
+        })
+        .collect();
+    if recovered
+        && violations.is_empty()
+        && let Err(e) = real_nodes::records(witness, records.len(), instances, WRITES_AGAIN).await
+    {
+        let kind = if witness.look().1.is_empty() {
+            ViolationKind::NotRecovered
+        } else {
+            ViolationKind::DataWitness
+        };
+        violations.push(Violation {
+            kind,
+            node: None,
+            at: None,
+            detail: format!("the writer after recovery: {e}"),
+        });
+    }
+    (witness.look().0.len(), violations)
 }
 
 /// The restarts [`kubelet`] made during the trial, as log lines: one per process, however

@@ -15,6 +15,7 @@ const SNR3: Shape = Shape {
     nodes: 3,
     path: PathKind::SelfRemediation,
     slow_bmc: false,
+    real_nodes: false,
 };
 const SNR5: Shape = Shape { nodes: 5, ..SNR3 };
 const FAR3: Shape = Shape {
@@ -574,6 +575,27 @@ fn long_outages_outlast_every_bound_agents_once_had_and_are_watched_after() {
     assert!(seen > 50, "{seen} long outages in 1,000 trials");
 }
 
+proptest! {
+    #[test]
+    fn real_node_plans_are_sound_and_play_only_what_real_nodes_play(seed in any::<u64>(), index in 0usize..500) {
+        let options = Options { real_nodes: true, ..Options::default() };
+        let p = plan::plan_with(seed, index, options);
+        prop_assert!(p.shape.real_nodes && p.shape.nodes == 3 && !p.shape.churns());
+        let path = if (index / plan::BLOCK).is_multiple_of(2) { PathKind::SelfRemediation } else { PathKind::FenceRedfish };
+        prop_assert_eq!(p.shape.path, path);
+        prop_assert_eq!(plan::validate(&p), Ok(()), "{:?}", p);
+        for step in &p.steps {
+            let kwok_only = matches!(
+                step.action,
+                Action::AddNode { .. } | Action::RemoveNode { .. } | Action::Fault(Fault::FillDisk { .. }) | Action::Fault(Fault::StopEtcd)
+            );
+            prop_assert!(!kwok_only, "{:?}", step);
+        }
+        let kinds = summary::counts([&p]).to_string();
+        prop_assert!(!kinds.contains(LONG_APISERVER_OUTAGE) && !kinds.contains(LONG_ETCD_OUTAGE), "{}", kinds);
+    }
+}
+
 /// The plans a committed campaign ran (seed 13, 15 trials, before the plan version existed).
 const COMMITTED_REPORT: &str = include_str!("../../../../../bench/results/chaos-20261129T032813Z.json");
 
@@ -584,6 +606,7 @@ fn version_one_replays_what_a_committed_campaign_ran() {
     let options = Options {
         nodes: report["nodes"].as_u64().map(|n| n as usize),
         version: 1,
+        real_nodes: false,
     };
     let trials = report["trials"].as_array().expect("its trials");
     assert!(trials.len() >= 15, "{} trials", trials.len());
