@@ -17,7 +17,7 @@ use nodemedic_harness::{
     scenario::{self, NS},
     story::{self, Milestone, Subject},
 };
-use nodemedic_lab::{BmcOptions, Lab, LabConfig, PowerDelays, Timings, data_witness::DataWitness, witness};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, Timings, data_witness::DataWitness, witness};
 use serde_json::json;
 
 #[derive(Args, Debug)]
@@ -62,10 +62,7 @@ async fn simulated(args: &DemoArgs, shortened: Option<u32>) -> anyhow::Result<(L
         config = config.with_timings(Timings::kubernetes_defaults());
     }
     if args.fence_agents {
-        config = config.with_bmcs(BmcOptions {
-            delays: PowerDelays::None,
-            ..BmcOptions::default()
-        });
+        config = config.with_bmcs(BmcOptions::default());
     }
     println!(
         "==> starting a lab: a real control plane and three simulated nodes{}",
@@ -141,10 +138,7 @@ async fn real(args: &DemoArgs, shortened: Option<u32>) -> anyhow::Result<(Lab, S
     let exe = nodemedic_harness::product::nodemedic()?;
     let mut config = real_nodes::config(&exe).context("real nodes import the images `make image` builds")?;
     if args.fence_agents {
-        config = config.with_bmcs(BmcOptions {
-            delays: PowerDelays::None,
-            ..BmcOptions::default()
-        });
+        config = config.with_bmcs(BmcOptions::default());
     }
     println!(
         "==> starting a lab: a real control plane and three real nodes (a kubelet, containerd and runc each){}",

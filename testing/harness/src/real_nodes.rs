@@ -4,10 +4,7 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment},
-    core::v1::Pod,
-};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use kube::Api;
 use nodemedic_lab::{
     Error, Lab, LabConfig, NodeSpec, Result,
@@ -108,26 +105,12 @@ async fn installed(lab: &Lab) -> Result<()> {
     .await
 }
 
-/// The node `vm/db-0` runs on once it runs (not on `not_on`).
-pub async fn writer_running(lab: &Lab, not_on: Option<&str>, timeout: Duration) -> Result<String> {
-    let pods = Api::<Pod>::namespaced(lab.client(), "vm");
-    wait::until("db-0 running", timeout, || async {
-        let Some(pod) = pods.get_opt("db-0").await? else {
-            return Ok(None);
-        };
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-        Ok(node.filter(|n| running && Some(n.as_str()) != not_on))
-    })
-    .await
-}
-
 /// The writer StatefulSet running with more than a few records synced: its node and the witness
 /// of its volume.
 pub async fn start_writer(lab: &Lab) -> Result<(String, DataWitness)> {
     scenario::create_namespace(&lab.client(), "vm").await?;
     lab.apply_yaml(workloads::WRITER_STATEFULSET)?;
-    let node = writer_running(lab, None, INSTALLED).await?;
+    let node = lab.writer_running(None, INSTALLED).await?;
     let mut witness = lab.data_witness("vm", "data-db-0").await?;
     records(&mut witness, 5, 1, INSTALLED).await?;
     Ok((node, witness))

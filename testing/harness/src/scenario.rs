@@ -15,7 +15,10 @@ use kube::{
     Api, Client,
     api::{ListParams, ObjectMeta, PostParams},
 };
-use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation,
+    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
+};
 use nodemedic_lab::{Lab, ProcessSpec, Result, seeds, wait, workloads::STATEFULSET};
 use nodemedic_self_remediation::registration;
 
@@ -551,6 +554,22 @@ pub async fn members_are(lab: &Lab, nodes: &[String]) -> Result<()> {
             }
         },
     )
+    .await
+}
+
+/// Waits until no remediation (self remediation's or fence agents') is left in nodemedic's
+/// namespace: each was removed once its node came back healthy.
+pub async fn every_remediation_removed(lab: &Lab, timeout: Duration) -> Result<()> {
+    let snrs = Api::<SelfNodeRemediation>::namespaced(lab.client(), NS);
+    let fars = Api::<FenceAgentsRemediation>::namespaced(lab.client(), NS);
+    wait::until("every remediation removed", timeout, || {
+        let (snrs, fars) = (snrs.clone(), fars.clone());
+        async move {
+            let left = snrs.list(&ListParams::default()).await?.items.len()
+                + fars.list(&ListParams::default()).await?.items.len();
+            Ok((left == 0).then_some(()))
+        }
+    })
     .await
 }
 

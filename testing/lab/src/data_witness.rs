@@ -166,6 +166,22 @@ impl crate::Lab {
                 .join("records"),
         ))
     }
+
+    /// The node the writer's pod (`vm/db-0`, of [`crate::workloads::WRITER_STATEFULSET`]) runs
+    /// on, once it runs (and not on `not_on`).
+    pub async fn writer_running(&self, not_on: Option<&str>, timeout: std::time::Duration) -> crate::Result<String> {
+        use k8s_openapi::api::core::v1::Pod;
+        let pods = kube::Api::<Pod>::namespaced(self.client(), "vm");
+        crate::wait::until("db-0 running", timeout, || async {
+            let Some(pod) = pods.get_opt("db-0").await? else {
+                return Ok(None);
+            };
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            Ok(node.filter(|n| running && Some(n.as_str()) != not_on))
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

@@ -44,9 +44,7 @@ async fn start_writer(lab: &Lab) -> (String, DataWitness, Vec<nodemedic_lab::dat
 /// before and no second writer. Prints its last record on `a` and its first on the new node.
 async fn crash_and_move(lab: &Lab, a: &str, witness: &mut DataWitness, before: &[nodemedic_lab::data_witness::Record]) {
     lab.crash(a).await.expect("crash");
-    let b = real_nodes::writer_running(lab, Some(a), LONG)
-        .await
-        .expect("the writer elsewhere");
+    let b = lab.writer_running(Some(a), LONG).await.expect("the writer elsewhere");
     let after = real_nodes::records(witness, before.len() + 5, 2, LONG)
         .await
         .expect("its records");

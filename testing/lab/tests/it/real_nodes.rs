@@ -1,11 +1,11 @@
 //! Real nodes: a kubelet and containerd running a pod that writes, beside a kwok node; power,
 //! freezing and the boot, checked from the pod's own records on the node's disk and from the API.
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, api::PostParams};
-use nodemedic_lab::{Lab, LabConfig, NodeSpec, real_node::WRITER_IMAGE, wait};
+use nodemedic_lab::{Lab, LabConfig, NodeSpec, data_witness, real_node::WRITER_IMAGE, wait};
 
 use crate::support::logs;
 
@@ -14,19 +14,10 @@ fn records(lab: &Lab, node: &str) -> Vec<(String, u64)> {
     let path = lab
         .node_host_path(node, "/var/lib/nodemedic/writer/records")
         .expect("a real node's path");
-    read_records(&path)
-}
-
-fn read_records(path: &Path) -> Vec<(String, u64)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let instance = fields.next()?.to_owned();
-            let sequence = fields.next()?.parse().ok()?;
-            fields.next()?;
-            Some((instance, sequence))
-        })
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    data_witness::parse(&text)
+        .into_iter()
+        .map(|r| (r.instance, r.sequence))
         .collect()
 }
 
@@ -162,28 +153,7 @@ async fn a_real_node_runs_a_writer_loses_it_with_its_power_and_runs_it_again_aft
     assert!(after.iter().all(|(instance, _)| *instance == uid), "{after:?}");
 }
 
-#[test]
-fn a_torn_last_line_is_no_record() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("records");
-    std::fs::write(&path, "a 1 100\na 2 200\na 3").expect("write");
-    assert_eq!(read_records(&path), vec![("a".to_owned(), 1), ("a".to_owned(), 2)]);
-}
-
 /// The node `vm/db-0` runs on, once it runs.
-async fn db_running(pods: &Api<Pod>, not_on: Option<&str>) -> String {
-    wait::until("db-0 running", Duration::from_secs(120), || async {
-        let Some(pod) = pods.get_opt("db-0").await? else {
-            return Ok(None);
-        };
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-        Ok(node.filter(|n| running && Some(n.as_str()) != not_on))
-    })
-    .await
-    .expect("db-0 runs")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_writer_s_volume_moves_with_it_through_the_lab_s_csi_driver_and_its_records_go_on() {
     logs();
@@ -196,8 +166,10 @@ async fn a_real_writer_s_volume_moves_with_it_through_the_lab_s_csi_driver_and_i
     lab.kubectl(&["create", "namespace", "vm"]).expect("namespace");
     lab.apply_yaml(nodemedic_lab::workloads::WRITER_STATEFULSET)
         .expect("the writer");
-    let pods = Api::<Pod>::namespaced(lab.client(), "vm");
-    let first_node = db_running(&pods, None).await;
+    let first_node = lab
+        .writer_running(None, Duration::from_secs(120))
+        .await
+        .expect("db-0 runs");
     let mut witness = lab.data_witness("vm", "data-db-0").await.expect("the claim's volume");
     let first = wait::until("the first instance's records", Duration::from_secs(60), || {
         let (records, violations) = witness.look();
@@ -212,7 +184,10 @@ async fn a_real_writer_s_volume_moves_with_it_through_the_lab_s_csi_driver_and_i
     lab.kubectl(&["cordon", &first_node]).expect("cordon");
     lab.kubectl(&["delete", "pod", "-n", "vm", "db-0", "--wait=false"])
         .expect("delete");
-    let second_node = db_running(&pods, Some(&first_node)).await;
+    let second_node = lab
+        .writer_running(Some(&first_node), Duration::from_secs(120))
+        .await
+        .expect("db-0 runs elsewhere");
     let moved = wait::until("the second instance's records", Duration::from_secs(60), || {
         let (records, violations) = witness.look();
         assert!(violations.is_empty(), "{violations:?}");

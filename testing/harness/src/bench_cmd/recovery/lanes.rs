@@ -9,16 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kube::Api;
-use nodemedic_api::{
-    fence_agents::FenceAgentsRemediation,
-    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
-};
+use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
 use nodemedic_harness::{
     bench::{self, Breakdown},
     scenario::{self, NS},
     story::{self, Milestone, Subject},
 };
-use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, Timings, wait, workloads::STATEFULSET};
+use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, Timings, wait, workloads::STATEFULSET};
 use serde_json::{Map, Value, json};
 
 use super::{Path, Profile, Strategy};
@@ -97,10 +94,7 @@ fn config(path: Path, profile: Profile, lanes: &[Lane]) -> LabConfig {
         config = config.with_timings(Timings::kubernetes_defaults());
     }
     if path != Path::SelfRemediation {
-        config = config.with_bmcs(BmcOptions {
-            delays: PowerDelays::None,
-            ..BmcOptions::default()
-        });
+        config = config.with_bmcs(BmcOptions::default());
     }
     config
 }
@@ -242,17 +236,7 @@ pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::
         lab.wait_ready_status(&subject.node, "True", Duration::from_secs(300))
             .await?;
     }
-    let snrs = Api::<SelfNodeRemediation>::namespaced(client.clone(), NS);
-    let fars = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
-    wait::until("every remediation removed", Duration::from_secs(300), || {
-        let (snrs, fars) = (snrs.clone(), fars.clone());
-        async move {
-            let left =
-                snrs.list(&Default::default()).await?.items.len() + fars.list(&Default::default()).await?.items.len();
-            Ok((left == 0).then_some(()))
-        }
-    })
-    .await?;
+    scenario::every_remediation_removed(lab, Duration::from_secs(300)).await?;
     Ok(measured)
 }
 

@@ -6,14 +6,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use kube::Api;
-use nodemedic_api::{fence_agents::FenceAgentsRemediation, self_remediation::SelfNodeRemediation};
-use nodemedic_harness::{
-    product, real_nodes,
-    scenario::{self, NS},
-    story::Subject,
-};
-use nodemedic_lab::{BmcOptions, Lab, PowerDelays, data_witness::DataWitness, wait, witness};
+use nodemedic_harness::{product, real_nodes, scenario, story::Subject};
+use nodemedic_lab::{BmcOptions, Lab, data_witness::DataWitness, witness};
 
 use super::{Path, Profile, Series, Strategy, lanes};
 
@@ -26,10 +20,7 @@ async fn start(path: Path) -> anyhow::Result<(Lab, String, DataWitness)> {
     let fence = path == Path::FenceRedfish;
     let mut config = real_nodes::config(&product::nodemedic()?)?;
     if fence {
-        config = config.with_bmcs(BmcOptions {
-            delays: PowerDelays::None,
-            ..BmcOptions::default()
-        });
+        config = config.with_bmcs(BmcOptions::default());
     }
     let lab = Lab::start(config).await.context("starting a lab of real nodes")?;
     let values = real_nodes::values(&scenario::fast_config(fence), fence)?;
@@ -112,22 +103,11 @@ async fn one_trial(
     let records = real_nodes::records(witness, before.len(), writers, LONG).await?;
     let (_, first) = real_nodes::handover(&records, &previous).context("the writer's handover")?;
     let first_record = (i128::from(first.nanos) - since.as_nanosecond()) as f64 / 1e9;
-    let moved_to = real_nodes::writer_running(lab, Some(node), LONG).await?;
+    let moved_to = lab.writer_running(Some(node), LONG).await?;
     if path == Path::SelfRemediation {
         lab.power_on(node).await?;
     }
     lab.wait_ready_status(node, "True", LONG).await?;
-    let client = lab.client();
-    let snrs = Api::<SelfNodeRemediation>::namespaced(client.clone(), NS);
-    let fars = Api::<FenceAgentsRemediation>::namespaced(client, NS);
-    wait::until("every remediation removed", LONG, || {
-        let (snrs, fars) = (snrs.clone(), fars.clone());
-        async move {
-            let left =
-                snrs.list(&Default::default()).await?.items.len() + fars.list(&Default::default()).await?.items.len();
-            Ok((left == 0).then_some(()))
-        }
-    })
-    .await?;
+    scenario::every_remediation_removed(lab, LONG).await?;
     Ok((breakdown, first_record, moved_to))
 }
