@@ -114,6 +114,12 @@ impl Inner {
         }
         crate::lab::record_boot(&self.resources.dir, node)?;
         self.resources.net.set_link(node, true)?;
+        // The link going down took the routes through it: a real node's pods would reach
+        // neither a Service (its default route) nor the other nodes' pods.
+        if self.nodes.is_real(node) {
+            let index = self.index(node)?;
+            crate::real_node::route_pods(&self.resources.net, &self.nodes.real(), &[(node.to_owned(), index)])?;
+        }
         for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
             p.reap();
             p.start()?;

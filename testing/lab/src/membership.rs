@@ -83,6 +83,15 @@ impl NodeTable {
         self.read().get(node).is_some_and(|n| n.spec.real)
     }
 
+    /// The real nodes, each with its index.
+    pub(crate) fn real(&self) -> Vec<(String, usize)> {
+        self.read()
+            .iter()
+            .filter(|(_, n)| n.spec.real)
+            .map(|(name, n)| (name.clone(), n.index))
+            .collect()
+    }
+
     pub(crate) fn specs(&self) -> Vec<NodeSpec> {
         self.read().values().map(|n| n.spec.clone()).collect()
     }
@@ -309,14 +318,7 @@ impl Inner {
         inner.kubelets().start(spec, index)?;
         inner.nodes.insert(spec, index);
         if spec.real {
-            let real: Vec<(String, usize)> = inner
-                .nodes
-                .specs()
-                .into_iter()
-                .filter(|s| s.real)
-                .filter_map(|s| inner.nodes.index(&s.name).map(|i| (s.name, i)))
-                .collect();
-            real_node::route_pods(net, &real, &[(name.to_owned(), index)])?;
+            real_node::route_pods(net, &inner.nodes.real(), &[(name.to_owned(), index)])?;
         }
         Ok(())
     }

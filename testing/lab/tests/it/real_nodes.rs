@@ -1,9 +1,9 @@
 //! Real nodes: a kubelet and containerd running a pod that writes, beside a kwok node; power,
 //! freezing and the boot, checked from the pod's own records on the node's disk and from the API.
 
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::{Api, api::PostParams};
 use nodemedic_lab::{Lab, LabConfig, NodeSpec, data_witness, real_node::WRITER_IMAGE, wait};
 
@@ -151,6 +151,25 @@ async fn a_real_node_runs_a_writer_loses_it_with_its_power_and_runs_it_again_aft
         "the sequence has gaps or repeats: {sequences:?}"
     );
     assert!(after.iter().all(|(instance, _)| *instance == uid), "{after:?}");
+
+    // The boot brought the node's routes back with its link: what runs on its network (an
+    // agent pod, say) reaches the API server through the `kubernetes` Service again.
+    let service = Api::<Service>::namespaced(lab.client(), "default")
+        .get("kubernetes")
+        .await
+        .expect("the kubernetes Service");
+    let ip: Ipv4Addr = service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("its cluster IP");
+    wait::until(
+        "node-1 reaching the kubernetes Service",
+        Duration::from_secs(30),
+        || async { Ok(lab.node_can_reach("node-1", ip, 443)?.then_some(())) },
+    )
+    .await
+    .expect("the Service reachable after the boot");
 }
 
 /// The node `vm/db-0` runs on, once it runs.
