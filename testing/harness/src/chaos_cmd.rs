@@ -51,7 +51,8 @@ pub(crate) struct ChaosArgs {
     /// its images; the writer StatefulSet judged by the data witness too): three nodes unless
     /// `--nodes` says otherwise, self remediation and fence agents by turns, no membership
     /// churn, and node faults where the kwok campaign draws long control-plane outages or a
-    /// full disk.
+    /// full disk. The chart runs self remediation's agents on every node, so fence agents' labs
+    /// have them too (a partitioned node's agent may reset it through its watchdog).
     #[arg(long)]
     pub real_nodes: bool,
 }

@@ -115,10 +115,12 @@ impl Inner {
         crate::lab::record_boot(&self.resources.dir, node)?;
         self.resources.net.set_link(node, true)?;
         // The link going down took the routes through it: a real node's pods would reach
-        // neither a Service (its default route) nor the other nodes' pods.
-        if self.nodes.is_real(node) {
-            let index = self.index(node)?;
-            crate::real_node::route_pods(&self.resources.net, &self.nodes.real(), &[(node.to_owned(), index)])?;
+        // neither a Service (its default route) nor the other nodes' pods. Best effort: a node
+        // that boots without them is still a node that boots.
+        if self.nodes.is_real(node)
+            && let Err(error) = self.restore_routes(node)
+        {
+            tracing::warn!(%error, node, "the booted node's routes were not restored");
         }
         for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
             p.reap();
@@ -130,6 +132,21 @@ impl Inner {
             cause: cause.to_owned(),
         });
         self.set_condition(node, |c| c.powered = true)?;
+        Ok(())
+    }
+
+    /// Routes a real node's own traffic again after its link came back up: its default route
+    /// and the other real nodes' pod networks. Their namespaces kept their routes to it (their
+    /// links stayed up; one that is off has no link to route through).
+    fn restore_routes(&self, node: &str) -> Result<()> {
+        let net = &self.resources.net;
+        let index = self.index(node)?;
+        net.forward_pods(node, index)?;
+        for (other, other_index) in self.nodes.real() {
+            if other != node {
+                net.route_pods_from(other_index, &[node])?;
+            }
+        }
         Ok(())
     }
 

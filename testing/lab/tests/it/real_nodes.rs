@@ -172,7 +172,6 @@ async fn a_real_node_runs_a_writer_loses_it_with_its_power_and_runs_it_again_aft
     .expect("the Service reachable after the boot");
 }
 
-/// The node `vm/db-0` runs on, once it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_writer_s_volume_moves_with_it_through_the_lab_s_csi_driver_and_its_records_go_on() {
     logs();

@@ -11,13 +11,14 @@ use kube::{
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
 use nodemedic_lab::{Event, Lab, NodeSpec, wait};
+use nodemedic_self_remediation::manager::daemonset;
 use serde_json::json;
 
 use crate::chaos::{plan::Action, verdict};
 use crate::scenario::{self, LabWatchdog, NS};
 
-/// The agent DaemonSet's pods' component label.
-const AGENT: &str = "nodemedic-agent";
+/// How long deleting pods (a restart on real nodes) is retried.
+const POD_DELETION: Duration = Duration::from_secs(30);
 /// How long a step `mid_remediation` waits for a remediation in flight.
 const MID_REMEDIATION: Duration = Duration::from_secs(40);
 /// How much longer than the lab the runner waits for the API after etcd is started again.
@@ -95,7 +96,12 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
                 return Ok(format!("skipped restarting {n}/agent: the node is off or frozen"));
             }
             if ctx.real_nodes {
-                delete_pods(lab, &format!("app.kubernetes.io/component={AGENT}"), Some(&n)).await?;
+                delete_pods(
+                    lab,
+                    &format!("app.kubernetes.io/component={}", daemonset::NAME),
+                    Some(&n),
+                )
+                .await?;
                 return Ok(format!("delete {n}'s agent pod{waited}"));
             }
             lab.restart_process(&format!("{n}/agent"))?;
@@ -170,16 +176,28 @@ async fn restart_controller(ctx: &Ctx<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes nodemedic's pods with `labels` (on `node` only, if given), gracefully.
+/// Deletes nodemedic's pods with `labels` (on `node` only, if given), gracefully; retried for a
+/// while, as the step may come right after the API server or etcd restarted. Deleting nothing is
+/// an error: the step would restart nothing.
 async fn delete_pods(lab: &Lab, labels: &str, node: Option<&str>) -> anyhow::Result<()> {
     let mut selection = ListParams::default().labels(labels);
     if let Some(node) = node {
         selection = selection.fields(&format!("spec.nodeName={node}"));
     }
-    Api::<Pod>::namespaced(lab.client(), NS)
-        .delete_collection(&DeleteParams::default(), &selection)
-        .await
-        .with_context(|| format!("deleting the pods {labels} on {}", node.unwrap_or("any node")))?;
+    let pods = Api::<Pod>::namespaced(lab.client(), NS);
+    let what = format!("deleting the pods {labels} on {}", node.unwrap_or("any node"));
+    wait::until(&what, POD_DELETION, || {
+        let (pods, selection) = (pods.clone(), selection.clone());
+        async move {
+            let deleted = pods
+                .delete_collection(&DeleteParams::default(), &selection)
+                .await?
+                .left()
+                .map_or(0, |list| list.items.len());
+            Ok((deleted > 0).then_some(()))
+        }
+    })
+    .await?;
     Ok(())
 }
 
