@@ -117,10 +117,11 @@ impl Inner {
         // The link going down took the routes through it: a real node's pods would reach
         // neither a Service (its default route) nor the other nodes' pods. Best effort: a node
         // that boots without them is still a node that boots.
-        if self.nodes.is_real(node)
-            && let Err(error) = self.restore_routes(node)
-        {
-            tracing::warn!(%error, node, "the booted node's routes were not restored");
+        if self.nodes.is_real(node) {
+            if let Err(error) = self.restore_routes(node) {
+                tracing::warn!(%error, node, "the booted node's routes were not restored");
+            }
+            crate::real_node::forget_the_last_boot(&self.resources.dir, node)?;
         }
         for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
             p.reap();

@@ -81,6 +81,20 @@ where
         async move { done.await.then_some(()) }
     })
     .await;
+    // Its agent earns a licence in the new boot and keeps feeding the watchdog: nothing of the
+    // last boot fences it again.
+    let fed = lab.watchdog_device_stats(a).expect("its watchdog").keepalives;
+    eventually(
+        &format!("{a}'s agent feeding its watchdog after the boot"),
+        LONG,
+        || async {
+            lab.watchdog_device_stats(a)
+                .ok()
+                .filter(|s| s.keepalives > fed + 5)
+                .map(|_| ())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

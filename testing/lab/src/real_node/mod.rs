@@ -80,6 +80,28 @@ const MACHINE_DIRECTORIES: [(&str, &str); 5] = [
     ("/var/lib/nodemedic", "nodemedic"),
 ];
 
+/// What a program on a node keys by the kernel's boot_id, so that a boot makes it stale. A
+/// machine's boot gives its kernel a new boot_id; the lab's real nodes share the host's kernel,
+/// whose boot_id never changes, so the lab's boot removes these instead. nodemedic's agent keys
+/// its licence record so: a later agent process of the same boot inherits a lapsed licence and
+/// fences at once, which on a lab node would reset every boot again.
+const BOOT_KEYED: [&str; 1] = ["/var/lib/nodemedic/licence.json"];
+
+/// Removes what [`BOOT_KEYED`] names on the real node (`lab_dir`: the lab's directory), as its
+/// new boot_id would make it stale.
+pub(crate) fn forget_the_last_boot(lab_dir: &Path, node: &str) -> Result<()> {
+    let node_dir = lab_dir.join("nodes").join(node);
+    for path in BOOT_KEYED.iter().filter_map(|p| on_the_host(&node_dir, p)) {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::Invalid(format!("removing {}: {e}", path.display())));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Where a path of a real node's machine is on the host (`node_dir` is the node's lab
 /// directory), if it is under one of the node's own directories.
 fn on_the_host(node_dir: &Path, path: &str) -> Option<PathBuf> {
