@@ -60,6 +60,9 @@ pub(crate) struct BenchArgs {
     /// kwok nodes.
     #[arg(long)]
     pub real_nodes: bool,
+    /// With `--real-nodes`: trials of each kwok series beside them (`--trials` by default).
+    #[arg(long)]
+    pub kwok_trials: Option<usize>,
     /// Where the JSON and markdown reports go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,

@@ -154,18 +154,16 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
 /// lab's fast profile.
 async fn run_beside_real_nodes(args: &BenchArgs) -> anyhow::Result<Section> {
     let mut all = Vec::new();
+    let kwok_trials = args.kwok_trials.unwrap_or(args.trials);
     for (path, detector) in [(Path::SelfRemediation, false), (Path::FenceRedfish, true)] {
-        println!(
-            "==> {path:?} / OutOfServiceTaint / Fast on kwok nodes: {} trials",
-            args.trials
-        );
+        println!("==> {path:?} / OutOfServiceTaint / Fast on kwok nodes: {kwok_trials} trials");
         all.extend(
             series(
                 path,
                 &[Strategy::OutOfServiceTaint],
                 Profile::Fast,
                 detector,
-                args.trials,
+                kwok_trials,
             )
             .await?,
         );
