@@ -51,17 +51,18 @@ impl Inner {
         let power = procs.power.entry(node.to_owned()).or_default();
         power.epoch += 1;
         power.booting = None;
+        // A real node's pods run in namespaces of their own and outlive their kubelet: its
+        // cgroup holds them all. Killed first: a frozen node's processes die only once thawed,
+        // which the cgroup's kill does, and waiting for one of them before it would never end.
+        if self.nodes.is_real(node) {
+            crate::real_node::cgroup::kill(&crate::real_node::cgroup::path(&self.id, node))?;
+        }
         for p in procs.by_name.values_mut().filter(|p| p.node() == Some(node)) {
             p.kill();
         }
         // Anything else that runs in the namespace dies with the machine too.
         for pid in self.resources.net.pids(node) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        // A real node's pods run in namespaces of their own and outlive their kubelet: its
-        // cgroup holds them all.
-        if self.nodes.is_real(node) {
-            crate::real_node::cgroup::kill(&crate::real_node::cgroup::path(&self.id, node))?;
         }
         self.watchdogs.power_lost(node);
         if let Err(error) = self.resources.net.set_link(node, false) {

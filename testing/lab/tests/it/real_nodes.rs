@@ -124,8 +124,13 @@ async fn a_real_node_runs_a_writer_loses_it_with_its_power_and_runs_it_again_aft
         .await
         .expect("Ready after the thaw");
 
-    // Off, every process of the node is gone at once, its pod's included.
-    lab.power_off("node-1").await.expect("power off");
+    // Off, every process of the node is gone at once, its pod's included; also when the node
+    // hung first (a watchdog or a BMC powers off a frozen node).
+    lab.freeze("node-1").await.expect("freeze");
+    tokio::time::timeout(Duration::from_secs(30), lab.power_off("node-1"))
+        .await
+        .expect("a frozen node powers off")
+        .expect("power off");
     assert!(lab.node_processes("node-1").expect("cgroup").is_empty());
     let at_power_off = records(&lab, "node-1");
     lab.wait_ready_status("node-1", "Unknown", Duration::from_secs(30))
