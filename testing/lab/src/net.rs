@@ -12,7 +12,7 @@ const FAULT_TABLE: &str = "nodemedic_fault";
 /// Node indices the node bridge has addresses for: .11 to .254.
 pub(crate) const NODE_SLOTS: usize = 244;
 
-/// Every lab's pod networks: 10.64.0.0/10, a /16 per lab (by its slot), a /26 per node (by its
+/// Every lab's pod networks: 10.64.0.0/10, a /18 per lab (by its slot), a /26 per node (by its
 /// index). Real nodes' pods are routed by these on the host, so no two labs on the machine may
 /// share one.
 pub(crate) const POD_NETWORKS: &str = "10.64.0.0/10";
