@@ -40,7 +40,8 @@ trap 'rm -rf "$work"' EXIT
 # The controller's base: what the fence agents need to run, without documentation. The cloud
 # SDKs' API models are most of the size; only the models the cloud agents use are kept (EC2 for
 # fence_aws), so the BMC agents (fence_redfish, fence_ipmilan, ...) and the cloud ones still work.
-packages=fence-agents,ipmitool,ca-certificates
+# kmod: the agent image's modprobe, taken from this base (see below).
+packages=fence-agents,ipmitool,ca-certificates,kmod
 excludes=(
   '/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*'
   '/usr/lib/python3/dist-packages/botocore/data/*'
@@ -102,6 +103,15 @@ agent=$work/agent-rootfs
 install -D -m 0755 -s "$agent_exe" "$agent/usr/local/bin/nodemedic-agent"
 ldd "$agent_exe" | grep -oE '/[^ ]+' | while read -r lib; do
   install -D -m 0755 "$(readlink -f "$lib")" "$agent$lib"
+done
+# Its modprobe, as medik8s's agent has one: on a node without a watchdog device the agent loads
+# softdog (from the node's /lib/modules, which the DaemonSet mounts). kmod and the libraries it
+# needs come from the controller's Debian base, resolved there.
+install -D -m 0755 "$controller/usr/bin/kmod" "$agent/usr/bin/kmod"
+mkdir -p "$agent/usr/sbin"
+ln -sf ../bin/kmod "$agent/usr/sbin/modprobe"
+chroot "$controller" /usr/bin/ldd /usr/bin/kmod | grep -oE '/[^ ]+' | while read -r lib; do
+  install -D -m 0755 "$(readlink -f "$controller$lib")" "$agent$lib"
 done
 mkdir -p "$agent/tmp" "$agent/etc"
 echo 'root:x:0:0:root:/:/usr/local/bin/nodemedic-agent' > "$agent/etc/passwd"

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod client;
 pub mod conditions;
 pub(crate) mod context;
+pub mod defaults;
 pub mod events;
 pub mod finalizers;
 pub mod leader;

@@ -55,6 +55,11 @@ pub(crate) struct ChaosArgs {
     /// have them too (a partitioned node's agent may reset it through its watchdog).
     #[arg(long)]
     pub real_nodes: bool,
+    /// nodemedic as the chart's default values install it, read from the rendered chart (its
+    /// default health check, on the trial's template, and its SelfNodeRemediationConfig, the
+    /// peer detector on), in place of the lab's fast configuration and the seed's checks.
+    #[arg(long, conflicts_with_all = ["peer_detection", "real_nodes"])]
+    pub chart_defaults: bool,
 }
 
 fn lab_size(s: &str) -> Result<usize, String> {
@@ -104,6 +109,9 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut runner = Runner::new(&exe, args.nodes, args.peer_detection).alone();
+    if args.chart_defaults {
+        runner = runner.with_chart_defaults();
+    }
     let mut results = Vec::new();
     std::fs::create_dir_all(&args.out)?;
     let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
@@ -165,6 +173,7 @@ fn write_report(
         "nodes": args.nodes,
         "peerDetection": args.peer_detection,
         "realNodes": args.real_nodes,
+        "chartDefaults": args.chart_defaults,
         "machine": machine,
         "planned": planned,
         "trials": results,
@@ -175,6 +184,11 @@ fn write_report(
     if args.real_nodes {
         md.push_str(
             "\nOn real nodes: a kubelet, containerd and real pods each; nodemedic installed by `helm install` from its images; the workload the writer StatefulSet, whose volume the data witness also reads after every trial (two writers, a synced record lost, a sequence skipped).\n",
+        );
+    }
+    if args.chart_defaults {
+        md.push_str(
+            "\nWith the chart's default values, read from the rendered chart: its default health check on the trial's template, and its SelfNodeRemediationConfig (docs/defaults.md says what they are).\n",
         );
     }
     if args.peer_detection {

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod chaos;
+pub mod chart_defaults;
 pub mod fleet;
 pub mod images;
 pub mod product;

@@ -41,9 +41,17 @@ pub fn config(exe: &Path) -> Result<LabConfig> {
 pub fn values(patch: &str, without_default_check: bool) -> Result<Vec<String>> {
     let patch: serde_json::Value =
         serde_json::from_str(patch).map_err(|e| Error::Invalid(format!("a SelfNodeRemediationConfig patch: {e}")))?;
+    // Helm merges the patch into the chart's own spec: what the patch leaves out of the chart's
+    // timing and detector defaults is removed (null), so the lab runs the patch alone.
+    let mut spec = patch["spec"].clone();
+    for chart_default in ["watchdogTimeout", "peerDetection"] {
+        if spec.get(chart_default).is_none() {
+            spec[chart_default] = serde_json::Value::Null;
+        }
+    }
     let mut values = vec![
         format!("defaultHealthCheck.unhealthyConditions={}", scenario::test_conditions()),
-        format!("selfNodeRemediationConfig.spec={}", patch["spec"]),
+        format!("selfNodeRemediationConfig.spec={spec}"),
     ];
     if without_default_check {
         values.push("defaultHealthCheck.enabled=false".into());

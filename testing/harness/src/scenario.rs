@@ -364,8 +364,11 @@ pub enum LabWatchdog {
     /// The node's emulated device ([`Lab::watchdog_device_path`]), driven by the product's Linux
     /// watchdog driver as a real device is.
     Device,
-    /// No device at all (the path does not exist).
+    /// No device at all (the path does not exist), and softdog cannot be loaded.
     Missing,
+    /// No device at the configured path, and softdog can be loaded (the lab's stand-in for
+    /// modprobe makes the node's softdog appear on its lab watchdog).
+    Softdog,
 }
 
 /// Starts `node`'s agent (authenticated as the node) with the given watchdog.
@@ -393,8 +396,14 @@ fn start_agent_with(
     let args = agent_args(lab, config, node, watchdog)?;
     let spec = ProcessSpec::new(sibling_executable(exe, "nodemedic-agent")?, args)
         .env("KUBECONFIG", kubeconfig.display().to_string())
-        .env("RUST_LOG", "info,kube=warn");
+        .env("RUST_LOG", agent_log_filter());
     lab.add_node_process(node, "agent", spec)
+}
+
+/// The lab agents' log filter: `NODEMEDIC_AGENT_LOG` when set (e.g. `debug,kube=warn` to see
+/// their vote rounds), else info.
+fn agent_log_filter() -> String {
+    std::env::var("NODEMEDIC_AGENT_LOG").unwrap_or_else(|_| "info,kube=warn".into())
 }
 
 /// The agent's flags on `node`: the lab's paths for what a node has (watchdog, boot time, sysrq
@@ -407,7 +416,7 @@ pub fn agent_args(
 ) -> Result<Vec<String>> {
     let device = match watchdog {
         LabWatchdog::Device => lab.watchdog_device_path(node).display().to_string(),
-        LabWatchdog::Missing => lab
+        LabWatchdog::Missing | LabWatchdog::Softdog => lab
             .dir()
             .join("nodes")
             .join(format!("{node}-no-watchdog"))
@@ -426,6 +435,13 @@ pub fn agent_args(
             lab.dir().join("nodes").join(format!("{node}-agent")).display()
         ),
     ];
+    // Never the machine's modprobe: a lab agent loads no kernel module.
+    let modprobe = lab.modprobe_stand_in(node, watchdog == LabWatchdog::Softdog)?;
+    args.extend([
+        format!("--modprobe={}", modprobe.program.display()),
+        format!("--watchdog-class-dir={}", modprobe.class_dir.display()),
+        format!("--device-dir={}", modprobe.device_dir.display()),
+    ]);
     args.extend(nodemedic_self_remediation::manager::daemonset::agent_flags(
         &config.spec,
     ));

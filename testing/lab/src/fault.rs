@@ -116,6 +116,43 @@ pub enum Fault<N: NodeId = String> {
         #[arg(value_parser = node_id::<N>)]
         node: N,
     },
+    /// Throttle a node's nodemedic agent to `percent` of a CPU (undone by feed-agent).
+    StarveAgent {
+        #[arg(value_parser = node_id::<N>)]
+        node: N,
+        #[arg(long, default_value_t = 2)]
+        percent: u64,
+    },
+    FeedAgent {
+        #[arg(value_parser = node_id::<N>)]
+        node: N,
+    },
+    /// Put a node's nodemedic agent under memory pressure: a hog fills its memory cgroup's
+    /// `headroom_mib` (undone by relieve-agent).
+    SqueezeAgent {
+        #[arg(value_parser = node_id::<N>)]
+        node: N,
+        #[arg(long, default_value_t = 64)]
+        headroom_mib: u64,
+    },
+    RelieveAgent {
+        #[arg(value_parser = node_id::<N>)]
+        node: N,
+    },
+    /// Throttle etcd to `percent` of a CPU: it writes and answers slowly (undone by
+    /// unthrottle-etcd).
+    SlowEtcd {
+        #[arg(long, default_value_t = 10)]
+        percent: u64,
+    },
+    UnthrottleEtcd,
+    /// Throttle the API server to `percent` of a CPU: it answers slowly (undone by
+    /// unthrottle-apiserver).
+    SlowApiserver {
+        #[arg(long, default_value_t = 20)]
+        percent: u64,
+    },
+    UnthrottleApiserver,
 }
 
 impl<N: NodeId> Fault<N> {
@@ -156,6 +193,20 @@ impl<N: NodeId> Fault<N> {
             Self::ResumeBmc { node } => Fault::ResumeBmc { node: name(node)? },
             Self::FillDisk { node } => Fault::FillDisk { node: name(node)? },
             Self::FreeDisk { node } => Fault::FreeDisk { node: name(node)? },
+            Self::StarveAgent { node, percent } => Fault::StarveAgent {
+                node: name(node)?,
+                percent: *percent,
+            },
+            Self::FeedAgent { node } => Fault::FeedAgent { node: name(node)? },
+            Self::SqueezeAgent { node, headroom_mib } => Fault::SqueezeAgent {
+                node: name(node)?,
+                headroom_mib: *headroom_mib,
+            },
+            Self::RelieveAgent { node } => Fault::RelieveAgent { node: name(node)? },
+            Self::SlowEtcd { percent } => Fault::SlowEtcd { percent: *percent },
+            Self::UnthrottleEtcd => Fault::UnthrottleEtcd,
+            Self::SlowApiserver { percent } => Fault::SlowApiserver { percent: *percent },
+            Self::UnthrottleApiserver => Fault::UnthrottleApiserver,
         })
     }
 
@@ -171,7 +222,15 @@ impl<N: NodeId> Fault<N> {
             Self::StopEtcd => vec![Fault::StartEtcd],
             Self::HangBmc { node } => vec![Fault::ResumeBmc { node: node.clone() }],
             Self::FillDisk { node } => vec![Fault::FreeDisk { node: node.clone() }],
-            Self::PowerOn { .. }
+            Self::StarveAgent { node, .. } => vec![Fault::FeedAgent { node: node.clone() }],
+            Self::SqueezeAgent { node, .. } => vec![Fault::RelieveAgent { node: node.clone() }],
+            Self::SlowEtcd { .. } => vec![Fault::UnthrottleEtcd],
+            Self::SlowApiserver { .. } => vec![Fault::UnthrottleApiserver],
+            Self::FeedAgent { .. }
+            | Self::RelieveAgent { .. }
+            | Self::UnthrottleEtcd
+            | Self::UnthrottleApiserver
+            | Self::PowerOn { .. }
             | Self::Reset { .. }
             | Self::Thaw { .. }
             | Self::Heal { .. }
@@ -224,6 +283,13 @@ impl<N: NodeId + Serialize> fmt::Display for Fault<N> {
     }
 }
 
+/// The lab process of a node's nodemedic agent, and the control plane's.
+fn agent(node: &str) -> String {
+    format!("{node}/agent")
+}
+const ETCD: &str = "etcd";
+const APISERVER: &str = "kube-apiserver";
+
 impl Lab {
     /// Injects the fault (or the injection that undoes another), recorded on the timeline.
     pub async fn inject(&self, fault: &Fault) -> Result<()> {
@@ -265,6 +331,14 @@ impl Lab {
             Fault::ResumeBmc { node } => self.resume_bmc(node).await,
             Fault::FillDisk { node } => self.fill_disk(node).await,
             Fault::FreeDisk { node } => self.free_disk(node).await,
+            Fault::StarveAgent { node, percent } => self.throttle_cpu(&agent(node), *percent),
+            Fault::FeedAgent { node } => self.unthrottle_cpu(&agent(node)),
+            Fault::SqueezeAgent { node, headroom_mib } => self.squeeze_memory(&agent(node), *headroom_mib),
+            Fault::RelieveAgent { node } => self.release_memory(&agent(node)).await,
+            Fault::SlowEtcd { percent } => self.throttle_cpu(ETCD, *percent),
+            Fault::UnthrottleEtcd => self.unthrottle_cpu(ETCD),
+            Fault::SlowApiserver { percent } => self.throttle_cpu(APISERVER, *percent),
+            Fault::UnthrottleApiserver => self.unthrottle_cpu(APISERVER),
         }
     }
 

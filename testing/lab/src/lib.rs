@@ -37,6 +37,7 @@ mod readiness;
 pub mod real_node;
 pub mod seeds;
 mod slow_link;
+mod starvation;
 pub mod storage;
 mod sysrq;
 pub mod timeline;
@@ -60,7 +61,7 @@ pub use nodes::NodeSpec;
 pub use process::ProcessSpec;
 pub use sysrq::SYSRQ_TRIGGER;
 pub use timeline::{Event, NodeCondition, PodId, Timeline};
-pub use watchdog_device::{WATCHDOG_DEVICE_IDENTITY, WatchdogDeviceStats};
+pub use watchdog_device::{ModprobeStandIn, SOFTDOG_IDENTITY, WATCHDOG_DEVICE_IDENTITY, WatchdogDeviceStats};
 
 /// Failure-detection timings of the lab's cluster.
 #[derive(Clone, Debug)]

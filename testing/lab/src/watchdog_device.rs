@@ -30,6 +30,18 @@ use crate::{Error, Lab, Result, error::io, watchdog::Watchdogs};
 /// What the driver reports as its identity (WDIOC_GETSUPPORT): not softdog's, so the agent
 /// treats it as a hardware watchdog.
 pub const WATCHDOG_DEVICE_IDENTITY: &str = "nodemedic lab watchdog";
+/// The identity of the filesystem's second file, `softdog`: the kernel's software watchdog's, so
+/// the agent takes it for softdog. Both files drive the node's one lab watchdog.
+pub const SOFTDOG_IDENTITY: &str = "Software Watchdog";
+
+/// A node's stand-in for modprobe, and where the agent looks for the softdog it brings
+/// ([`Lab::modprobe_stand_in`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModprobeStandIn {
+    pub program: PathBuf,
+    pub class_dir: PathBuf,
+    pub device_dir: PathBuf,
+}
 
 /// What a node's emulated watchdog device was asked to do since the lab started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,6 +72,8 @@ const MAX_TIMEOUT_SECONDS: i32 = 65_535;
 
 const DEVICE: INodeNo = INodeNo(2);
 const NAME: &str = "watchdog";
+const SOFTDOG: INodeNo = INodeNo(3);
+const SOFTDOG_NAME: &str = "softdog";
 const TTL: Duration = Duration::from_secs(1);
 
 struct Handle {
@@ -103,11 +117,16 @@ fn attr(ino: INodeNo) -> FileAttr {
     }
 }
 
-fn info() -> [u8; INFO_SIZE] {
+fn info(ino: INodeNo) -> [u8; INFO_SIZE] {
     let mut raw = [0u8; INFO_SIZE];
     let options = WDIOF_SETTIMEOUT | WDIOF_MAGICCLOSE | WDIOF_KEEPALIVEPING;
     raw[..4].copy_from_slice(&options.to_ne_bytes());
-    raw[8..8 + WATCHDOG_DEVICE_IDENTITY.len()].copy_from_slice(WATCHDOG_DEVICE_IDENTITY.as_bytes());
+    let identity = if ino == SOFTDOG {
+        SOFTDOG_IDENTITY
+    } else {
+        WATCHDOG_DEVICE_IDENTITY
+    };
+    raw[8..8 + identity.len()].copy_from_slice(identity.as_bytes());
     raw
 }
 
@@ -137,10 +156,10 @@ impl Device {
         if fed == Some(true) { Ok(()) } else { Err(Errno::ENODEV) }
     }
 
-    fn answer(&self, generation: u64, cmd: u32, input: &[u8]) -> Answer {
+    fn answer(&self, ino: INodeNo, generation: u64, cmd: u32, input: &[u8]) -> Answer {
         let default = self.default_timeout;
         match cmd {
-            WDIOC_GETSUPPORT => Ok(info().to_vec()),
+            WDIOC_GETSUPPORT => Ok(info(ino).to_vec()),
             WDIOC_GETSTATUS | WDIOC_GETBOOTSTATUS => Ok(0i32.to_ne_bytes().to_vec()),
             WDIOC_KEEPALIVE => self.keepalive(generation).map(|()| Vec::new()),
             WDIOC_GETTIMEOUT => self
@@ -179,13 +198,15 @@ impl Filesystem for Device {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent == INodeNo::ROOT && name == NAME {
             reply.entry(&TTL, &attr(DEVICE), fuser::Generation(0));
+        } else if parent == INodeNo::ROOT && name == SOFTDOG_NAME {
+            reply.entry(&TTL, &attr(SOFTDOG), fuser::Generation(0));
         } else {
             reply.error(Errno::ENOENT);
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if ino == INodeNo::ROOT || ino == DEVICE {
+        if ino == INodeNo::ROOT || ino == DEVICE || ino == SOFTDOG {
             reply.attr(&TTL, &attr(ino));
         } else {
             reply.error(Errno::ENOENT);
@@ -215,7 +236,7 @@ impl Filesystem for Device {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino != DEVICE {
+        if ino != DEVICE && ino != SOFTDOG {
             reply.error(Errno::EISDIR);
             return;
         }
@@ -306,7 +327,7 @@ impl Filesystem for Device {
     fn ioctl(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
@@ -318,7 +339,7 @@ impl Filesystem for Device {
             reply.error(Errno::EBADF);
             return;
         };
-        match self.answer(generation, cmd, in_data) {
+        match self.answer(ino, generation, cmd, in_data) {
             Ok(out) => {
                 let len = out.len().min(usize::try_from(out_size).unwrap_or(usize::MAX));
                 reply.ioctl(0, &out[..len]);
@@ -421,6 +442,45 @@ impl Lab {
         device_path(self.dir(), node)
     }
 
+    /// A stand-in for `modprobe` for the node's agent (`--modprobe`, with `--watchdog-class-dir`
+    /// and `--device-dir` from it): tests must not load kernel modules. With `loadable`, its
+    /// `softdog` makes the node's softdog appear (a watchdog class entry naming the kernel's
+    /// software watchdog, and its device: the lab device's `softdog` file, on the node's one lab
+    /// watchdog), as loading the module does; without, it fails as modprobe does on a kernel
+    /// without the module.
+    pub fn modprobe_stand_in(&self, node: &str, loadable: bool) -> Result<ModprobeStandIn> {
+        self.inner.index(node)?;
+        let nodes = self.dir().join("nodes");
+        let stand_in = ModprobeStandIn {
+            program: nodes.join(format!("{node}-modprobe")),
+            class_dir: nodes.join(format!("{node}-watchdog-class")),
+            device_dir: nodes.join(format!("{node}-devices")),
+        };
+        for dir in [&stand_in.class_dir, &stand_in.device_dir] {
+            std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        let body = if loadable {
+            format!(
+                "[ \"$1\" = softdog ] || {{ echo \"modprobe: FATAL: Module $1 not found\" >&2; exit 1; }}\n\
+                 mkdir -p '{class}/watchdog0'\n\
+                 echo '{SOFTDOG_IDENTITY}' > '{class}/watchdog0/identity'\n\
+                 ln -sfn '{device}' '{devices}/watchdog0'\n",
+                class = stand_in.class_dir.display(),
+                devices = stand_in.device_dir.display(),
+                device = mount_point(self.dir(), node).join(SOFTDOG_NAME).display(),
+            )
+        } else {
+            "echo \"modprobe: FATAL: Module $1 not found in directory /lib/modules/nodemedic-lab\" >&2\nexit 1\n"
+                .to_owned()
+        };
+        let script =
+            format!("#!/bin/sh\n# The lab's stand-in for modprobe on {node}: no kernel module is loaded.\n{body}");
+        std::fs::write(&stand_in.program, script).map_err(io(format!("writing {}", stand_in.program.display())))?;
+        std::fs::set_permissions(&stand_in.program, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io(format!("making {} executable", stand_in.program.display())))?;
+        Ok(stand_in)
+    }
+
     /// What the node's emulated watchdog device was asked to do since the lab started.
     pub fn watchdog_device_stats(&self, node: &str) -> Result<WatchdogDeviceStats> {
         self.inner.index(node)?;
@@ -452,8 +512,12 @@ mod tests {
 
     #[test]
     fn the_identity_fits_and_is_not_softdogs() {
-        let raw = info();
-        let end = raw[8..].iter().position(|b| *b == 0).map_or(32, |p| p);
-        assert_eq!(&raw[8..8 + end], WATCHDOG_DEVICE_IDENTITY.as_bytes());
+        let identity = |ino| {
+            let raw = info(ino);
+            let end = raw[8..].iter().position(|b| *b == 0).map_or(32, |p| p);
+            String::from_utf8_lossy(&raw[8..8 + end]).into_owned()
+        };
+        assert_eq!(identity(DEVICE), WATCHDOG_DEVICE_IDENTITY);
+        assert_eq!(identity(SOFTDOG), SOFTDOG_IDENTITY);
     }
 }

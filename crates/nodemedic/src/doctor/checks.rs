@@ -186,8 +186,12 @@ fn agents(f: &Facts) -> Vec<Finding> {
                 ),
                 Some(r) if r.disarmed => format!("start the agent on {} again", node.name),
                 Some(r) if matches!(r.means, Means::None | Means::SoftwareReboot) => format!(
-                    "give {} a watchdog device (a hardware one, or `modprobe softdog`), or set isSoftwareRebootEnabled: true in the SelfNodeRemediationConfig",
-                    node.name
+                    "give {} a watchdog device (a hardware one, or the softdog module: its agent loads it when the kernel has it), or set isSoftwareRebootEnabled: true in the SelfNodeRemediationConfig{}",
+                    node.name,
+                    f.fencing_notes
+                        .get(&node.name)
+                        .map(|note| format!(" (the agent says: {note})"))
+                        .unwrap_or_default()
                 ),
                 Some(_) => "run agents on more nodes, or lower minPeersForRemediation in the SelfNodeRemediationConfig".into(),
             };

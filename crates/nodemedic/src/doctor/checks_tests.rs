@@ -157,6 +157,14 @@ fn an_agent_without_fencing_means_says_how_to_get_one() {
     let node1 = about(&found, "agents", "node-1");
     assert_eq!(node1[0].severity, Severity::Blocking);
     assert!(node1[0].fix.contains("softdog"), "{node1:?}");
+    // What the agent found is passed on: why neither a device nor softdog could be had.
+    f.fencing_notes.insert(
+        "node-1".into(),
+        "no softdog device, and it could not be loaded: modprobe: FATAL: Module softdog not found".into(),
+    );
+    let found = findings(&f);
+    let node1 = about(&found, "agents", "node-1");
+    assert!(node1[0].fix.contains("Module softdog not found"), "{node1:?}");
 }
 
 /// The healthy cluster with only the seed health check `file`, its templates looked up as `lookup`.

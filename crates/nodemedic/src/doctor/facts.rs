@@ -29,6 +29,8 @@ pub(super) struct Facts {
     pub namespaces: BTreeSet<String>,
     /// The agents' registrations in [`Facts::namespace`].
     pub registrations: Vec<Registration>,
+    /// Node -> why its agent passed better means of fencing over (its registration's note).
+    pub fencing_notes: BTreeMap<String, String>,
     /// Other namespaces holding agents' registrations or a controller lease: where nodemedic
     /// may really run.
     pub elsewhere: BTreeSet<String>,

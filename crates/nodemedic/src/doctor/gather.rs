@@ -93,6 +93,13 @@ pub(super) async fn facts(client: &Client, namespace: &str) -> anyhow::Result<Fa
             .filter(|l| l.namespace().as_deref() == Some(namespace))
             .filter_map(nodemedic_self_remediation::registration::registration)
             .collect(),
+        fencing_notes: agents
+            .iter()
+            .filter(|l| l.namespace().as_deref() == Some(namespace))
+            .filter_map(nodemedic_self_remediation::registration::Published::from_lease)
+            .filter(|p| !p.fencing_note.is_empty())
+            .map(|p| (p.node, p.fencing_note))
+            .collect(),
         elsewhere,
         self_remediation: config
             .map(|c| SelfRemediationSettings::from_spec(&c.spec))

@@ -47,6 +47,10 @@ pub(crate) struct NodeRow {
     /// (hardware-watchdog, softdog, software-reboot, none), `disarmed` when its agent stopped
     /// deliberately, or `-` without an agent.
     pub fencing: String,
+    /// Why the agent fences by less than the configured device (`-o json`; the table shows the
+    /// means, `nodemedic doctor` the fix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_note: Option<String>,
     /// The soft tainter's verdict: overutilized, appropriate, or `-`.
     pub balance: String,
 }
@@ -89,6 +93,15 @@ fn view<K: ResourceExt>(r: &K, kind: &str, phase: Option<String>, now: Timestamp
         phase: phase.unwrap_or_else(|| "Pending".into()),
         age_seconds: age(r.creation_timestamp().map(|t| t.0), now),
     }
+}
+
+fn fencing_note(registrations: &[Lease], node: &str) -> Option<String> {
+    registrations
+        .iter()
+        .filter_map(Published::from_lease)
+        .find(|p| p.node == node)
+        .map(|p| p.fencing_note)
+        .filter(|note| !note.is_empty())
 }
 
 fn fencing(registrations: &[Lease], node: &str) -> String {
@@ -190,6 +203,7 @@ pub(crate) fn rows(s: &Snapshot, now: Timestamp) -> Vec<NodeRow> {
                 .next();
             NodeRow {
                 fencing: fencing(&s.registrations, &name),
+                fencing_note: fencing_note(&s.registrations, &name),
                 balance: super::balance::soft_taint(node),
                 node: name,
                 ready,
@@ -339,7 +353,8 @@ mod tests {
             }))],
             registrations: vec![
                 obj(json!({"metadata": {"name": "nodemedic-agent-node-1", "annotations": {
-                    "nodemedic.medik8s.io/fencing-means": "softdog"}}})),
+                    "nodemedic.medik8s.io/fencing-means": "softdog",
+                    "nodemedic.medik8s.io/fencing-note": "/dev/watchdog: no such device"}}})),
                 obj(json!({"metadata": {"name": "nodemedic-agent-node-2", "annotations": {
                     "nodemedic.medik8s.io/fencing-means": "hardware-watchdog",
                     "nodemedic.medik8s.io/disarmed": "true"}}})),
@@ -373,6 +388,8 @@ mod tests {
             ["-", "softdog", "disarmed"],
             "each node's means, from its agent"
         );
+        assert_eq!(rows[1].fencing_note.as_deref(), Some("/dev/watchdog: no such device"));
+        assert_eq!(rows[2].fencing_note, None);
         assert!(text.contains("FENCING"), "{text}");
     }
 

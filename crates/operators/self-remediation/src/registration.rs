@@ -55,6 +55,8 @@ const ACCEPTS: &str = "nodemedic.medik8s.io/accepts";
 const LICENCE_MS: &str = "nodemedic.medik8s.io/licence-ms";
 const MEANS: &str = "nodemedic.medik8s.io/fencing-means";
 const EPOCH: &str = "nodemedic.medik8s.io/membership-epoch";
+/// Why the agent fences by less than the configured device (each means it passed over).
+const FENCING_NOTE: &str = "nodemedic.medik8s.io/fencing-note";
 pub(crate) const DISARMED: &str = "nodemedic.medik8s.io/disarmed";
 /// Which agent process wrote the registration last (random per process).
 pub(crate) const INCARNATION: &str = "nodemedic.medik8s.io/incarnation";
@@ -86,6 +88,8 @@ pub struct Published {
     pub incarnation: String,
     /// The Node's uid: the registration's owner, so it goes with the node.
     pub node_uid: Option<String>,
+    /// Why each better means of fencing was passed over (empty: the configured device is used).
+    pub fencing_note: String,
 }
 
 impl Published {
@@ -126,6 +130,7 @@ impl Published {
             (ACCEPTS.to_owned(), accepts.join(",")),
             (DISARMED.to_owned(), self.disarmed.to_string()),
             (INCARNATION.to_owned(), self.incarnation.clone()),
+            (FENCING_NOTE.to_owned(), self.fencing_note.clone()),
         ])
     }
 
@@ -150,6 +155,7 @@ impl Published {
             epoch: get(EPOCH).parse().unwrap_or(0),
             disarmed: get(DISARMED) == "true",
             incarnation: get(INCARNATION),
+            fencing_note: get(FENCING_NOTE),
             node_uid: lease
                 .metadata
                 .owner_references
@@ -211,6 +217,7 @@ mod tests {
             disarmed: true,
             incarnation: "f00d".into(),
             node_uid: Some("uid-1".into()),
+            fencing_note: "/dev/watchdog: no such device".into(),
         };
         let lease = Lease {
             metadata: kube::api::ObjectMeta {

@@ -73,11 +73,100 @@ pub(super) async fn run() -> anyhow::Result<Section> {
     let (lab, pids) = agents(&scenario::with_detector(scenario::FAST_CONFIG)).await?;
     let detector = window(&pids, REST).await?;
     drop(lab);
+    println!("==> footprint: {NODES} agents with the chart's defaults");
+    let (lab, pids) = agents_with_chart_defaults().await?;
+    let from = jiff::Timestamp::now();
+    let defaults = window(&pids, REST).await?;
+    let requests = agent_requests(&lab, from, jiff::Timestamp::now()).await;
+    drop(lab);
+    let markdown = markdown(&executable, &rest, &storm, &detector, fenced) + &requests_markdown(&defaults, &requests);
     Ok(Section {
         name: "footprint",
-        markdown: markdown(&executable, &rest, &storm, &detector, fenced),
-        json: json!({"agents": NODES, "executable": executable, "rest": rest, "storm": storm, "restWithDetector": detector, "fencedDuringStorm": fenced}),
+        markdown,
+        json: json!({"agents": NODES, "executable": executable, "rest": rest, "storm": storm, "restWithDetector": detector, "fencedDuringStorm": fenced,
+            "restWithChartDefaults": defaults, "agentRequestsAtRest": requests}),
     })
+}
+
+/// The fleet the agents' requests at rest are budgeted for.
+const FLEET: f64 = 5_000.0;
+/// The budget, per agent: its licence read every apiCheckInterval (4 s with the chart's
+/// defaults) and little else. At 5,000 nodes, 1,500 requests a second: what the kubelets' own
+/// lease renewals (one per node every 10 s, 500 a second) cost three times over, each a small
+/// read the API server answers from its watch cache.
+const BUDGET_PER_AGENT_PER_SECOND: f64 = 0.3;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentRequests {
+    seconds: f64,
+    /// Every agent's requests in the window, by `verb resource` (watches once, when opened).
+    by_kind: std::collections::BTreeMap<String, u64>,
+    per_agent_per_second: f64,
+    at_five_thousand_per_second: f64,
+}
+
+/// Every agent's requests in `[from, to)`, from the API server's audit log: the lab's agents
+/// authenticate as their nodes.
+async fn agent_requests(lab: &Lab, from: jiff::Timestamp, to: jiff::Timestamp) -> AgentRequests {
+    // The audit log is written as requests complete: give the last ones a moment to land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = std::fs::read_to_string(lab.audit_log()).unwrap_or_default();
+    let mut by_kind = std::collections::BTreeMap::new();
+    let mut total = 0;
+    for node in lab.nodes() {
+        let counted = nodemedic_harness::bench::requests::count(&log, &format!("system:node:{node}"), from, to);
+        total += counted.total();
+        for (kind, n) in counted.other_by_kind {
+            *by_kind.entry(kind).or_insert(0) += n;
+        }
+        for (verb, n) in counted.by_verb.iter().filter(|(v, _)| *v == "watch") {
+            *by_kind.entry(verb.clone()).or_insert(0) += n;
+        }
+        *by_kind.entry("lease reads and writes".into()).or_insert(0) += counted.lease;
+    }
+    let seconds = to.duration_since(from).as_secs_f64();
+    let per_agent_per_second = total as f64 / NODES as f64 / seconds.max(1.0);
+    AgentRequests {
+        seconds,
+        by_kind,
+        per_agent_per_second,
+        at_five_thousand_per_second: per_agent_per_second * FLEET,
+    }
+}
+
+/// [`agents`], with nodemedic installed from the chart's default values.
+async fn agents_with_chart_defaults() -> anyhow::Result<(Lab, Vec<u32>)> {
+    let exe = nodemedic_harness::product::nodemedic()?;
+    let lab = Lab::start(LabConfig::workers(NODES).alone())
+        .await
+        .context("starting the lab")?;
+    nodemedic_harness::chart_defaults::install(&lab, &exe, &[], scenario::free_port()?).await?;
+    scenario::agents_settled(&lab).await?;
+    let pids: Vec<u32> = lab
+        .nodes()
+        .iter()
+        .filter_map(|n| lab.process_pid(&format!("{n}/agent")))
+        .collect();
+    anyhow::ensure!(pids.len() == NODES, "only {} of {NODES} agents run", pids.len());
+    Ok((lab, pids))
+}
+
+fn requests_markdown(defaults: &Window, requests: &AgentRequests) -> String {
+    let kinds: Vec<String> = requests.by_kind.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+    format!(
+        "\n*Chart defaults*: another lab, nodemedic installed from the chart's default values (read from the rendered chart): \
+         at rest RSS {:.1} MiB, CPU {:.1} mCPU (the busiest agent). Its agents' requests to the API server in {:.0} s at rest, from the audit log: {}.\n\n\
+         - API requests at rest: {:.3} per agent per second, {:.0} a second at {FLEET} nodes <= {:.0} (the budget, {BUDGET_PER_AGENT_PER_SECOND} per agent per second): {}\n",
+        defaults.max_rss_mib,
+        defaults.max_millicores,
+        requests.seconds,
+        kinds.join(", "),
+        requests.per_agent_per_second,
+        requests.at_five_thousand_per_second,
+        BUDGET_PER_AGENT_PER_SECOND * FLEET,
+        verdict(requests.per_agent_per_second <= BUDGET_PER_AGENT_PER_SECOND),
+    )
 }
 
 /// A lab of [`NODES`] with nodemedic and its agents (SelfNodeRemediationConfig `patch`), every

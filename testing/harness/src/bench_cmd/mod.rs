@@ -45,6 +45,10 @@ pub(crate) struct BenchArgs {
     /// Redfish, with the peer failure detector and without).
     #[arg(long, default_value_t = 10)]
     pub defaults_trials: usize,
+    /// Recovery trials of the out-of-the-box profile's baseline (medik8s's defaults: about ten
+    /// minutes each); its other series run `--trials`.
+    #[arg(long, default_value_t = 3)]
+    pub baseline_trials: usize,
     #[arg(long = "path", value_enum)]
     pub paths: Vec<Path>,
     #[arg(long = "strategy", value_enum)]

@@ -17,9 +17,13 @@ pub use plan::{Action, Options, PathKind, Shape, Step, Strategy, TrialPlan, plan
 pub use verdict::{Snapshot, Violation, ViolationKind};
 
 /// The command that replays one trial, printed with every violation.
-pub fn replay(plan: &TrialPlan, nodes: Option<usize>, peer_detection: bool) -> String {
+pub fn replay(plan: &TrialPlan, nodes: Option<usize>, peer_detection: bool, chart_defaults: bool) -> String {
     let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
-    let detection = if peer_detection { " --peer-detection" } else { "" };
+    let detection = match (peer_detection, chart_defaults) {
+        (_, true) => " --chart-defaults",
+        (true, false) => " --peer-detection",
+        (false, false) => "",
+    };
     let real = if plan.shape.real_nodes { " --real-nodes" } else { "" };
     format!(
         "make chaos SEED={} TRIALS={} ARGS=\"--only-trial {}{nodes}{detection}{real} --plan-version {}\"",

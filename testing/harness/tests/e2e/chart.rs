@@ -101,7 +101,7 @@ async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
         "servicemonitor.monitoring.coreos.com/nodemedic-controller",
         "prometheusrule.monitoring.coreos.com/nodemedic",
         "configmap/nodemedic-dashboard",
-        "selfnoderemediationconfig.self-node-remediation.medik8s.io/self-node-remediation-config",
+        "configmap/nodemedic-default-self-remediation-config",
         "customresourcedefinition.apiextensions.k8s.io/poisonpillremediations.medik8s.io",
         "configmap/nodemedic-default-health-check",
     ] {
@@ -111,29 +111,48 @@ async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
         );
     }
 
-    // The default health check the controller creates from that ConfigMap is valid too.
-    let check =
-        default_health_check(&String::from_utf8_lossy(&out.stdout)).expect("the chart renders the default check");
-    std::fs::write(rendered.path(), check).expect("write");
-    let applied = kubectl(&[
-        "create",
-        "--dry-run=server",
-        "-f",
-        &rendered.path().display().to_string(),
-    ]);
-    assert!(
-        applied.contains("nodehealthcheck.remediation.medik8s.io/nhc-worker-default created (server dry run)"),
-        "{applied}"
-    );
+    // The default health check and configuration the controller creates from those ConfigMaps
+    // are valid too.
+    let rendered_chart = String::from_utf8_lossy(&out.stdout);
+    for (yaml, created) in [
+        (
+            default_health_check(&rendered_chart).expect("the chart renders the default check"),
+            "nodehealthcheck.remediation.medik8s.io/nhc-worker-default created (server dry run)",
+        ),
+        (
+            configmap_key(
+                &rendered_chart,
+                "nodemedic-default-self-remediation-config",
+                "selfnoderemediationconfig.yaml",
+            )
+            .expect("the chart renders the default configuration"),
+            "selfnoderemediationconfig.self-node-remediation.medik8s.io/self-node-remediation-config created (server dry run)",
+        ),
+    ] {
+        std::fs::write(rendered.path(), yaml).expect("write");
+        let applied = kubectl(&[
+            "create",
+            "--dry-run=server",
+            "--namespace=workload-availability",
+            "-f",
+            &rendered.path().display().to_string(),
+        ]);
+        assert!(applied.contains(created), "{applied}");
+    }
+}
+
+/// A key of a ConfigMap the chart renders, if any.
+fn configmap_key(rendered: &str, name: &str, key: &str) -> Option<String> {
+    rendered
+        .split("\n---\n")
+        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
+        .find(|doc| doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == name)
+        .and_then(|doc| doc["data"][key].as_str().map(str::to_owned))
 }
 
 /// The NodeHealthCheck in the rendered ConfigMap nodemedic-default-health-check, if any.
 fn default_health_check(rendered: &str) -> Option<String> {
-    rendered
-        .split("\n---\n")
-        .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
-        .find(|doc| doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "nodemedic-default-health-check")
-        .and_then(|doc| doc["data"]["nodehealthcheck.yaml"].as_str().map(str::to_owned))
+    configmap_key(rendered, "nodemedic-default-health-check", "nodehealthcheck.yaml")
 }
 
 #[test]
@@ -149,14 +168,62 @@ fn the_default_health_check_is_rendered_unless_disabled() {
         assert!(out.status.success(), "helm template: {}", text(&out));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let check = default_health_check(&render(&[])).expect("rendered by default");
+    let defaults = render(&[]);
+    let check = default_health_check(&defaults).expect("rendered by default");
     for line in [
         "name: nhc-worker-default",
-        "key: node-role.kubernetes.io/worker",
         "minHealthy: \"51%\"",
-        "duration: 300s",
+        "type: PeersReachable",
+        "duration: 0s",
+        "duration: 60s",
         "kind: SelfNodeRemediationTemplate",
         "namespace: workload-availability",
+    ] {
+        assert!(check.contains(line), "{line:?} missing:\n{check}");
+    }
+    // The controller picks the workers' selector (docs/defaults.md).
+    assert_eq!(
+        configmap_key(&defaults, "nodemedic-default-health-check", "selector").as_deref(),
+        Some("workers")
+    );
+    let config = configmap_key(
+        &defaults,
+        "nodemedic-default-self-remediation-config",
+        "selfnoderemediationconfig.yaml",
+    )
+    .expect("the default configuration");
+    for line in ["watchdogTimeout: 2s", "apiCheckInterval: 4s", "peerDetection: {}"] {
+        assert!(config.contains(line), "{line:?} missing:\n{config}");
+    }
+    // medik8s's defaults on request: seed 001's check, medik8s's configuration.
+    let medik8s = render(&["--set=medik8sDefaults=true"]);
+    let check = default_health_check(&medik8s).expect("rendered");
+    for line in ["key: node-role.kubernetes.io/worker", "duration: 300s"] {
+        assert!(check.contains(line), "{line:?} missing:\n{check}");
+    }
+    assert!(!check.contains("PeersReachable"), "{check}");
+    assert_eq!(
+        configmap_key(&medik8s, "nodemedic-default-health-check", "selector"),
+        None
+    );
+    let config = configmap_key(
+        &medik8s,
+        "nodemedic-default-self-remediation-config",
+        "selfnoderemediationconfig.yaml",
+    )
+    .expect("the configuration");
+    assert!(
+        !config.contains("peerDetection") && !config.contains("apiCheckInterval"),
+        "{config}"
+    );
+    // Fence agents first, then self remediation, with one value.
+    let fenced = render(&["--set=defaultHealthCheck.fenceAgentsTemplate.name=my-bmcs"]);
+    let check = default_health_check(&fenced).expect("rendered");
+    for line in [
+        "escalatingRemediations:",
+        "kind: FenceAgentsRemediationTemplate",
+        "name: my-bmcs",
+        "order: 1",
     ] {
         assert!(check.contains(line), "{line:?} missing:\n{check}");
     }

@@ -22,7 +22,7 @@ use crate::{
     text,
 };
 
-fn doctor(lab: &Lab, args: &[&str]) -> Output {
+pub(crate) fn doctor(lab: &Lab, args: &[&str]) -> Output {
     Command::new(crate::nodemedic_exe())
         .arg("doctor")
         .args(args)

@@ -18,6 +18,18 @@ use scenario::{LabWatchdog, node_of};
 
 const LONG: Duration = Duration::from_secs(180);
 
+/// Why a node's agent passed better means over, as it registered.
+async fn fencing_note(lab: &Lab, node: &str) -> String {
+    Api::<Lease>::namespaced(lab.client(), NS)
+        .get(&format!("nodemedic-agent-{node}"))
+        .await
+        .expect("the registration")
+        .annotations()
+        .get("nodemedic.medik8s.io/fencing-note")
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// The means a node's agent registered.
 pub(crate) async fn means(lab: &Lab, node: &str) -> Option<String> {
     let lease = Api::<Lease>::namespaced(lab.client(), NS)
@@ -27,20 +39,21 @@ pub(crate) async fn means(lab: &Lab, node: &str) -> Option<String> {
     lease.annotations().get("nodemedic.medik8s.io/fencing-means").cloned()
 }
 
-/// Nodemedic with every agent on its node's emulated watchdog device except `bare`'s, which has none;
-/// the SelfNodeRemediationConfig is the fast one with `patch` merged.
+/// Nodemedic with every agent on its node's emulated watchdog device except `bare`'s, which has none
+/// and cannot load softdog; the SelfNodeRemediationConfig is the fast one with `patch` merged.
 async fn install(lab: &Lab, bare: &str, patch: serde_json::Value) {
+    install_with(lab, bare, LabWatchdog::Missing, patch).await;
+}
+
+/// [`install`], `bare`'s agent with `watchdog`.
+async fn install_with(lab: &Lab, bare: &str, watchdog: LabWatchdog, patch: serde_json::Value) {
     let mut config: serde_json::Value = serde_json::from_str(scenario::FAST_CONFIG).expect("json");
     json_patch::merge(&mut config, &patch);
     let config = scenario::configure_with(lab, &config.to_string())
         .await
         .expect("config");
     for node in lab.nodes() {
-        let watchdog = if node == bare {
-            LabWatchdog::Missing
-        } else {
-            LabWatchdog::Device
-        };
+        let watchdog = if node == bare { watchdog } else { LabWatchdog::Device };
         scenario::start_node_agent(lab, &exe(), &config, &node, watchdog).expect("agent");
     }
     scenario::agents_settled(lab).await.expect("agents settled");
@@ -110,6 +123,19 @@ async fn a_node_with_no_means_fails_at_once_and_an_escalating_check_moves_on_to_
         Some("none"),
         "the agent runs and says so"
     );
+    let note = fencing_note(&lab, &a).await;
+    assert!(
+        note.contains("no such device") && note.contains("Module softdog not found"),
+        "the registration says why neither a device nor softdog: {note}"
+    );
+    let report = crate::doctor::report(&crate::doctor::doctor(&lab, &["-o", "json"]));
+    let found = crate::doctor::findings(&report, "agents", &a);
+    assert!(
+        found.iter().any(|f| f["fix"]
+            .as_str()
+            .is_some_and(|fix| fix.contains("Module softdog not found"))),
+        "doctor passes it on: {found:#?}"
+    );
     let node = Api::<Node>::all(client.clone()).get(&a).await.expect("node");
     assert_eq!(
         node.annotations()
@@ -172,5 +198,49 @@ async fn a_node_with_no_means_fails_at_once_and_an_escalating_check_moves_on_to_
         "fence agents powered {a} off:\n{}",
         lab.timeline().render()
     );
+    assert_witness(&lab);
+}
+
+/// Seed 004: a node without a watchdog device falls back to softdog. The agent loads it (through
+/// the lab's stand-in for modprobe, which makes the node's softdog appear on its lab watchdog),
+/// registers it, and when cut off stops feeding it: softdog resets the node, and the workload
+/// moves once that is proven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_watchdog_device_loads_softdog_and_it_fences_the_node() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    start_controller(&lab, "controller", &[]);
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let a = node_of(&running_pod(&client, &[]).await);
+    install_with(
+        &lab,
+        &a,
+        LabWatchdog::Softdog,
+        json!({"spec": {"isSoftwareRebootEnabled": false}}),
+    )
+    .await;
+    assert_eq!(means(&lab, &a).await.as_deref(), Some("softdog"));
+    let note = fencing_note(&lab, &a).await;
+    assert!(
+        note.contains("no such device"),
+        "the configured device was missing: {note}"
+    );
+    assert!(
+        lab.watchdog_device_stats(&a).expect("stats").opens >= 1,
+        "the softdog the agent loaded is the node's lab watchdog"
+    );
+    apply_seed_check(&lab, "002-nhc-snr-3node.yaml", |_| {});
+
+    lab.partition(&[&a]).await.expect("partition");
+    let moved = running_pod(&client, &[&a]).await;
+    println!("{a} with softdog: db-0 moved to {}", node_of(&moved));
+    let expired = lab
+        .timeline()
+        .entries()
+        .into_iter()
+        .any(|e| matches!(&e.event, Event::WatchdogExpired { node } if *node == a));
+    assert!(expired, "softdog reset {a}:\n{}", lab.timeline().render());
+    assert_eq!(fenced(&lab), vec![a.clone()], "only the cut-off node fenced");
     assert_witness(&lab);
 }

@@ -4,6 +4,7 @@
 
 mod chaos;
 mod chart;
+mod defaults;
 mod demo;
 mod descheduler;
 mod doctor;

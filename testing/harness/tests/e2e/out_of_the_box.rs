@@ -137,7 +137,29 @@ async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_th
     assert_witness(&lab);
     recovered(&lab, &a).await;
 
-    // The user's edit stays: a restarted controller does not write the check again.
+    // A release with other defaults (its ConfigMap changed, the controller restarted) moves the
+    // check nobody edited to them.
+    lab.apply_yaml(&default_check_configmap().replace("minHealthy: \"51%\"", "minHealthy: \"40%\""))
+        .expect("the next release's ConfigMap");
+    lab.restart_process("controller").expect("controller restarted");
+    eventually("the unedited check at the new defaults", LONG, || async {
+        check(&client)
+            .await
+            .filter(|c| serde_json::to_value(&c.spec).expect("spec")["minHealthy"] == "40%")
+            .map(|_| ())
+    })
+    .await;
+    assert!(
+        event_with(&client, "DefaultHealthCheckUpdated", DEFAULT_CHECK)
+            .await
+            .is_some(),
+        "the update is reported on the ConfigMap"
+    );
+
+    // The user's edit stays: neither a restarted controller nor a release with other defaults
+    // writes the check again.
+    lab.apply_yaml(&default_check_configmap().replace("minHealthy: \"51%\"", "minHealthy: \"45%\""))
+        .expect("yet another release's ConfigMap");
     let edited = serde_json::json!({"spec": {"minHealthy": "34%"}});
     Api::<NodeHealthCheck>::all(client.clone())
         .patch(DEFAULT_CHECK, &PatchParams::default(), &Patch::Merge(&edited))
@@ -150,7 +172,11 @@ async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_th
         || async {
             std::fs::read_to_string(lab.log_path("controller"))
                 .ok()
-                .filter(|log| log.matches("the default NodeHealthCheck exists; left as it is").count() >= 1)
+                .filter(|log| {
+                    log.matches("the default NodeHealthCheck was edited; left as it is")
+                        .count()
+                        >= 1
+                })
                 .map(|_| ())
         },
     )

@@ -71,13 +71,16 @@ fn refuse_unsafe(root: &Path) -> Result<()> {
 
 /// The machine's directories each real node has its own of (bound over the host's in its mount
 /// namespace), and where in the node's lab directory: what the kubelet, containerd and the CNI
-/// plugins hard-code, and the hostPaths pods use (nodemedic's agent's among them).
-const MACHINE_DIRECTORIES: [(&str, &str); 5] = [
+/// plugins hard-code, and the hostPaths pods use (nodemedic's agent's among them). The node's own
+/// `/lib/modules` is empty: an agent pod's modprobe finds no module to load into the machine's
+/// kernel (the lab's device is at its /dev/watchdog, so it never tries).
+const MACHINE_DIRECTORIES: [(&str, &str); 6] = [
     ("/var/lib/kubelet", "kubelet"),
     ("/var/lib/cni", "cni-state"),
     ("/var/log/pods", "pod-logs"),
     ("/var/log/containers", "container-logs"),
     ("/var/lib/nodemedic", "nodemedic"),
+    ("/lib/modules", "modules"),
 ];
 
 /// What a program on a node keys by the kernel's boot_id, so that a boot makes it stale. A

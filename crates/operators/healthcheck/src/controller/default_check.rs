@@ -1,12 +1,20 @@
 //! The default health check, as medik8s's operator creates `nhc-worker-default` on install: the
 //! chart renders the check into a ConfigMap in nodemedic's namespace, and the controller creates
-//! it when no check of that name exists. It never writes it again, so a user's edits stay; a
-//! user who does not want it sets `defaultHealthCheck.enabled=false` (no ConfigMap, no check).
+//! it when no check of that name exists. A later release moves it to its own defaults only while
+//! nobody has edited it, so a user's edits stay; a user who does not want it sets
+//! `defaultHealthCheck.enabled=false` (no ConfigMap, no check).
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Api, Client, ResourceExt, api::PostParams};
-use nodemedic_api::healthcheck::NodeHealthCheck;
-use nodemedic_kube::{CallContext, events::Events};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Node, ObjectReference},
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
+};
+use kube::{Api, Client, ResourceExt, api::ListParams};
+use nodemedic_api::{healthcheck::NodeHealthCheck, names::labels};
+use nodemedic_kube::{
+    CallContext,
+    defaults::{self, Step},
+    events::Events,
+};
 
 use crate::Result;
 
@@ -14,6 +22,34 @@ use crate::Result;
 pub(crate) const CONFIGMAP: &str = "nodemedic-default-health-check";
 /// Its key holding the NodeHealthCheck as YAML.
 pub(crate) const KEY: &str = "nodehealthcheck.yaml";
+
+/// The ConfigMap's key that, set to [`WORKERS`], has the controller choose the selector.
+pub(crate) const SELECTOR_KEY: &str = "selector";
+pub(crate) const WORKERS: &str = "workers";
+
+/// The nodes users mean by workers, as their cluster labels them: those labelled
+/// `node-role.kubernetes.io/worker` where any node is (OpenShift, compact clusters whose
+/// control-plane nodes also work), else every node that is not a control-plane node (kubeadm,
+/// k3s, managed clusters, which label only their control-plane nodes, if any).
+pub fn workers_selector(some_node_labelled_worker: bool) -> LabelSelector {
+    let requirement = |key: &str, operator: &str| LabelSelectorRequirement {
+        key: key.to_owned(),
+        operator: operator.to_owned(),
+        values: None,
+    };
+    let expressions = if some_node_labelled_worker {
+        vec![requirement(labels::ROLE_WORKER, "Exists")]
+    } else {
+        vec![
+            requirement(labels::ROLE_CONTROL_PLANE, "DoesNotExist"),
+            requirement(labels::ROLE_MASTER, "DoesNotExist"),
+        ]
+    };
+    LabelSelector {
+        match_expressions: Some(expressions),
+        match_labels: None,
+    }
+}
 
 /// What the ConfigMap asks for.
 #[derive(Debug, PartialEq)]
@@ -48,9 +84,11 @@ pub fn wanted(configmap: &ConfigMap) -> Wanted {
     }
 }
 
-/// Creates the default check when the ConfigMap asks for one and no check of its name exists.
-/// An unusable ConfigMap or a check the API server refuses as invalid is reported (log and a
-/// Warning event on the ConfigMap) and changes nothing; other failures are returned.
+/// Creates the default check when the ConfigMap asks for one and no check of its name exists,
+/// and moves a check it created to the ConfigMap's spec (a new release's defaults) unless
+/// someone edited it since ([`nodemedic_kube::defaults`]). An unusable ConfigMap or a check the
+/// API server refuses as invalid is reported (log and a Warning event on the ConfigMap) and
+/// changes nothing; other failures are returned.
 pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events) -> Result<()> {
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
     let Some(configmap) = configmaps
@@ -70,26 +108,35 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
             return Ok(());
         }
     };
-    let name = check.name_any();
-    match Api::<NodeHealthCheck>::all(client.clone())
-        .create(&PostParams::default(), &check)
-        .await
+    let mut check = check;
+    if configmap
+        .data
+        .as_ref()
+        .and_then(|d| d.get(SELECTOR_KEY))
+        .map(String::as_str)
+        == Some(WORKERS)
     {
-        Ok(_) => {
-            tracing::info!(%name, "created the default NodeHealthCheck");
-            events
-                .normal(
-                    &on,
-                    "DefaultHealthCheckCreated",
-                    format!("created NodeHealthCheck {name}; nodemedic will not change it again"),
-                )
-                .await;
-        }
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            tracing::info!(%name, "the default NodeHealthCheck exists; left as it is");
-        }
+        let labelled = Api::<Node>::all(client.clone())
+            .list_metadata(&ListParams::default().labels(labels::ROLE_WORKER).limit(1))
+            .await
+            .context("looking for nodes labelled node-role.kubernetes.io/worker")?;
+        check.spec.selector = workers_selector(!labelled.items.is_empty());
+    }
+    let name = check.name_any();
+    let applied = defaults::apply(
+        &Api::<NodeHealthCheck>::all(client.clone()),
+        check.as_ref(),
+        |c| serde_json::to_value(&c.spec).unwrap_or_default(),
+        |live, wanted| live.spec = wanted.spec.clone(),
+    )
+    .await;
+    match applied {
+        Ok(step) => report(step, &name, events, &on).await,
         // Refused as invalid: retrying cannot help, the values must change.
-        Err(kube::Error::Api(status)) if status.code == 422 => {
+        Err(nodemedic_kube::Error::Call {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 422 => {
             let why = format!(
                 "NodeHealthCheck {name} is invalid: {}; fix defaultHealthCheck.* in the chart's values",
                 status.message
@@ -97,9 +144,53 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
             tracing::warn!(%why, "default health check not created");
             events.warning(&on, "DefaultHealthCheckInvalid", why).await;
         }
-        Err(e) => return Err(nodemedic_kube::Error::call(format!("creating NodeHealthCheck {name}"), e).into()),
+        Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// The log line and event of each step.
+async fn report(step: Step, name: &str, events: &Events, on: &ObjectReference) {
+    match step {
+        Step::Create => {
+            tracing::info!(%name, "created the default NodeHealthCheck");
+            events
+                .normal(
+                    on,
+                    "DefaultHealthCheckCreated",
+                    format!("created NodeHealthCheck {name}; an edit of it is never overwritten"),
+                )
+                .await;
+        }
+        Step::Update => {
+            tracing::info!(%name, "the default NodeHealthCheck moved to this release's defaults (nobody had edited it)");
+            events
+                .normal(
+                    on,
+                    "DefaultHealthCheckUpdated",
+                    format!("NodeHealthCheck {name} set to this release's defaults; nobody had edited it"),
+                )
+                .await;
+        }
+        Step::Unchanged => tracing::info!(%name, "the default NodeHealthCheck is at this release's defaults"),
+        Step::KeepEdited | Step::KeepUnrecorded => {
+            let why = if step == Step::KeepEdited {
+                "was edited"
+            } else {
+                "was not written by this version of nodemedic"
+            };
+            tracing::info!(%name, "the default NodeHealthCheck {why}; left as it is");
+            events
+                .normal(
+                    on,
+                    "DefaultHealthCheckKept",
+                    format!(
+                        "NodeHealthCheck {name} {why} and is left as it is; to take this release's defaults, delete it and restart the controller"
+                    ),
+                )
+                .await;
+        }
+    }
 }
 
 /// [`create_if_absent`] until it is done: a failed read or create (the API server restarting, a
@@ -137,6 +228,28 @@ mod tests {
         };
         assert_eq!(check.metadata.name.as_deref(), Some("nhc-worker-default"));
         assert_eq!(check.metadata.resource_version, None);
+    }
+
+    #[test]
+    fn workers_are_the_labelled_ones_or_else_every_node_but_the_control_plane() {
+        let keys = |s: LabelSelector| -> Vec<(String, String)> {
+            s.match_expressions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.key, r.operator))
+                .collect()
+        };
+        assert_eq!(
+            keys(workers_selector(true)),
+            [(labels::ROLE_WORKER.to_owned(), "Exists".to_owned())]
+        );
+        assert_eq!(
+            keys(workers_selector(false)),
+            [
+                (labels::ROLE_CONTROL_PLANE.to_owned(), "DoesNotExist".to_owned()),
+                (labels::ROLE_MASTER.to_owned(), "DoesNotExist".to_owned())
+            ]
+        );
     }
 
     #[test]

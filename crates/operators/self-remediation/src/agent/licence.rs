@@ -54,6 +54,38 @@ pub(super) async fn read_intents(fast: &Client, booted: Option<jiff::Timestamp>)
     Ok(intents(&list.items, booted))
 }
 
+/// The licence read and, when planned, the peers' read, side by side. The licence read comes
+/// first and waits for nothing else, the registration included. When it failed, the peers are
+/// waited for only until `give_up` (the round's send time plus apiServerTimeout): the agent votes
+/// next, and a peers' read still hanging on the API server the licence read just failed on would
+/// only hold the vote back, for up to peerApiServerTimeout, longer than the licence allows for. A
+/// read given up on counts as failed (`None`): the peers are read again next round.
+async fn read_side_by_side<T, P>(
+    give_up: Instant,
+    intents: impl std::future::Future<Output = Result<T>>,
+    peers: impl std::future::Future<Output = Option<Result<P>>>,
+) -> (Result<T>, Option<Result<P>>) {
+    tokio::pin!(intents, peers);
+    let mut read_peers = None;
+    let intents = loop {
+        tokio::select! {
+            done = &mut peers, if read_peers.is_none() => read_peers = Some(done),
+            done = &mut intents => break done,
+        }
+    };
+    let peers = match read_peers {
+        Some(done) => done,
+        None if intents.is_ok() => peers.await,
+        None => tokio::time::timeout_at(give_up.into(), peers)
+            .await
+            .unwrap_or_else(|_| {
+                tracing::debug!("the peers' read outlasted the failed licence read; voting without it");
+                None
+            }),
+    };
+    (intents, peers)
+}
+
 /// What one read of the peers returns.
 struct Peers {
     /// Node -> `ip:port`.
@@ -119,8 +151,12 @@ impl Loop<'_> {
                     None
                 }
             };
-            // The licence read comes first and waits for nothing else, the registration included.
-            let (intents, peers) = tokio::join!(read_intents(&self.clients.fast, booted), peer_read);
+            let (intents, peers) = read_side_by_side(
+                sent + self.args.api_server_timeout,
+                read_intents(&self.clients.fast, booted),
+                peer_read,
+            )
+            .await;
             match peers {
                 Some(Ok(read)) => {
                     let latest = self.take_peers(read, &mut addresses).await;
@@ -152,8 +188,11 @@ impl Loop<'_> {
                 }
             }
             // Stopping only here, between rounds; the publisher's writes are stopped after this.
+            // Rounds start every apiCheckInterval, however long one took: the licence's length
+            // counts on a failed check being followed by the next within the interval, a vote
+            // round included.
             tokio::select! {
-                _ = tokio::time::sleep(self.args.api_check_interval) => {}
+                _ = tokio::time::sleep_until((sent + self.args.api_check_interval).into()) => {}
                 _ = remediation_changed.notified() => {
                     // At most one early read a second: a burst of new remediations wakes every agent.
                     tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;
@@ -348,5 +387,67 @@ impl Loop<'_> {
             if reachable { "reachable" } else { "unreachable" },
         );
         tracing::info!(%url, reachable, "endpointHealthCheckUrl probed (diagnostic only)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn failed() -> Result<()> {
+        Err(crate::Error::Poisoned)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_licence_read_waits_for_the_peers_only_until_its_timeout() {
+        let start = Instant::now();
+        let clock = tokio::time::Instant::now();
+        let hanging_peers = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Some(Ok(()))
+        };
+        let (intents, peers) =
+            read_side_by_side(start + Duration::from_millis(1500), async { failed() }, hanging_peers).await;
+        assert!(intents.is_err());
+        assert!(peers.is_none(), "given up on");
+        // The timer rounds up to the millisecond.
+        let waited = clock.elapsed().as_millis();
+        assert!(
+            (1500..=1502).contains(&waited),
+            "voting 1.5 s after the round began, not {waited} ms"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_licence_read_that_answers_waits_for_the_peers() {
+        let start = Instant::now();
+        let clock = tokio::time::Instant::now();
+        let slow_peers = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Some(Ok(7))
+        };
+        let (intents, peers) = read_side_by_side(
+            start + Duration::from_millis(1500),
+            async { Ok::<_, crate::Error>(()) },
+            slow_peers,
+        )
+        .await;
+        assert!(intents.is_ok());
+        assert!(matches!(peers, Some(Ok(7))));
+        assert_eq!(clock.elapsed().as_secs(), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peers_read_before_a_failed_licence_read_are_kept() {
+        let start = Instant::now();
+        let late_failure = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            failed()
+        };
+        let (_, peers) =
+            read_side_by_side(start + Duration::from_millis(1500), late_failure, async { Some(Ok(1)) }).await;
+        assert!(matches!(peers, Some(Ok(1))));
     }
 }

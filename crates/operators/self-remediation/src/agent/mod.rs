@@ -52,6 +52,9 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     if args.software_reboot {
         fencing_settings.reboot = watchdog::Reboot::Sysrq(args.sysrq_trigger.clone());
     }
+    fencing_settings.sysfs = args.watchdog_class_dir.clone();
+    fencing_settings.dev = args.device_dir.clone();
+    fencing_settings.modprobe = Some(args.modprobe.clone()).filter(|m| !m.as_os_str().is_empty());
     let fencing = watchdog::open(&fencing_settings);
     for why in &fencing.passed_over {
         tracing::warn!(%why, "watchdog passed over");
@@ -71,6 +74,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         disarmed: false,
         incarnation: format!("{:016x}", rand::random::<u64>()),
         node_uid: None,
+        fencing_note: fencing.passed_over.join("; "),
     };
     let timing = rules::timing(settings.licence(), &own_registration(&published));
     log_start(&args, &fencing, &timing);
@@ -146,8 +150,8 @@ fn log_start(args: &AgentArgs, fencing: &watchdog::Fencing, timing: &crate::prot
     if fencing.means == rules::Means::None {
         tracing::error!(
             "no watchdog device and software reboot is disabled: this node cannot fence itself, so it cannot be \
-             self-remediated (its agent still votes for its peers); configure watchdogFilePath, load softdog, or \
-             enable isSoftwareRebootEnabled"
+             self-remediated (its agent still votes for its peers); configure watchdogFilePath, make softdog loadable, \
+             or enable isSoftwareRebootEnabled"
         );
     }
 }

@@ -41,6 +41,19 @@ pub struct AgentArgs {
     /// own. The agent registers what the driver applied, so the safe time follows.
     #[arg(long, env = "WATCHDOG_TIMEOUT", default_value = "0s", value_parser = duration)]
     pub watchdog_timeout: Duration,
+    /// The program that loads the softdog module (`<program> softdog`) when the node has neither
+    /// the configured device nor a softdog device; empty: never load it. The agent image carries
+    /// modprobe; the DaemonSet gives it the node's /lib/modules. Only a test lab points it
+    /// elsewhere (at a stand-in: tests must not load kernel modules).
+    #[arg(long, default_value = "modprobe")]
+    pub modprobe: PathBuf,
+    /// Where the kernel describes watchdog devices, to find a softdog by its identity. Only a
+    /// test lab points it elsewhere, with `--device-dir`.
+    #[arg(long, default_value = "/sys/class/watchdog")]
+    pub watchdog_class_dir: PathBuf,
+    /// Where the watchdog device files named in `--watchdog-class-dir` are.
+    #[arg(long, default_value = "/dev")]
+    pub device_dir: PathBuf,
     /// The sysrq trigger a software reboot writes `b` to. Only a test lab points it elsewhere (at
     /// a file it watches, as its nodes share the host's kernel).
     #[arg(long, default_value = crate::watchdog::SYSRQ_TRIGGER)]

@@ -8,11 +8,11 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, DaemonSetSpec},
     core::v1::{
         Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, NodeAffinity, NodeSelector,
-        NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec, SecurityContext, Toleration, Volume,
-        VolumeMount,
+        NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
+        Toleration, Volume, VolumeMount,
     },
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::LabelSelector};
 use kube::api::ObjectMeta;
 use nodemedic_api::self_remediation::SelfNodeRemediationConfigSpec;
 use sha2::{Digest, Sha256};
@@ -132,6 +132,14 @@ fn env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// The agent's requests: its busiest measured rate at rest (4 mCPU, 12 MiB with the detector,
+/// `make bench ARGS="--suite footprint"`) with room for a peer storm and a larger membership.
+pub const AGENT_CPU_REQUEST: &str = "10m";
+pub const AGENT_MEMORY_REQUEST: &str = "32Mi";
+
+/// Where a node keeps its kernel modules.
+const MODULES: &str = "/lib/modules";
+
 /// Where the image keeps the agent-only executable (see the Dockerfile).
 pub(crate) const AGENT_EXECUTABLE: &str = "/usr/local/bin/nodemedic-agent";
 
@@ -184,6 +192,16 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
         }),
         ..Default::default()
     };
+    // The node's kernel modules, read-only, for the agent's `modprobe softdog` on a node
+    // without a watchdog device (as medik8s's agent loads it).
+    let modules = Volume {
+        name: "modules".into(),
+        host_path: Some(HostPathVolumeSource {
+            path: MODULES.into(),
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Default::default()
+    };
     let container = Container {
         name: "agent".into(),
         image: Some(image.into()),
@@ -201,6 +219,18 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             host_port: Some(spec.host_port),
             ..Default::default()
         }]),
+        // Requests only, measured (docs/defaults.md): at rest an agent uses about 4 mCPU and
+        // 12 MiB. No CPU limit: a throttled agent could miss its watchdog and reset a healthy
+        // node. No memory limit: an OOM kill would do the same; as a system-node-critical pod
+        // under its request it is the last the kubelet evicts and the OOM killer spares it.
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity(AGENT_CPU_REQUEST.into())),
+                ("memory".to_owned(), Quantity(AGENT_MEMORY_REQUEST.into())),
+            ])),
+            limits: None,
+            ..Default::default()
+        }),
         // Root and privileged: the agent opens /dev/watchdog (the image's default user is not
         // root, for the controller).
         security_context: Some(SecurityContext {
@@ -217,6 +247,12 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             VolumeMount {
                 name: "dev".into(),
                 mount_path: "/dev".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "modules".into(),
+                mount_path: MODULES.into(),
+                read_only: Some(true),
                 ..Default::default()
             },
         ]),
@@ -246,7 +282,7 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
                     tolerations: Some(tolerations),
                     affinity,
                     containers: vec![container],
-                    volumes: Some(vec![state, devices]),
+                    volumes: Some(vec![state, devices, modules]),
                     ..Default::default()
                 }),
             },

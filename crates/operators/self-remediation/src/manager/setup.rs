@@ -117,13 +117,60 @@ pub(super) async fn certificate_authority(client: &Client, namespace: &str) -> R
     Authority::from_pem(&pem).map_err(|e| Error::Certificate(e.to_string()))
 }
 
-/// The configuration, created with the defaults when absent (medik8s does the same).
-pub(super) async fn config(client: &Client, namespace: &str) -> Result<()> {
-    let api = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), namespace);
-    let mut config = SelfNodeRemediationConfig::new(CONFIG_NAME, SelfNodeRemediationConfigSpec::default());
+/// The ConfigMap the chart renders the default SelfNodeRemediationConfig into, and its key.
+pub(crate) const DEFAULT_CONFIG_CONFIGMAP: &str = "nodemedic-default-self-remediation-config";
+pub(crate) const DEFAULT_CONFIG_KEY: &str = "selfnoderemediationconfig.yaml";
+
+/// The configuration the release asks for: the chart's (its ConfigMap), or medik8s's defaults
+/// without one.
+pub(crate) fn wanted_config(configmap: Option<&ConfigMap>, namespace: &str) -> Result<SelfNodeRemediationConfig> {
+    let spec = match configmap.and_then(|c| c.data.as_ref()?.get(DEFAULT_CONFIG_KEY)) {
+        Some(yaml) => serde_saphyr::from_str::<SelfNodeRemediationConfig>(yaml)
+            .map_err(|e| Error::InvalidConfig {
+                name: CONFIG_NAME.into(),
+                why: format!(
+                    "ConfigMap {DEFAULT_CONFIG_CONFIGMAP}, key {DEFAULT_CONFIG_KEY}, is not a SelfNodeRemediationConfig: {e}; fix selfNodeRemediationConfig.* in the chart's values"
+                ),
+            })?
+            .spec,
+        None => SelfNodeRemediationConfigSpec::default(),
+    };
+    let mut config = SelfNodeRemediationConfig::new(CONFIG_NAME, spec);
     config.metadata.namespace = Some(namespace.to_owned());
-    if create_once(&api, &config).await? {
-        tracing::info!(name = CONFIG_NAME, "created the default SelfNodeRemediationConfig");
+    Ok(config)
+}
+
+/// The configuration, created with the release's defaults when absent (medik8s creates its own)
+/// and moved to a later release's defaults while nobody has edited it.
+pub(super) async fn config(client: &Client, namespace: &str) -> Result<()> {
+    let configmap = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .get_opt(DEFAULT_CONFIG_CONFIGMAP)
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{DEFAULT_CONFIG_CONFIGMAP}"))?;
+    let wanted = wanted_config(configmap.as_ref(), namespace)?;
+    let api = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), namespace);
+    let step = nodemedic_kube::defaults::apply(
+        &api,
+        &wanted,
+        |c| serde_json::to_value(&c.spec).unwrap_or_default(),
+        |live, wanted| live.spec = wanted.spec.clone(),
+    )
+    .await?;
+    use nodemedic_kube::defaults::Step;
+    match step {
+        Step::Create => tracing::info!(
+            name = CONFIG_NAME,
+            "created the SelfNodeRemediationConfig with this release's defaults"
+        ),
+        Step::Update => tracing::info!(
+            name = CONFIG_NAME,
+            "the SelfNodeRemediationConfig moved to this release's defaults (nobody had edited it)"
+        ),
+        Step::Unchanged => {}
+        Step::KeepEdited | Step::KeepUnrecorded => tracing::info!(
+            name = CONFIG_NAME,
+            "the SelfNodeRemediationConfig was edited (or written by another version) and is left as it is; delete it and restart the controller to take this release's defaults"
+        ),
     }
     Ok(())
 }
@@ -180,4 +227,34 @@ pub(super) async fn templates(client: &Client, namespace: &str) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configmap(yaml: &str) -> ConfigMap {
+        ConfigMap {
+            data: Some(BTreeMap::from([(DEFAULT_CONFIG_KEY.to_owned(), yaml.to_owned())])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_chart_s_configuration_is_wanted_and_medik8s_s_without_it() {
+        let yaml = "apiVersion: self-node-remediation.medik8s.io/v1alpha1\nkind: SelfNodeRemediationConfig\nmetadata:\n  name: self-node-remediation-config\nspec:\n  watchdogTimeout: 2s\n  apiCheckInterval: 4s\n  peerDetection: {}\n";
+        let wanted = wanted_config(Some(&configmap(yaml)), "ns").expect("usable");
+        assert_eq!(wanted.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(wanted.spec.api_check_interval.to_string(), "4s");
+        assert!(wanted.spec.peer_detection.is_some());
+        assert_eq!(wanted.spec.watchdog_file_path, "/dev/watchdog", "the rest is medik8s's");
+        let medik8s = wanted_config(None, "ns").expect("the defaults");
+        assert_eq!(medik8s.spec, SelfNodeRemediationConfigSpec::default());
+    }
+
+    #[test]
+    fn an_unusable_configuration_says_which_values_to_fix() {
+        let error = wanted_config(Some(&configmap("spec: [1")), "ns").expect_err("unusable");
+        assert!(error.to_string().contains("selfNodeRemediationConfig"), "{error}");
+    }
 }

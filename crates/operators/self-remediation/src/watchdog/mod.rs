@@ -3,9 +3,10 @@
 //! fence at once.
 //!
 //! The agent never exits for lack of a device. It takes, in order (seed 004's order): the
-//! configured device; else an existing softdog device; else, with software reboot enabled, its
-//! own timer; else nothing, and says so in its registration so the manager reports at once that
-//! the node cannot be self-remediated.
+//! configured device; else a softdog device, loading the module (`modprobe softdog`) when there
+//! is none; else, with software reboot enabled, its own timer; else nothing, and says so (with
+//! why each step failed) in its registration so the manager reports at once that the node cannot
+//! be self-remediated.
 //!
 //! The configured device must be an absolute path without `..` components: anything else (such
 //! as the `lab:<socket>` of earlier test labs) is refused without being opened, since the safe
@@ -103,6 +104,9 @@ pub struct Settings {
     /// Where their device files are (`/dev`).
     pub dev: PathBuf,
     pub reboot: Reboot,
+    /// The program that loads a kernel module (`modprobe`), run as `<program> softdog` when the
+    /// node has neither the configured device nor a softdog; `None`: never load it.
+    pub modprobe: Option<PathBuf>,
 }
 
 impl Settings {
@@ -114,9 +118,56 @@ impl Settings {
             sysfs: PathBuf::from("/sys/class/watchdog"),
             dev: PathBuf::from("/dev"),
             reboot: Reboot::new(software_reboot),
+            modprobe: Some(PathBuf::from("modprobe")),
         }
     }
 }
+
+/// A softdog device: an existing one, else one the module brings when loaded. Why none could be
+/// had goes to `passed_over`.
+fn softdog(settings: &Settings, passed_over: &mut Vec<String>) -> Option<PathBuf> {
+    if let Some(found) = find_softdog(settings) {
+        return Some(found);
+    }
+    match load_softdog(settings) {
+        Ok(()) => {
+            let found = find_softdog(settings);
+            if found.is_none() {
+                passed_over.push(format!("{SOFTDOG_MODULE} was loaded but no softdog device appeared"));
+            }
+            found
+        }
+        Err(why) => {
+            passed_over.push(format!("no softdog device, and it could not be loaded: {why}"));
+            None
+        }
+    }
+}
+
+/// Loads the softdog module with `settings.modprobe`, as medik8s's agent does where a node has no
+/// watchdog device (seed 004): the kernel's software watchdog still resets a node whose agent
+/// hangs, where the agent's own timer would hang with it.
+fn load_softdog(settings: &Settings) -> Result<(), String> {
+    let Some(modprobe) = &settings.modprobe else {
+        return Err("loading softdog is not enabled".into());
+    };
+    let out = std::process::Command::new(modprobe)
+        .arg(SOFTDOG_MODULE)
+        .output()
+        .map_err(|e| format!("{} {SOFTDOG_MODULE}: {e}", modprobe.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {SOFTDOG_MODULE} failed ({}): {}",
+            modprobe.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+const SOFTDOG_MODULE: &str = "softdog";
 
 /// The means an agent found, with the timer that implements it (none for [`Means::None`]).
 pub struct Fencing {
@@ -190,25 +241,27 @@ fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>)
 /// goes on from the softdog.
 pub fn open(settings: &Settings) -> Fencing {
     let mut passed_over = Vec::new();
-    let mut armed = |opened: Result<(Means, Box<dyn Watchdog>), String>| match opened {
+    let configured = Path::new(&settings.device);
+    let opened = if let Some(why) = refusal(&settings.device) {
+        Err(why)
+    } else if configured.exists() {
+        device(configured, settings).map_err(|e| e.to_string())
+    } else {
+        Err(format!("{}: no such device", configured.display()))
+    };
+    let found = match opened {
         Ok(found) => Some(found),
-        Err(error) => {
-            passed_over.push(error);
-            None
+        Err(why) => {
+            passed_over.push(why);
+            softdog(settings, &mut passed_over)
+                .filter(|p| p.as_path() != configured)
+                .and_then(|softdog| {
+                    device(&softdog, settings)
+                        .map_err(|e| passed_over.push(e.to_string()))
+                        .ok()
+                })
         }
     };
-    let configured = Path::new(&settings.device);
-    let found = if let Some(why) = refusal(&settings.device) {
-        armed(Err(why))
-    } else if configured.exists() {
-        armed(device(configured, settings).map_err(|e| e.to_string()))
-    } else {
-        armed(Err(format!("{}: no such device", configured.display())))
-    };
-    let found = found.or_else(|| {
-        let softdog = find_softdog(settings).filter(|p| p.as_path() != configured)?;
-        armed(device(&softdog, settings).map_err(|e| e.to_string()))
-    });
     if let Some((means, watchdog)) = found {
         return Fencing {
             means,
@@ -256,7 +309,58 @@ mod tests {
             } else {
                 Reboot::Refused
             },
+            modprobe: None,
         }
+    }
+
+    /// A stand-in for modprobe in `dir`: `script` is its shell body.
+    fn modprobe(dir: &Path, script: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("modprobe");
+        std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).expect("script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    }
+
+    #[test]
+    fn softdog_is_loaded_when_the_node_has_no_watchdog() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = settings(dir.path(), "/nonexistent/watchdog", false);
+        let (sys, dev) = (s.sysfs.display().to_string(), s.dev.display().to_string());
+        s.modprobe = Some(modprobe(
+            dir.path(),
+            &format!(
+                "[ \"$1\" = softdog ] || exit 1\nmkdir -p {sys}/watchdog0 {dev}\necho 'Software Watchdog' > {sys}/watchdog0/identity\n: > {dev}/watchdog0"
+            ),
+        ));
+        assert_eq!(find_softdog(&s), None);
+        let fencing = open(&s);
+        assert_eq!(
+            find_softdog(&s),
+            Some(dir.path().join("dev").join("watchdog0")),
+            "loaded"
+        );
+        // A plain file is no watchdog driver: the loaded device is found and then refused.
+        assert!(
+            fencing.passed_over.iter().any(|why| why.contains("watchdog0")),
+            "{:?}",
+            fencing.passed_over
+        );
+    }
+
+    #[test]
+    fn a_softdog_that_cannot_be_loaded_says_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = settings(dir.path(), "/nonexistent/watchdog", false);
+        s.modprobe = Some(modprobe(
+            dir.path(),
+            "echo 'modprobe: FATAL: Module softdog not found' >&2; exit 1",
+        ));
+        let fencing = open(&s);
+        assert_eq!(fencing.means, Means::None);
+        let why = fencing.passed_over.join("; ");
+        assert!(why.contains("no such device"), "{why}");
+        assert!(why.contains("Module softdog not found"), "{why}");
     }
 
     #[test]
@@ -346,7 +450,7 @@ mod tests {
             let expected = refusal(&device).expect("refused");
             let fencing = open(&settings(dir.path(), &device, true));
             assert_eq!(fencing.means, Means::SoftwareReboot, "{device}");
-            assert_eq!(fencing.passed_over, [expected], "{device}");
+            assert_eq!(fencing.passed_over.first(), Some(&expected), "{device}");
             assert!(
                 fencing.describe().starts_with("software-reboot"),
                 "{}",

@@ -132,7 +132,7 @@ pub(super) async fn start(path: Path, profile: Profile, detector: bool, lanes: &
         Path::SelfRemediation => {
             let patch = match profile {
                 Profile::Fast => scenario::FAST_CONFIG,
-                Profile::Seed | Profile::Defaults => scenario::SEED_TIMINGS_CONFIG,
+                Profile::Seed | Profile::Defaults | Profile::OutOfTheBox => scenario::SEED_TIMINGS_CONFIG,
             };
             for lane in lanes {
                 lab.apply_yaml(

@@ -6,6 +6,7 @@
 //! time, and side by side they cost half the hour.
 
 mod lanes;
+mod out_of_the_box;
 mod real;
 
 use anyhow::bail;
@@ -14,7 +15,7 @@ use nodemedic_harness::bench::{self, Breakdown};
 use nodemedic_lab::witness;
 use serde_json::json;
 
-use self::lanes::Lane;
+use self::{lanes::Lane, out_of_the_box::Variant};
 use super::{BenchArgs, Section, verdict};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -53,6 +54,10 @@ pub(crate) enum Profile {
     /// durations; fence agents through Redfish only, with the agents' peer failure detector and
     /// the example health check on its condition, and without it (the baseline).
     Defaults,
+    /// What `helm install` gives: the chart's default values read from the rendered chart,
+    /// Kubernetes' default timings, plain nodes; self remediation alone, with a Redfish template
+    /// added to the default check's escalation, and medik8s's defaults as the baseline.
+    OutOfTheBox,
 }
 
 #[derive(serde::Serialize)]
@@ -74,6 +79,9 @@ struct Series {
     real_nodes: bool,
     /// Real nodes: seconds from the crash to the writer's first record on its new node.
     first_record: Vec<f64>,
+    /// The out-of-the-box profile's series.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    variant: Option<Variant>,
     trials: Vec<Breakdown>,
     failures: Vec<String>,
 }
@@ -111,6 +119,24 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
             Profile::Fast => args.trials,
             Profile::Seed => args.seed_trials,
             Profile::Defaults => args.defaults_trials,
+            Profile::OutOfTheBox => {
+                for variant in [Variant::SelfRemediation, Variant::WithRedfish, Variant::Medik8sDefaults] {
+                    let trials = if variant == Variant::Medik8sDefaults {
+                        args.baseline_trials
+                    } else {
+                        args.trials
+                    };
+                    println!("==> out of the box, {variant:?}: {trials} trials");
+                    let lab = out_of_the_box::start(variant).await?;
+                    let mut series =
+                        run_trials(&lab, variant.path(), &out_of_the_box::lane(), *profile, true, trials).await?;
+                    for s in &mut series {
+                        s.variant = Some(variant);
+                    }
+                    all.extend(series);
+                }
+                continue;
+            }
         };
         if *profile == Profile::Defaults {
             if paths.contains(&Path::FenceRedfish) {
@@ -184,6 +210,8 @@ fn markdown(all: &[Series]) -> String {
 Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
          Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig); \
          *defaults* = Kubernetes' default node-monitor timings (node leases 40 s, grace 50 s) and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable (detector: yes) and without (the baseline). \
+         *OutOfTheBox* = the chart's default values exactly (its rendered default-check and configuration ConfigMaps; the controller creates the check and the configuration from them), Kubernetes' default timings, three plain nodes: \
+         self remediation alone, with a Redfish template added as the check's first escalation (`--set defaultHealthCheck.fenceAgentsTemplate.name=...`), and `--set medik8sDefaults=true` (medik8s's check and configuration, the baseline); *detector* is whatever the values turn on. \
          With the detector, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
          Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
          On *real* nodes (a kubelet, containerd and real pods each; nodemedic installed by Helm from its images; the stateful stand-in a writer on the lab's CSI volumes; the default health check's durations 2 s) \
@@ -202,7 +230,10 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             if s.real_nodes { "real" } else { "kwok" },
             s.path,
             s.strategy,
-            s.profile,
+            match s.variant {
+                Some(variant) => format!("OutOfTheBox ({variant:?})"),
+                None => format!("{:?}", s.profile),
+            },
             if s.detector { "yes" } else { "no" },
             s.trials.len(),
             if s.failures.is_empty() {
@@ -234,7 +265,7 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             out.push_str(&format!("- {line}\n"));
         }
     }
-    if let Some(line) = detector_ratio(all) {
+    for line in [detector_ratio(all), out_of_the_box_ratio(all)].into_iter().flatten() {
         out.push_str(&format!("- {line}\n"));
     }
     for s in all.iter().filter(|s| !s.failures.is_empty()) {
@@ -259,6 +290,7 @@ fn target(s: &Series) -> Option<String> {
     let p = |f: fn(&Breakdown) -> f64, q: f64| bench::percentile(&s.trials.iter().map(f).collect::<Vec<_>>(), q);
     let name = format!("{:?} / {:?} / {:?}", s.path, s.strategy, s.profile);
     match (s.path, s.profile) {
+        (_, Profile::OutOfTheBox) => out_of_the_box_target(s),
         (Path::FenceRedfish, Profile::Defaults) if s.detector => {
             let (p50, p99) = (p(|b| b.total, 50.0)?, p(|b| b.total, 99.0)?);
             Some(format!(
@@ -294,6 +326,49 @@ fn target(s: &Series) -> Option<String> {
     }
 }
 
+/// The issue's targets for `helm install` with nothing changed, crash to Running in seconds.
+const OUT_OF_THE_BOX_SR_P50: f64 = 20.0;
+const OUT_OF_THE_BOX_SR_P99: f64 = 30.0;
+const OUT_OF_THE_BOX_REDFISH_P50: f64 = 5.0;
+
+fn out_of_the_box_target(s: &Series) -> Option<String> {
+    let totals: Vec<f64> = s.trials.iter().map(|b| b.total).collect();
+    let p50 = bench::percentile(&totals, 50.0)?;
+    let p99 = bench::percentile(&totals, 99.0)?;
+    match s.variant? {
+        Variant::SelfRemediation => Some(format!(
+            "out of the box, self remediation alone: crash to Running p50 {p50:.1} s <= {OUT_OF_THE_BOX_SR_P50} s, \
+             p99 {p99:.1} s <= {OUT_OF_THE_BOX_SR_P99} s (safe time {}): {}",
+            s.safe_time.map_or("-".into(), |t| format!("{t:.0} s")),
+            verdict(p50 <= OUT_OF_THE_BOX_SR_P50 && p99 <= OUT_OF_THE_BOX_SR_P99)
+        )),
+        Variant::WithRedfish => Some(format!(
+            "out of the box with a Redfish template first: crash to Running p50 {p50:.1} s <= {OUT_OF_THE_BOX_REDFISH_P50} s: {}",
+            verdict(p50 <= OUT_OF_THE_BOX_REDFISH_P50)
+        )),
+        Variant::Medik8sDefaults => None,
+    }
+}
+
+/// How much sooner the chart's defaults bring the workload back than medik8s's (the same run).
+fn out_of_the_box_ratio(all: &[Series]) -> Option<String> {
+    let p50 = |variant: Variant| {
+        let s = all.iter().find(|s| s.variant == Some(variant))?;
+        bench::percentile(&s.trials.iter().map(|b| b.total).collect::<Vec<_>>(), 50.0)
+    };
+    let baseline = p50(Variant::Medik8sDefaults)?;
+    let mut line = format!("medik8s's defaults (the baseline), crash to Running p50 {baseline:.1} s");
+    for (variant, name) in [
+        (Variant::SelfRemediation, "the chart's defaults"),
+        (Variant::WithRedfish, "with a Redfish template"),
+    ] {
+        if let Some(p) = p50(variant) {
+            line.push_str(&format!("; {name} {p:.1} s, {:.1}x sooner", baseline / p.max(0.001)));
+        }
+    }
+    Some(line)
+}
+
 /// How much sooner the workload is back with the detector than without, on Kubernetes' default
 /// timings (both series of the same run).
 fn detector_ratio(all: &[Series]) -> Option<String> {
@@ -320,6 +395,18 @@ async fn series(
 ) -> anyhow::Result<Vec<Series>> {
     let lanes = Lane::for_strategies(strategies);
     let lab = lanes::start(path, profile, detector, &lanes).await?;
+    run_trials(&lab, path, &lanes, profile, detector, trials).await
+}
+
+/// `trials` trials of `lanes` in a started lab.
+async fn run_trials(
+    lab: &nodemedic_lab::Lab,
+    path: Path,
+    lanes: &[Lane],
+    profile: Profile,
+    detector: bool,
+    trials: usize,
+) -> anyhow::Result<Vec<Series>> {
     let mut out: Vec<Series> = lanes
         .iter()
         .map(|lane| Series {
@@ -332,12 +419,13 @@ async fn series(
             safe_time: None,
             real_nodes: false,
             first_record: Vec::new(),
+            variant: None,
             trials: Vec::new(),
             failures: Vec::new(),
         })
         .collect();
     for trial in 1..=trials {
-        match lanes::one_trial(&lab, path, &lanes).await {
+        match lanes::one_trial(lab, path, lanes).await {
             Ok(measured) => {
                 for (series, result) in out.iter_mut().zip(measured) {
                     match result {
@@ -375,7 +463,7 @@ async fn series(
         }
     }
     if path == Path::SelfRemediation {
-        let safe_time = lanes::safe_time(&lab).await;
+        let safe_time = lanes::safe_time(lab).await;
         for series in &mut out {
             series.safe_time = safe_time;
         }

@@ -47,6 +47,7 @@ pub(super) async fn series(path: Path, trials: usize) -> anyhow::Result<Series> 
         safe_time: None,
         real_nodes: true,
         first_record: Vec::new(),
+        variant: None,
         trials: Vec::new(),
         failures: Vec::new(),
     };

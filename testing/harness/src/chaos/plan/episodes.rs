@@ -34,6 +34,9 @@ pub const SLOW_AFTERMATH_MS: u64 = 30_000;
 /// remediation of the full node would have started by then (the lab's check waits 25 s at most).
 const DISK_HOLD_MS: (u64, u64) = (30_000, 60_000);
 const DISK_AFTERMATH_MS: u64 = 30_000;
+/// How long an agent or the control plane is starved, and how long after the trial watches.
+const STARVED_HOLD_MS: (u64, u64) = (30_000, 90_000);
+const STARVED_AFTERMATH_MS: u64 = 30_000;
 /// How often the first episode of a self-remediation trial is membership churn.
 const CHURN: f64 = 0.3;
 
@@ -92,8 +95,13 @@ impl Builder {
             return;
         }
         // Only a fault held steadily gets disturbances on top (a flapping node has gaps).
-        // Version 2 added the disk's two: the draws of version 1 stay as they were.
-        let kinds = if self.version >= 2 { 21 } else { 19 };
+        // Each version adds its kinds at the end: the draws of earlier versions stay as they
+        // were.
+        let kinds = match self.version {
+            1 => 19,
+            2 => 21,
+            _ => 27,
+        };
         let kind = self.rng.random_range(0..kinds);
         let kind = if self.shape.real_nodes {
             real_node_kind(kind)
@@ -122,7 +130,9 @@ impl Builder {
             12..=14 => (Vec::new(), self.long_outage(start)),
             15..=16 => (Vec::new(), self.slow_network(start)),
             17..=18 => (Vec::new(), self.restart_loop(start)),
-            _ => (Vec::new(), self.disk_full(start)),
+            19..=20 => (Vec::new(), self.disk_full(start)),
+            21..=23 => (Vec::new(), self.starved_agent(start)),
+            _ => (Vec::new(), self.slow_control_plane(start)),
         };
         if !targets.is_empty() && end - start >= LONG_HOLD_MS.0 {
             self.disturb(start, end, &targets);
@@ -250,6 +260,49 @@ impl Builder {
             end = end.max(back);
         }
         end + DISK_AFTERMATH_MS
+    }
+
+    /// A node's agent starved of CPU (throttled to 1-5 % of a CPU) or under memory pressure, its
+    /// node otherwise healthy, half the time while another node crashes: the crashed node is
+    /// remediated, the starved one never (its watchdog is fed, its peers reach it).
+    fn starved_agent(&mut self, start: u64) -> u64 {
+        let node = self.node();
+        let until = start + self.rng.random_range(STARVED_HOLD_MS.0..=STARVED_HOLD_MS.1);
+        if self.rng.random_bool(0.5) {
+            let percent = self.rng.random_range(1..=5);
+            self.push(start, Action::Fault(Fault::StarveAgent { node, percent }));
+            self.push(until, Action::Fault(Fault::FeedAgent { node }));
+        } else {
+            let headroom_mib = self.rng.random_range(16..=128);
+            self.push(start, Action::Fault(Fault::SqueezeAgent { node, headroom_mib }));
+            self.push(until, Action::Fault(Fault::RelieveAgent { node }));
+        }
+        let mut end = until;
+        if self.rng.random_bool(0.5) {
+            let others: Vec<Slot> = (0..self.shape.nodes).filter(|n| *n != node).collect();
+            let crashed = others[self.rng.random_range(0..others.len())];
+            let at = start + self.rng.random_range(2_000..5_000);
+            let back = at + self.long_hold();
+            self.push(at, Action::Fault(Fault::Crash { node: crashed }));
+            self.push(back, Action::Fault(Fault::PowerOn { node: crashed }));
+            end = end.max(back);
+        }
+        end + STARVED_AFTERMATH_MS
+    }
+
+    /// etcd or the API server starved of CPU (5-25 % of one), every node healthy: the control
+    /// plane answers slowly, and nobody may be fenced or remediated, then or once it is back.
+    fn slow_control_plane(&mut self, start: u64) -> u64 {
+        let until = start + self.rng.random_range(STARVED_HOLD_MS.0..=STARVED_HOLD_MS.1);
+        let percent = self.rng.random_range(5..=25);
+        if self.rng.random_bool(0.5) {
+            self.push(start, Action::Fault(Fault::SlowEtcd { percent }));
+            self.push(until, Action::Fault(Fault::UnthrottleEtcd));
+        } else {
+            self.push(start, Action::Fault(Fault::SlowApiserver { percent }));
+            self.push(until, Action::Fault(Fault::UnthrottleApiserver));
+        }
+        until + STARVED_AFTERMATH_MS
     }
 
     /// The workload's node crashes and, once its remediation is in flight, the controller is
@@ -389,6 +442,11 @@ fn real_node_kind(kind: u32) -> u32 {
         // A full disk: API isolation, a crash.
         19 => 8,
         20 => 1,
+        // A starved agent (a pod, not a lab process): a freeze, a crash, a partition. The
+        // control plane is starved the same way on real nodes.
+        21 => 4,
+        22 => 2,
+        23 => 6,
         other => other,
     }
 }

@@ -131,8 +131,10 @@ pub struct TrialPlan {
 /// version, so an old seed, run again under the version its report names, replays the same
 /// plans:
 /// 1. node, network, control-plane, process, BMC and membership faults;
-/// 2. and a node's disk filling up (`fill-disk`), drawn among them (issue 44).
-pub const PLAN_VERSION: u32 = 2;
+/// 2. and a node's disk filling up (`fill-disk`), drawn among them (issue 44);
+/// 3. and starvation: a node's agent short of CPU or memory, etcd or the API server slowed
+///    (issue 46).
+pub const PLAN_VERSION: u32 = 3;
 
 /// Restrictions from the command line; part of what a plan is drawn from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

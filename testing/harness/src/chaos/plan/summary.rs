@@ -13,6 +13,10 @@ pub const CHURN_DURING_CRASH: &str = "membership change during a crash";
 pub const CONTROLLER_RESTART_LOOP: &str = "controller restart loop";
 pub const SLOW_NETWORK: &str = "slow lossy network";
 pub const FULL_DISK: &str = "a node's disk fills up";
+pub const STARVED_AGENT_CPU: &str = "an agent starved of CPU";
+pub const STARVED_AGENT_MEMORY: &str = "an agent under memory pressure";
+pub const SLOW_ETCD: &str = "slow etcd";
+pub const SLOW_APISERVER: &str = "slow API server";
 
 /// The action's kebab-case name, as in the JSON plan.
 pub fn kind(action: &Action) -> String {
@@ -53,6 +57,10 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
             Action::RestartControllerLoop { .. } => out.push(CONTROLLER_RESTART_LOOP),
             Action::Fault(Fault::SlowLinks { .. }) => out.push(SLOW_NETWORK),
             Action::Fault(Fault::FillDisk { .. }) => out.push(FULL_DISK),
+            Action::Fault(Fault::StarveAgent { .. }) => out.push(STARVED_AGENT_CPU),
+            Action::Fault(Fault::SqueezeAgent { .. }) => out.push(STARVED_AGENT_MEMORY),
+            Action::Fault(Fault::SlowEtcd { .. }) => out.push(SLOW_ETCD),
+            Action::Fault(Fault::SlowApiserver { .. }) => out.push(SLOW_APISERVER),
             _ => {}
         }
         if matches!(step.action, Action::AddNode { .. } | Action::RemoveNode { .. }) {

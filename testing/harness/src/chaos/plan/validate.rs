@@ -15,6 +15,8 @@ struct NodeState {
     cut: bool,
     bmc_hung: bool,
     disk_full: bool,
+    /// Its agent short of CPU or memory: the node stays healthy.
+    starved: bool,
     /// Not in the lab: removed, or the extra node before it joins.
     gone: bool,
 }
@@ -58,6 +60,7 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
         outage: None,
         looping_until: None,
         slow: false,
+        control_plane_slow: false,
     };
     state.nodes[plan.shape.extra_slot()].gone = true;
     if plan.steps.windows(2).any(|w| w[0].at_ms > w[1].at_ms) {
@@ -77,6 +80,9 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
     if state.slow {
         return Err("the links are left slow at the end".into());
     }
+    if state.control_plane_slow {
+        return Err("the control plane is left slow at the end".into());
+    }
     if state.nodes[..n].iter().any(|s| *s != NodeState::default()) || !state.nodes[n].gone {
         return Err("a fault is left in place, or the lab's nodes changed, at the end".into());
     }
@@ -91,6 +97,8 @@ struct State {
     looping_until: Option<u64>,
     /// The links are slowed.
     slow: bool,
+    /// etcd or the API server is starved of CPU.
+    control_plane_slow: bool,
 }
 
 impl State {
@@ -195,6 +203,34 @@ impl State {
                 self.slow = true;
             }
             Action::Fault(Fault::RestoreLinks { nodes: every }) if self.slow && every.is_empty() => self.slow = false,
+            Action::Fault(Fault::StarveAgent { node: s, percent })
+                if up && !nodes[here(nodes, *s)?].faulted() && !nodes[*s].starved =>
+            {
+                if !(1..=100).contains(percent) {
+                    return Err("not a share of a CPU".into());
+                }
+                nodes[*s].starved = true
+            }
+            Action::Fault(Fault::SqueezeAgent { node: s, .. })
+                if up && !nodes[here(nodes, *s)?].faulted() && !nodes[*s].starved =>
+            {
+                nodes[*s].starved = true
+            }
+            Action::Fault(Fault::FeedAgent { node: s }) | Action::Fault(Fault::RelieveAgent { node: s })
+                if nodes[here(nodes, *s)?].starved =>
+            {
+                nodes[*s].starved = false
+            }
+            Action::Fault(Fault::SlowEtcd { .. }) | Action::Fault(Fault::SlowApiserver { .. })
+                if up && !self.control_plane_slow =>
+            {
+                self.control_plane_slow = true
+            }
+            Action::Fault(Fault::UnthrottleEtcd) | Action::Fault(Fault::UnthrottleApiserver)
+                if self.control_plane_slow =>
+            {
+                self.control_plane_slow = false
+            }
             _ => return Err("does not apply to the state before it".into()),
         }
         let removed = nodes[..n].iter().filter(|s| s.gone).count();

@@ -9,7 +9,10 @@ use k8s_openapi::api::{
     core::v1::{Node, Pod},
 };
 use kube::{Api, api::ListParams};
-use nodemedic_api::{fence_agents::FenceAgentsRemediation, names::leases, self_remediation::SelfNodeRemediation};
+use nodemedic_api::{
+    fence_agents::FenceAgentsRemediation, healthcheck::NodeHealthCheck, names::leases,
+    self_remediation::SelfNodeRemediation,
+};
 use nodemedic_kube::node_lease;
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, data_witness::DataWitness};
 use serde_json::json;
@@ -20,7 +23,7 @@ use crate::{
         plan::{PathKind, Shape, Strategy},
         verdict::{NodeSnapshot, Snapshot},
     },
-    real_nodes,
+    chart_defaults, real_nodes,
     scenario::{self, NS},
 };
 
@@ -155,6 +158,58 @@ pub(super) async fn setup(exe: &Path, shape: Shape, peer_detection: bool, alone:
     }
     apply_health_check(&lab, shape.path, peer_detection)?;
     Ok(lab)
+}
+
+/// A lab of the shape with nodemedic installed from the chart's default values
+/// ([`chart_defaults`]): its default health check, on the trial's template (self remediation's,
+/// or fence agents' first, escalating to self remediation's default), and its
+/// SelfNodeRemediationConfig; the workload running.
+pub(super) async fn setup_with_chart_defaults(exe: &Path, shape: Shape, alone: bool) -> anyhow::Result<Lab> {
+    let nodes = (1..=shape.nodes)
+        .map(|i| NodeSpec::control_plane_worker(&format!("node-{i}")))
+        .collect();
+    let mut config = LabConfig::new(nodes);
+    if shape.path == PathKind::FenceRedfish {
+        config = config.with_bmcs(bmc_options(shape));
+    }
+    if alone {
+        config = config.alone();
+    }
+    let lab = Lab::start(config).await.context("starting the lab")?;
+    scenario::create_namespace(&lab.client(), NS).await?;
+    let value = match shape.path {
+        PathKind::SelfRemediation => "defaultHealthCheck.remediationTemplate.name",
+        PathKind::FenceRedfish => {
+            scenario::apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {})?;
+            "defaultHealthCheck.fenceAgentsTemplate.name"
+        }
+    };
+    apply_template(&lab, shape.path, Strategy::OutOfServiceTaint)?;
+    chart_defaults::install(
+        &lab,
+        exe,
+        &[format!("--set={value}={TEMPLATE}")],
+        scenario::free_port()?,
+    )
+    .await?;
+    scenario::deploy_workload(&lab).await?;
+    scenario::agents_settled(&lab).await?;
+    Ok(lab)
+}
+
+/// The shortest `Ready` duration of the health checks in the lab: the verdict's wait for a
+/// node whose peers do not report it before it must be remediated.
+pub(super) async fn ready_duration(lab: &Lab) -> Option<std::time::Duration> {
+    Api::<NodeHealthCheck>::all(lab.client())
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .iter()
+        .flat_map(|c| c.spec.unhealthy_conditions.iter())
+        .filter(|c| c.type_ == "Ready")
+        .filter_map(|c| c.duration.duration().ok())
+        .min()
 }
 
 /// The seed health check of `path` on the trial's template, its durations [`UNHEALTHY_FOR`],

@@ -84,6 +84,9 @@ pub struct Runner {
     peer_detection: bool,
     /// Every lab keeps other labs off the machine (see [`Runner::alone`]).
     alone: bool,
+    /// `--chart-defaults`: nodemedic as the chart's default values install it (see
+    /// [`Runner::with_chart_defaults`]).
+    chart_defaults: bool,
 }
 
 impl Runner {
@@ -95,7 +98,16 @@ impl Runner {
             nodes_option,
             peer_detection,
             alone: false,
+            chart_defaults: false,
         }
+    }
+
+    /// Every kwok lab runs nodemedic with the chart's default values, read from the rendered
+    /// chart: its default health check and its SelfNodeRemediationConfig (the peer detector
+    /// on), the trial's template named in the check's values.
+    pub fn with_chart_defaults(mut self) -> Self {
+        self.chart_defaults = true;
+        self
     }
 
     /// A campaign's labs run with nothing beside them, as benchmarks do: a violation must be
@@ -115,7 +127,7 @@ impl Runner {
             workload_back_seconds: None,
             all_healthy_seconds: None,
             error: None,
-            replay: super::replay(plan, self.nodes_option, self.peer_detection),
+            replay: super::replay(plan, self.nodes_option, self.peer_detection, self.chart_defaults),
             logs: None,
             records: None,
         };
@@ -142,7 +154,11 @@ impl Runner {
                 let (lab, witness) = cluster::setup_real(&self.exe, shape, self.peer_detection, self.alone).await?;
                 (lab, Some(witness))
             } else {
-                let lab = cluster::setup(&self.exe, shape, self.peer_detection, self.alone).await?;
+                let lab = if self.chart_defaults {
+                    cluster::setup_with_chart_defaults(&self.exe, shape, self.alone).await?
+                } else {
+                    cluster::setup(&self.exe, shape, self.peer_detection, self.alone).await?
+                };
                 (lab, None)
             };
             self.lab = Some(Kept { shape, lab, witness });
@@ -294,7 +310,12 @@ async fn trial(
         }
     }
     let entries = lab.timeline().entries();
-    let params = Params::new(plan.shape.nodes, BUDGET, &lab.config().timings, UNHEALTHY_FOR);
+    let params = Params::new(
+        plan.shape.nodes,
+        BUDGET,
+        &lab.config().timings,
+        cluster::ready_duration(lab).await.unwrap_or(UNHEALTHY_FOR),
+    );
     result
         .violations
         .extend(verdict::judge(&entries, since, until, &params));

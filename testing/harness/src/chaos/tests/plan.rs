@@ -7,7 +7,8 @@ use crate::chaos::plan::{
     self, AFTERMATH_MS, Action, LONG_OUTAGE_MS, Options, PathKind, Shape, Step, Strategy, TrialPlan,
     summary::{
         self, CHURN_DURING_CRASH, CONTROLLER_RESTART_LOOP, EXTRA_NODE, FULL_DISK, LONG_APISERVER_OUTAGE,
-        LONG_ETCD_OUTAGE, NODE_REJOINS, SLOW_NETWORK,
+        LONG_ETCD_OUTAGE, NODE_REJOINS, SLOW_APISERVER, SLOW_ETCD, SLOW_NETWORK, STARVED_AGENT_CPU,
+        STARVED_AGENT_MEMORY,
     },
 };
 
@@ -483,13 +484,14 @@ fn controller_restart_loops_are_checked() {
     }
 }
 
-/// The campaigns the membership and peer-detection work asked for: `make chaos SEED=2 TRIALS=50`
-/// has long API server and etcd outages, nodes leaving and joining (also during a crash),
-/// controller restart loops and slow lossy networks, several of each. (Seed 1 until the slow
-/// network joined the draw, which changed every seed's plans.)
+/// The campaigns the membership, peer-detection and defaults work asked for: `make chaos SEED=49
+/// TRIALS=50` has long API server and etcd outages, nodes leaving and joining (also during a
+/// crash), controller restart loops, slow lossy networks, full disks, starved agents and a slow
+/// control plane, several of each. (Seed 1, then seed 2, until the slow network and then the
+/// starvations joined the draw, each of which changed every seed's plans.)
 #[test]
-fn fifty_trials_of_seed_two_have_several_of_each_new_episode() {
-    let plans: Vec<TrialPlan> = (0..50).map(|i| plan::plan(2, i)).collect();
+fn fifty_trials_of_seed_forty_nine_have_several_of_each_episode() {
+    let plans: Vec<TrialPlan> = (0..50).map(|i| plan::plan(49, i)).collect();
     let counts = summary::counts(&plans);
     for episode in [
         LONG_APISERVER_OUTAGE,
@@ -499,9 +501,14 @@ fn fifty_trials_of_seed_two_have_several_of_each_new_episode() {
         CHURN_DURING_CRASH,
         CONTROLLER_RESTART_LOOP,
         SLOW_NETWORK,
+        FULL_DISK,
+        STARVED_AGENT_CPU,
+        STARVED_AGENT_MEMORY,
+        SLOW_ETCD,
+        SLOW_APISERVER,
     ] {
         let n = counts.episodes.get(episode).copied().unwrap_or(0);
-        assert!(n >= 3, "{episode}: {n} in 50 trials of seed 2 ({counts})");
+        assert!(n >= 3, "{episode}: {n} in 50 trials of seed 49 ({counts})");
     }
 }
 
@@ -517,7 +524,7 @@ fn every_kind_of_fault_occurs_often_enough() {
             per_campaign(*n)
         );
     }
-    assert_eq!(counts.episodes.len(), 8, "{counts}");
+    assert_eq!(counts.episodes.len(), 12, "{counts}");
     // The faults there were before stay in the mix.
     for action in [
         "crash",
@@ -645,6 +652,81 @@ fn only_version_two_fills_disks_and_the_full_node_is_never_one_that_must_be_reme
     for p in &full {
         assert_eq!(plan::validate(p), Ok(()), "{p:?}");
         assert!(summary::episodes(p).contains(&FULL_DISK));
+    }
+}
+
+#[test]
+fn only_version_three_starves_agents_and_the_control_plane_and_every_such_plan_is_sound() {
+    let starving = |version: u32| {
+        (0..500)
+            .map(move |i| {
+                plan::plan_with(
+                    11,
+                    i,
+                    Options {
+                        version,
+                        ..Options::default()
+                    },
+                )
+            })
+            .filter(|p| !starvation(p).is_empty())
+            .collect::<Vec<_>>()
+    };
+    assert!(starving(2).is_empty());
+    let plans = starving(3);
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &plans {
+        assert_eq!(plan::validate(p), Ok(()), "{p:?}");
+        seen.extend(starvation(p));
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        [STARVED_AGENT_CPU, STARVED_AGENT_MEMORY, SLOW_APISERVER, SLOW_ETCD],
+        "every starvation is drawn in {} plans",
+        plans.len()
+    );
+}
+
+fn starvation(p: &TrialPlan) -> Vec<&'static str> {
+    summary::episodes(p)
+        .into_iter()
+        .filter(|e| [SLOW_APISERVER, SLOW_ETCD, STARVED_AGENT_CPU, STARVED_AGENT_MEMORY].contains(e))
+        .collect()
+}
+
+#[test]
+fn starvation_is_checked() {
+    let starve = |node| Action::Fault(Fault::StarveAgent { node, percent: 2 });
+    let feed = |node| Action::Fault(Fault::FeedAgent { node });
+    let crash_meanwhile = [
+        (0, starve(0)),
+        (3, Action::Fault(Fault::Crash { node: 1 })),
+        (40, feed(0)),
+        (45, Action::Fault(Fault::PowerOn { node: 1 })),
+        (50, Action::Fault(Fault::SlowEtcd { percent: 10 })),
+        (90, Action::Fault(Fault::UnthrottleEtcd)),
+    ];
+    assert_eq!(check(SNR3, &crash_meanwhile), Ok(()));
+    let refused: &[(&str, Steps<'_>)] = &[
+        ("left starved", &[(0, starve(0))]),
+        ("fed without being starved", &[(0, feed(1))]),
+        ("starved twice", &[(0, starve(1)), (5, starve(1)), (40, feed(1))]),
+        (
+            "a crashed node's agent starved",
+            &[
+                (0, Action::Fault(Fault::Crash { node: 1 })),
+                (1, starve(1)),
+                (40, feed(1)),
+                (45, Action::Fault(Fault::PowerOn { node: 1 })),
+            ],
+        ),
+        (
+            "the control plane left slow",
+            &[(0, Action::Fault(Fault::SlowApiserver { percent: 20 }))],
+        ),
+    ];
+    for (why, steps) in refused {
+        assert!(check(SNR3, steps).is_err(), "{why}");
     }
 }
 
