@@ -46,6 +46,8 @@ ifneq (,$(findstring --real-nodes,$(ARGS)))
 	bash scripts/build-node.sh >/dev/null
 	bash scripts/build-tools.sh >/dev/null
 endif
+# The out-of-the-box profile (and the footprint suite's chart-defaults window) render the chart.
+	bash scripts/build-tools.sh >/dev/null
 	$(NODEMEDIC_LAB) bench $(ARGS)
 
 # The fault campaign: randomized trials reproducible from SEED (writes
@@ -58,6 +60,9 @@ chaos: build
 ifneq (,$(findstring --real-nodes,$(ARGS)))
 	bash scripts/build-images.sh
 	bash scripts/build-node.sh >/dev/null
+	bash scripts/build-tools.sh >/dev/null
+endif
+ifneq (,$(findstring --chart-defaults,$(ARGS)))
 	bash scripts/build-tools.sh >/dev/null
 endif
 	$(NODEMEDIC_LAB) chaos --seed $(SEED) --trials $(TRIALS) $(ARGS)
