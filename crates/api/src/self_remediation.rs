@@ -154,10 +154,10 @@ pub struct TemplateStatus {
 #[serde(rename_all = "camelCase")]
 pub struct SelfNodeRemediationConfigSpec {
     /// The watchdog device the agents open: an absolute path such as /dev/watchdog, without ..
-    /// components (anything else is refused). When it cannot be opened an agent falls back to an
-    /// existing softdog device, then (with isSoftwareRebootEnabled) to a software reboot driven by
-    /// its own timer, and otherwise reports that its node cannot be self-remediated. nodemedic
-    /// never loads the softdog module itself.
+    /// components (anything else is refused). When it cannot be opened an agent falls back to a
+    /// softdog device (loading the softdog module when there is none), then (with
+    /// isSoftwareRebootEnabled) to a software reboot driven by its own timer, and otherwise
+    /// reports that its node cannot be self-remediated.
     #[serde(default = "defaults::watchdog_file_path")]
     #[schemars(length(min = 1))]
     #[x_kube(validation = crate::schema::watchdog_file_path_rule())]

@@ -44,13 +44,15 @@ pub enum Step {
 
 /// The live object as far as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Live {
-    pub generation: Option<i64>,
-    pub record: Option<Record>,
+pub(crate) struct Live {
+    pub(crate) generation: Option<i64>,
+    pub(crate) record: Option<Record>,
 }
 
-/// Pure: what to do, given the live object (if any) and the spec the release asks for.
-pub fn decide(live: Option<&Live>, wanted: &Value) -> Step {
+/// Pure: what to do, given the live object (if any) and the spec the release asks for, as the
+/// release states it (`wanted`, compared with the recorded one). `may_update`: whether an
+/// unedited object may be moved to it (not when the release states no defaults of its own).
+pub(crate) fn decide(live: Option<&Live>, wanted: &Value, may_update: bool) -> Step {
     let Some(live) = live else {
         return Step::Create;
     };
@@ -59,7 +61,7 @@ pub fn decide(live: Option<&Live>, wanted: &Value) -> Step {
     };
     if live.generation != Some(record.generation) {
         Step::KeepEdited
-    } else if &record.spec == wanted {
+    } else if &record.spec == wanted || !may_update {
         Step::Unchanged
     } else {
         Step::Update
@@ -67,7 +69,7 @@ pub fn decide(live: Option<&Live>, wanted: &Value) -> Step {
 }
 
 /// The live object's generation and record; a record that cannot be read counts as none.
-pub fn live<K: Resource>(object: &K) -> Live {
+pub(crate) fn live<K: Resource>(object: &K) -> Live {
     Live {
         generation: object.meta().generation,
         record: object
@@ -77,51 +79,70 @@ pub fn live<K: Resource>(object: &K) -> Live {
     }
 }
 
-/// Brings `wanted` about as [`decide`] says, reading and writing specs with `spec_of` and
-/// `set_spec`; returns the step taken. A conflicting write (the object changed under it) is an
-/// error, for the caller to try again.
-pub async fn apply<K>(
-    api: &Api<K>,
-    wanted: &K,
-    spec_of: impl Fn(&K) -> Value,
-    set_spec: impl Fn(&mut K, &K),
-) -> Result<Step>
+fn set_record<K: Resource>(object: &mut K, record: &Record) {
+    object
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(RECORD.to_owned(), serde_json::to_string(record).unwrap_or_default());
+}
+
+/// What the release asks for: the object to write and its spec as the release states it (the
+/// record; it may differ from the object's, e.g. where the controller resolves a value).
+pub struct Wanted<'a, K> {
+    pub object: &'a K,
+    pub stated: Value,
+    /// Whether an unedited object may be moved to it (see [`decide`]).
+    pub may_update: bool,
+}
+
+/// Brings `wanted` about as [`decide`] says, replacing a live object's spec with `set_spec`;
+/// returns the step taken. The record goes in the same write: generation 1 on a create; on a
+/// replace the next generation, corrected by a second write in the rare case the API server did
+/// not raise it. A conflicting write (the object changed under it) is an error, for the caller
+/// to try again.
+pub async fn apply<K>(api: &Api<K>, wanted: Wanted<'_, K>, set_spec: impl Fn(&mut K, &K)) -> Result<Step>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    let name = wanted.name_any();
+    let name = wanted.object.name_any();
     let kind = K::kind(&());
     let existing = api
         .get_opt(&name)
         .await
         .with_context(|| format!("reading {kind} {name}"))?;
-    let spec = spec_of(wanted);
-    let step = decide(existing.as_ref().map(live).as_ref(), &spec);
+    let step = decide(existing.as_ref().map(live).as_ref(), &wanted.stated, wanted.may_update);
+    let mut record = Record {
+        spec: wanted.stated,
+        generation: 1,
+    };
     let written = match (step, existing) {
         (Step::Create, _) => {
-            let mut object = wanted.clone();
+            let mut object = wanted.object.clone();
             object.meta_mut().resource_version = None;
+            set_record(&mut object, &record);
             api.create(&PostParams::default(), &object)
                 .await
                 .with_context(|| format!("creating {kind} {name}"))?
         }
         (Step::Update, Some(mut object)) => {
-            set_spec(&mut object, wanted);
+            set_spec(&mut object, wanted.object);
+            record.generation = object.meta().generation.unwrap_or(0) + 1;
+            set_record(&mut object, &record);
             api.replace(&name, &PostParams::default(), &object)
                 .await
                 .with_context(|| format!("writing the new defaults into {kind} {name}"))?
         }
         _ => return Ok(step),
     };
-    let record = Record {
-        spec,
-        generation: written.meta().generation.unwrap_or(1),
-    };
-    let patch =
-        serde_json::json!({"metadata": {"annotations": {RECORD: serde_json::to_string(&record).unwrap_or_default()}}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("recording the defaults written into {kind} {name}"))?;
+    if let Some(generation) = written.meta().generation.filter(|g| *g != record.generation) {
+        record.generation = generation;
+        let text = serde_json::to_string(&record).unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {"annotations": {RECORD: text}}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("recording the defaults written into {kind} {name}"))?;
+    }
     Ok(step)
 }
 
@@ -143,16 +164,21 @@ mod tests {
     fn each_case_of_the_decision() {
         let a = json!({"minHealthy": "51%"});
         let b = json!({"minHealthy": "34%"});
-        assert_eq!(decide(None, &a), Step::Create);
+        assert_eq!(decide(None, &a, true), Step::Create);
         let unrecorded = Live {
             generation: Some(1),
             record: None,
         };
-        assert_eq!(decide(Some(&unrecorded), &a), Step::KeepUnrecorded);
-        assert_eq!(decide(Some(&recorded(a.clone(), 1, 1)), &a), Step::Unchanged);
-        assert_eq!(decide(Some(&recorded(a.clone(), 1, 1)), &b), Step::Update);
-        assert_eq!(decide(Some(&recorded(a.clone(), 1, 2)), &b), Step::KeepEdited);
-        assert_eq!(decide(Some(&recorded(a, 1, 2)), &b), Step::KeepEdited);
+        assert_eq!(decide(Some(&unrecorded), &a, true), Step::KeepUnrecorded);
+        assert_eq!(decide(Some(&recorded(a.clone(), 1, 1)), &a, true), Step::Unchanged);
+        assert_eq!(decide(Some(&recorded(a.clone(), 1, 1)), &b, true), Step::Update);
+        assert_eq!(
+            decide(Some(&recorded(a.clone(), 1, 1)), &b, false),
+            Step::Unchanged,
+            "a release without defaults of its own moves nothing"
+        );
+        assert_eq!(decide(None, &b, false), Step::Create);
+        assert_eq!(decide(Some(&recorded(a, 1, 2)), &b, true), Step::KeepEdited);
     }
 
     #[test]
@@ -177,7 +203,7 @@ mod tests {
             generation in 1i64..100, bumps in 0i64..3, old in 0u8..4, new in 0u8..4,
         ) {
             let (old, new) = (json!({"v": old}), json!({"v": new}));
-            let step = decide(Some(&recorded(old.clone(), generation, generation + bumps)), &new);
+            let step = decide(Some(&recorded(old.clone(), generation, generation + bumps)), &new, true);
             if bumps > 0 {
                 prop_assert_eq!(step, Step::KeepEdited);
             } else if old == new {

@@ -75,8 +75,9 @@ async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_pl
     assert_eq!(lab.process_pid(&agent), pid, "the agent ran through it");
     lab.release_memory(&agent).await.expect("release");
 
-    // The control plane slow: etcd, then the API server, starved of CPU.
-    for (process, percent) in [("etcd", 10), ("kube-apiserver", 20)] {
+    // The control plane slow: etcd, then the API server, starved of CPU (etcd at rest uses less
+    // than a tenth of one, so its share is smaller: it must be held back to be slow).
+    for (process, percent) in [("etcd", 3), ("kube-apiserver", 20)] {
         lab.throttle_cpu(process, percent).expect("throttle");
         nothing_happens_for_a_window(&lab, &format!("{process} throttled to {percent}% of a CPU")).await;
         assert!(lab.starvation_counts(process).0 > 0, "{process} was held back");

@@ -31,7 +31,7 @@ pub(crate) const WORKERS: &str = "workers";
 /// `node-role.kubernetes.io/worker` where any node is (OpenShift, compact clusters whose
 /// control-plane nodes also work), else every node that is not a control-plane node (kubeadm,
 /// k3s, managed clusters, which label only their control-plane nodes, if any).
-pub fn workers_selector(some_node_labelled_worker: bool) -> LabelSelector {
+pub(crate) fn workers_selector(some_node_labelled_worker: bool) -> LabelSelector {
     let requirement = |key: &str, operator: &str| LabelSelectorRequirement {
         key: key.to_owned(),
         operator: operator.to_owned(),
@@ -89,7 +89,7 @@ pub fn wanted(configmap: &ConfigMap) -> Wanted {
 /// someone edited it since ([`nodemedic_kube::defaults`]). An unusable ConfigMap or a check the
 /// API server refuses as invalid is reported (log and a Warning event on the ConfigMap) and
 /// changes nothing; other failures are returned.
-pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events) -> Result<()> {
+pub async fn apply(client: &Client, namespace: &str, events: &Events) -> Result<()> {
     let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
     let Some(configmap) = configmaps
         .get_opt(CONFIGMAP)
@@ -108,6 +108,9 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
             return Ok(());
         }
     };
+    // The record keeps the spec as the chart states it (the selector `workers` unresolved), so
+    // a node labelled a worker later does not read as a new release's defaults.
+    let mut stated = serde_json::to_value(&check.spec).unwrap_or_default();
     let mut check = check;
     if configmap
         .data
@@ -116,6 +119,7 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
         .map(String::as_str)
         == Some(WORKERS)
     {
+        stated["selector"] = serde_json::Value::from(WORKERS);
         let labelled = Api::<Node>::all(client.clone())
             .list_metadata(&ListParams::default().labels(labels::ROLE_WORKER).limit(1))
             .await
@@ -125,8 +129,11 @@ pub async fn create_if_absent(client: &Client, namespace: &str, events: &Events)
     let name = check.name_any();
     let applied = defaults::apply(
         &Api::<NodeHealthCheck>::all(client.clone()),
-        check.as_ref(),
-        |c| serde_json::to_value(&c.spec).unwrap_or_default(),
+        defaults::Wanted {
+            object: check.as_ref(),
+            stated,
+            may_update: true,
+        },
         |live, wanted| live.spec = wanted.spec.clone(),
     )
     .await;
@@ -193,10 +200,10 @@ async fn report(step: Step, name: &str, events: &Events, on: &ObjectReference) {
     }
 }
 
-/// [`create_if_absent`] until it is done: a failed read or create (the API server restarting, a
+/// [`apply`] until it is done: a failed read or create (the API server restarting, a
 /// webhook not ready yet) is tried again every `every`, without holding up the health check.
 pub async fn create_until_done(client: Client, namespace: String, events: Events, every: std::time::Duration) {
-    while let Err(error) = create_if_absent(&client, &namespace, &events).await {
+    while let Err(error) = apply(&client, &namespace, &events).await {
         tracing::warn!(%error, "the default health check: trying again in {every:?}");
         tokio::time::sleep(every).await;
     }

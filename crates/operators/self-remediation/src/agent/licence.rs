@@ -54,34 +54,49 @@ pub(super) async fn read_intents(fast: &Client, booted: Option<jiff::Timestamp>)
     Ok(intents(&list.items, booted))
 }
 
-/// The licence read and, when planned, the peers' read, side by side. The licence read comes
-/// first and waits for nothing else, the registration included. When it failed, the peers are
-/// waited for only until `give_up` (the round's send time plus apiServerTimeout): the agent votes
-/// next, and a peers' read still hanging on the API server the licence read just failed on would
-/// only hold the vote back, for up to peerApiServerTimeout, longer than the licence allows for. A
-/// read given up on counts as failed (`None`): the peers are read again next round.
-async fn read_side_by_side<T, P>(
+/// The peers' read as [`read_side_by_side`] leaves it.
+enum PeersRead<P> {
+    /// Done (or not planned, or given up on: `None`).
+    Done(Option<Result<P>>),
+    /// Still under way after a licence read that answered: finished after the licence is renewed.
+    Pending,
+}
+
+/// The licence read and, when planned, the peers' read (`peers`), side by side. The licence
+/// read waits for nothing else, the registration included: a peers' read still under way when
+/// it answered is left [`PeersRead::Pending`], for after the licence is renewed. When it failed,
+/// the peers are waited for only until `give_up` (the round's send time plus apiServerTimeout):
+/// the agent votes next, and a peers' read still hanging on the API server the licence read
+/// just failed on would only hold the vote back, for up to peerApiServerTimeout, longer than
+/// the licence allows for. A read given up on counts as failed (`None`): the peers are read
+/// again next round.
+async fn read_side_by_side<T, P, F>(
     give_up: Instant,
     intents: impl std::future::Future<Output = Result<T>>,
-    peers: impl std::future::Future<Output = Option<Result<P>>>,
-) -> (Result<T>, Option<Result<P>>) {
-    tokio::pin!(intents, peers);
+    mut peers: std::pin::Pin<&mut F>,
+) -> (Result<T>, PeersRead<P>)
+where
+    F: std::future::Future<Output = Option<Result<P>>>,
+{
+    tokio::pin!(intents);
     let mut read_peers = None;
     let intents = loop {
         tokio::select! {
-            done = &mut peers, if read_peers.is_none() => read_peers = Some(done),
+            done = peers.as_mut(), if read_peers.is_none() => read_peers = Some(done),
             done = &mut intents => break done,
         }
     };
     let peers = match read_peers {
-        Some(done) => done,
-        None if intents.is_ok() => peers.await,
-        None => tokio::time::timeout_at(give_up.into(), peers)
-            .await
-            .unwrap_or_else(|_| {
-                tracing::debug!("the peers' read outlasted the failed licence read; voting without it");
-                None
-            }),
+        Some(done) => PeersRead::Done(done),
+        None if intents.is_ok() => PeersRead::Pending,
+        None => PeersRead::Done(
+            tokio::time::timeout_at(give_up.into(), peers)
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::debug!("the peers' read outlasted the failed licence read; voting without it");
+                    None
+                }),
+        ),
     };
     (intents, peers)
 }
@@ -144,28 +159,33 @@ impl Loop<'_> {
         loop {
             let sent = Instant::now();
             let plan = rounds.plan(sent, self.args.peer_update_interval);
-            let peer_read = async {
+            let (peers_client, namespace) = (self.clients.peers.clone(), self.args.namespace.clone());
+            let peer_read = async move {
                 if plan.read_peers {
-                    Some(read_peers(&self.clients.peers, &self.args.namespace).await)
+                    Some(read_peers(&peers_client, &namespace).await)
                 } else {
                     None
                 }
             };
+            tokio::pin!(peer_read);
             let (intents, peers) = read_side_by_side(
                 sent + self.args.api_server_timeout,
                 read_intents(&self.clients.fast, booted),
-                peer_read,
+                peer_read.as_mut(),
             )
             .await;
-            match peers {
-                Some(Ok(read)) => {
-                    let latest = self.take_peers(read, &mut addresses).await;
-                    rounds.on_peers(sent, latest.as_ref(), &mut *self.lock()?);
+            let pending = match peers {
+                PeersRead::Done(done) => {
+                    self.take_peers_read(done, &mut rounds, sent, &mut addresses).await?;
+                    false
                 }
-                Some(Err(error)) => tracing::debug!(%error, "cannot read the peers; keeping the last list"),
-                None => {}
-            }
+                PeersRead::Pending => true,
+            };
             self.answer(&mut rounds, sent, intents, &addresses).await?;
+            if pending {
+                let done = peer_read.await;
+                self.take_peers_read(done, &mut rounds, sent, &mut addresses).await?;
+            }
             if let Some(why) = self.lock()?.fenced() {
                 tracing::warn!(reason = super::describe(why), "this node is fenced");
             }
@@ -204,6 +224,25 @@ impl Loop<'_> {
                 _ = stop.changed() => return Ok(()),
             }
         }
+    }
+
+    /// What a round's read of the peers brought, if it was planned and answered.
+    async fn take_peers_read(
+        &mut self,
+        done: Option<Result<Peers>>,
+        rounds: &mut Rounds<Instant>,
+        sent: Instant,
+        addresses: &mut BTreeMap<String, String>,
+    ) -> Result<()> {
+        match done {
+            Some(Ok(read)) => {
+                let latest = self.take_peers(read, addresses).await;
+                rounds.on_peers(sent, latest.as_ref(), &mut *self.lock()?);
+            }
+            Some(Err(error)) => tracing::debug!(%error, "cannot read the peers; keeping the last list"),
+            None => {}
+        }
+        Ok(())
     }
 
     /// A read of the peers: registers again if this agent's registration is gone and passes the
@@ -408,10 +447,15 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
             Some(Ok(()))
         };
-        let (intents, peers) =
-            read_side_by_side(start + Duration::from_millis(1500), async { failed() }, hanging_peers).await;
+        tokio::pin!(hanging_peers);
+        let (intents, peers) = read_side_by_side(
+            start + Duration::from_millis(1500),
+            async { failed() },
+            hanging_peers.as_mut(),
+        )
+        .await;
         assert!(intents.is_err());
-        assert!(peers.is_none(), "given up on");
+        assert!(matches!(peers, PeersRead::Done(None)), "given up on");
         // The timer rounds up to the millisecond.
         let waited = clock.elapsed().as_millis();
         assert!(
@@ -421,22 +465,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_licence_read_that_answers_waits_for_the_peers() {
+    async fn a_licence_read_that_answers_leaves_the_peers_for_after_the_licence() {
         let start = Instant::now();
         let clock = tokio::time::Instant::now();
         let slow_peers = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             Some(Ok(7))
         };
+        tokio::pin!(slow_peers);
         let (intents, peers) = read_side_by_side(
             start + Duration::from_millis(1500),
             async { Ok::<_, crate::Error>(()) },
-            slow_peers,
+            slow_peers.as_mut(),
         )
         .await;
         assert!(intents.is_ok());
-        assert!(matches!(peers, Some(Ok(7))));
-        assert_eq!(clock.elapsed().as_secs(), 5);
+        assert!(matches!(peers, PeersRead::Pending));
+        assert_eq!(clock.elapsed().as_secs(), 0, "the licence is renewed without waiting");
+        assert!(matches!(slow_peers.await, Some(Ok(7))), "and the peers' read goes on");
     }
 
     #[tokio::test(start_paused = true)]
@@ -446,8 +492,10 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await;
             failed()
         };
+        let quick_peers = async { Some(Ok(1)) };
+        tokio::pin!(quick_peers);
         let (_, peers) =
-            read_side_by_side(start + Duration::from_millis(1500), late_failure, async { Some(Ok(1)) }).await;
-        assert!(matches!(peers, Some(Ok(1))));
+            read_side_by_side(start + Duration::from_millis(1500), late_failure, quick_peers.as_mut()).await;
+        assert!(matches!(peers, PeersRead::Done(Some(Ok(1)))));
     }
 }

@@ -49,10 +49,10 @@ pub struct AgentArgs {
     pub modprobe: PathBuf,
     /// Where the kernel describes watchdog devices, to find a softdog by its identity. Only a
     /// test lab points it elsewhere, with `--device-dir`.
-    #[arg(long, default_value = "/sys/class/watchdog")]
+    #[arg(long, default_value = "/sys/class/watchdog", hide = true)]
     pub watchdog_class_dir: PathBuf,
     /// Where the watchdog device files named in `--watchdog-class-dir` are.
-    #[arg(long, default_value = "/dev")]
+    #[arg(long, default_value = "/dev", hide = true)]
     pub device_dir: PathBuf,
     /// The sysrq trigger a software reboot writes `b` to. Only a test lab points it elsewhere (at
     /// a file it watches, as its nodes share the host's kernel).

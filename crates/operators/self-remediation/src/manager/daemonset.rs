@@ -134,8 +134,8 @@ fn env(name: &str, path: &str) -> EnvVar {
 
 /// The agent's requests: its busiest measured rate at rest (4 mCPU, 12 MiB with the detector,
 /// `make bench ARGS="--suite footprint"`) with room for a peer storm and a larger membership.
-pub const AGENT_CPU_REQUEST: &str = "10m";
-pub const AGENT_MEMORY_REQUEST: &str = "32Mi";
+pub(crate) const AGENT_CPU_REQUEST: &str = "10m";
+pub(crate) const AGENT_MEMORY_REQUEST: &str = "32Mi";
 
 /// Where a node keeps its kernel modules.
 const MODULES: &str = "/lib/modules";

@@ -45,7 +45,7 @@ pub struct Settings {
 pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: Events) -> Result<()> {
     let namespace = settings.namespace.clone();
     let authority = Arc::new(setup::certificate_authority(&client, &namespace).await?);
-    setup::config(&client, &namespace).await?;
+    setup::config(&client, &namespace, &events).await?;
     setup::templates(&client, &namespace).await?;
     let out_of_service = client
         .apiserver_version()

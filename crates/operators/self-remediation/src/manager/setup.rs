@@ -22,6 +22,8 @@ use nodemedic_api::{
 };
 use nodemedic_kube::{
     CallContext,
+    defaults::{self, Step},
+    events::Events,
     pki::{Authority, Pem},
 };
 
@@ -141,22 +143,55 @@ pub(crate) fn wanted_config(configmap: Option<&ConfigMap>, namespace: &str) -> R
 }
 
 /// The configuration, created with the release's defaults when absent (medik8s creates its own)
-/// and moved to a later release's defaults while nobody has edited it.
-pub(super) async fn config(client: &Client, namespace: &str) -> Result<()> {
+/// and moved to a later release's defaults while nobody has edited it. Without the chart's
+/// ConfigMap (`selfNodeRemediationConfig.create=false`, or plain manifests without it) medik8s's
+/// defaults are created when absent and nothing is moved. A ConfigMap or a configuration the API
+/// server refuses is reported (log and a Warning event on the ConfigMap) and changes nothing:
+/// self remediation runs on with the configuration there is.
+pub(super) async fn config(client: &Client, namespace: &str, events: &Events) -> Result<()> {
     let configmap = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get_opt(DEFAULT_CONFIG_CONFIGMAP)
         .await
         .with_context(|| format!("reading ConfigMap {namespace}/{DEFAULT_CONFIG_CONFIGMAP}"))?;
-    let wanted = wanted_config(configmap.as_ref(), namespace)?;
-    let api = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), namespace);
-    let step = nodemedic_kube::defaults::apply(
-        &api,
-        &wanted,
-        |c| serde_json::to_value(&c.spec).unwrap_or_default(),
+    let refused = |why: String| async {
+        tracing::warn!(%why, "the default SelfNodeRemediationConfig was not applied");
+        if let Some(configmap) = &configmap {
+            let on = nodemedic_kube::events::reference(configmap);
+            events.warning(&on, "DefaultConfigurationInvalid", why).await;
+        }
+    };
+    let wanted = match wanted_config(configmap.as_ref(), namespace) {
+        Ok(wanted) => wanted,
+        Err(error) => {
+            refused(error.to_string()).await;
+            return Ok(());
+        }
+    };
+    let applied = defaults::apply(
+        &Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), namespace),
+        defaults::Wanted {
+            object: &wanted,
+            stated: serde_json::to_value(&wanted.spec).unwrap_or_default(),
+            may_update: configmap.is_some(),
+        },
         |live, wanted| live.spec = wanted.spec.clone(),
     )
-    .await?;
-    use nodemedic_kube::defaults::Step;
+    .await;
+    let step = match applied {
+        Ok(step) => step,
+        Err(nodemedic_kube::Error::Call {
+            source: kube::Error::Api(status),
+            ..
+        }) if status.code == 422 => {
+            refused(format!(
+                "SelfNodeRemediationConfig {CONFIG_NAME} is invalid: {}; fix selfNodeRemediationConfig.spec in the chart's values",
+                status.message
+            ))
+            .await;
+            return Ok(());
+        }
+        Err(error) => return Err(error.into()),
+    };
     match step {
         Step::Create => tracing::info!(
             name = CONFIG_NAME,

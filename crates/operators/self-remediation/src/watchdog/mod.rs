@@ -151,21 +151,38 @@ fn load_softdog(settings: &Settings) -> Result<(), String> {
     let Some(modprobe) = &settings.modprobe else {
         return Err("loading softdog is not enabled".into());
     };
-    let out = std::process::Command::new(modprobe)
+    let shown = format!("{} {SOFTDOG_MODULE}", modprobe.display());
+    let mut child = std::process::Command::new(modprobe)
         .arg(SOFTDOG_MODULE)
-        .output()
-        .map_err(|e| format!("{} {SOFTDOG_MODULE}: {e}", modprobe.display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} {SOFTDOG_MODULE} failed ({}): {}",
-            modprobe.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{shown}: {e}"))?;
+    // A modprobe that hangs must not keep the agent from starting (and voting for its peers).
+    let deadline = std::time::Instant::now() + MODPROBE_TIMEOUT;
+    let status = loop {
+        match child.try_wait().map_err(|e| format!("{shown}: {e}"))? {
+            Some(status) => break status,
+            None if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{shown} did not finish within {MODPROBE_TIMEOUT:?}"));
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    if status.success() {
+        return Ok(());
     }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    Err(format!("{shown} failed ({status}): {}", stderr.trim()))
 }
+
+/// How long loading softdog may take.
+const MODPROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 const SOFTDOG_MODULE: &str = "softdog";
 
@@ -242,6 +259,9 @@ fn device(path: &Path, settings: &Settings) -> Result<(Means, Box<dyn Watchdog>)
 pub fn open(settings: &Settings) -> Fencing {
     let mut passed_over = Vec::new();
     let configured = Path::new(&settings.device);
+    // A configured device that exists and failed is not tried again as a softdog; one that did
+    // not exist may be the very device loading softdog brings.
+    let failed_at = (refusal(&settings.device).is_none() && configured.exists()).then_some(configured);
     let opened = if let Some(why) = refusal(&settings.device) {
         Err(why)
     } else if configured.exists() {
@@ -254,7 +274,7 @@ pub fn open(settings: &Settings) -> Fencing {
         Err(why) => {
             passed_over.push(why);
             softdog(settings, &mut passed_over)
-                .filter(|p| p.as_path() != configured)
+                .filter(|p| Some(p.as_path()) != failed_at)
                 .and_then(|softdog| {
                     device(&softdog, settings)
                         .map_err(|e| passed_over.push(e.to_string()))

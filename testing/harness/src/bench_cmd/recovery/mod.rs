@@ -55,7 +55,7 @@ pub(crate) enum Profile {
     /// the example health check on its condition, and without it (the baseline).
     Defaults,
     /// What `helm install` gives: the chart's default values read from the rendered chart,
-    /// Kubernetes' default timings, plain nodes; self remediation alone, with a Redfish template
+    /// Kubernetes' default timings, three worker nodes; self remediation alone, with a Redfish template
     /// added to the default check's escalation, and medik8s's defaults as the baseline.
     OutOfTheBox,
 }
@@ -210,7 +210,7 @@ fn markdown(all: &[Series]) -> String {
 Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
          Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig); \
          *defaults* = Kubernetes' default node-monitor timings (node leases 40 s, grace 50 s) and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable (detector: yes) and without (the baseline). \
-         *OutOfTheBox* = the chart's default values exactly (its rendered default-check and configuration ConfigMaps; the controller creates the check and the configuration from them), Kubernetes' default timings, three plain nodes: \
+         *OutOfTheBox* = the chart's default values exactly (its rendered default-check and configuration ConfigMaps; the controller creates the check and the configuration from them), Kubernetes' default timings, three worker nodes (labelled as OpenShift labels them, so that medik8s's check selects them too): \
          self remediation alone, with a Redfish template added as the check's first escalation (`--set defaultHealthCheck.fenceAgentsTemplate.name=...`), and `--set medik8sDefaults=true` (medik8s's check and configuration, the baseline); *detector* is whatever the values turn on. \
          With the detector, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
          Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\

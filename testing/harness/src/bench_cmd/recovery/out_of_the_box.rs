@@ -1,8 +1,8 @@
 //! `--profile out-of-the-box`: what `helm install` gives a user who changes nothing, installed
-//! from the rendered chart ([`chart_defaults`]), so the values measured are the chart's own. Kubernetes' default
-//! timings, plain nodes (no role label, as kubeadm's workers). Three series: self remediation
-//! alone, fence agents through Redfish added as the check's first escalation (one `--set`), and
-//! medik8s's defaults (`--set medik8sDefaults=true`), the baseline.
+//! from the rendered chart ([`chart_defaults`]), so the values measured are the chart's own;
+//! Kubernetes' default timings, three workers. Three series: self remediation alone, fence
+//! agents through Redfish added as the check's first escalation (one `--set`), and medik8s's
+//! defaults (`--set medik8sDefaults=true`), the baseline.
 
 use anyhow::Context;
 use nodemedic_harness::{
@@ -46,11 +46,13 @@ impl Variant {
     }
 }
 
-/// A lab of three plain nodes on Kubernetes' default timings with nodemedic installed from the
+/// A lab of three workers on Kubernetes' default timings with nodemedic installed from the
 /// chart's defaults (`variant`'s values), the StatefulSet running and the agents settled.
 pub(super) async fn start(variant: Variant) -> anyhow::Result<Lab> {
     let exe = nodemedic_harness::product::nodemedic()?;
-    let nodes = (1..=3).map(|i| NodeSpec::plain(&format!("node-{i}"))).collect();
+    // Workers labelled as OpenShift labels them, so medik8s's check (workers by that label)
+    // watches them too; the chart's `workers` selector then picks the label.
+    let nodes = (1..=3).map(|i| NodeSpec::worker(&format!("node-{i}"))).collect();
     let mut config = LabConfig::new(nodes).with_timings(Timings::kubernetes_defaults());
     if variant == Variant::WithRedfish {
         config = config.with_bmcs(BmcOptions::default());

@@ -290,12 +290,14 @@ impl Builder {
         end + STARVED_AFTERMATH_MS
     }
 
-    /// etcd or the API server starved of CPU (5-25 % of one), every node healthy: the control
-    /// plane answers slowly, and nobody may be fenced or remediated, then or once it is back.
+    /// etcd (3-8 % of a CPU: at rest it uses less than a tenth of one) or the API server
+    /// (10-25 %) starved of CPU, every node healthy: the control plane answers slowly, and nobody
+    /// may be fenced or remediated, then or once it is back.
     fn slow_control_plane(&mut self, start: u64) -> u64 {
         let until = start + self.rng.random_range(STARVED_HOLD_MS.0..=STARVED_HOLD_MS.1);
-        let percent = self.rng.random_range(5..=25);
+        let percent = self.rng.random_range(10..=25);
         if self.rng.random_bool(0.5) {
+            let percent = percent / 3;
             self.push(start, Action::Fault(Fault::SlowEtcd { percent }));
             self.push(until, Action::Fault(Fault::UnthrottleEtcd));
         } else {
