@@ -171,11 +171,52 @@ impl Inner {
             return crate::real_node::cgroup::set_frozen(&crate::real_node::cgroup::path(&self.id, node), frozen);
         }
         let signal = if frozen { Signal::SIGSTOP } else { Signal::SIGCONT };
-        for pid in self.resources.net.pids(node) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        // A process that starts in the namespace while it is being stopped (a supervised one
+        // restarted just then) is missed by one pass: stop what each new listing shows until a
+        // listing shows nothing new.
+        let mut signalled = std::collections::BTreeSet::new();
+        for _ in 0..FREEZE_PASSES {
+            let fresh: Vec<i32> = self
+                .resources
+                .net
+                .pids(node)
+                .into_iter()
+                .filter(|pid| !signalled.contains(pid))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for pid in fresh {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+                signalled.insert(pid);
+            }
+            if !frozen {
+                break;
+            }
+        }
+        // A stop lands when the process next runs, which on a busy machine may be a while: the
+        // freeze is over once every one of them is stopped (or gone).
+        if frozen {
+            let deadline = std::time::Instant::now() + FREEZE_SETTLES;
+            while signalled.iter().any(|pid| running(*pid)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
         }
         Ok(())
     }
+}
+
+/// How many listings of a node's processes a freeze stops before it gives up on a node whose
+/// processes keep starting, and how long it waits for the stops to land.
+const FREEZE_PASSES: usize = 20;
+const FREEZE_SETTLES: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the process exists and is not stopped (its state in /proc is not `T`).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit(") ").next().and_then(|s| s.chars().next()))
+        .is_some_and(|state| state != 'T' && state != 'Z' && state != 'X')
 }
 
 impl Lab {
