@@ -132,13 +132,20 @@ impl Lab {
         let limit = rss_kib * 1024 + headroom_mib * 1024 * 1024;
         write(dir.join("memory.limit_in_bytes"), &limit.to_string())?;
         let hog = format!("{process}-memory-hog");
+        // The hog's CPU is capped (a tenth of one) so that its allocations, killed and started
+        // again, do not starve the machine's other labs.
+        let hog_cpu = cgroup(self.id(), &hog, "cpu");
+        std::fs::create_dir_all(&hog_cpu).map_err(io(format!("creating cgroup {}", hog_cpu.display())))?;
+        write(hog_cpu.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
+        write(hog_cpu.join("cpu.cfs_quota_us"), &(PERIOD_US / 10).to_string())?;
         // The hog asks for more than the headroom: the cgroup stays at its limit, reclaiming,
         // and the OOM killer takes the hog's allocation (never the shell that starts another).
         let script = format!(
-            "echo $$ > {procs}\necho $$ > {frozen}\n\
+            "echo $$ > {procs}\necho $$ > {frozen}\necho $$ > {cpu}\n\
              while true; do python3 -c 'import time\nopen(\"/proc/self/oom_score_adj\", \"w\").write(\"1000\")\nb = bytearray({bytes})\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(0.5)'; done",
             procs = dir.join("cgroup.procs").display(),
             frozen = cgroup(self.id(), process, "freezer").join("cgroup.procs").display(),
+            cpu = hog_cpu.join("cgroup.procs").display(),
             bytes = (headroom_mib + 32) * 1024 * 1024,
         );
         self.add_host_process(&hog, ProcessSpec::new("/bin/sh", ["-c".to_owned(), script]))?;
@@ -159,6 +166,7 @@ impl Lab {
         })
         .await?;
         leave(self.id(), process, &["memory"])?;
+        leave(self.id(), &hog, &["cpu"])?;
         self.starvation_fault(process, "release-memory");
         Ok(())
     }
