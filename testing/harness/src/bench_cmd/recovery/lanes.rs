@@ -240,22 +240,24 @@ pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::
     Ok(measured)
 }
 
+/// How long a trial may take from the crash to its pod running elsewhere before it counts as
+/// failed: medik8s's defaults, the out-of-the-box profile's baseline, take over ten minutes (50 s
+/// for the node controller, 300 s in the health check, a safe time of 258 s, then the pod's
+/// restart), so the deadline is twice that.
+const RECOVERY_DEADLINE: Duration = Duration::from_secs(1200);
+
 /// The subject's story since the crash, until its pod runs elsewhere.
 pub(super) async fn measure(lab: &Lab, subject: &Subject, since: jiff::Timestamp) -> anyhow::Result<Breakdown> {
-    let story = wait::until(
-        &format!("{} Running elsewhere", subject.pod),
-        Duration::from_secs(600),
-        || {
-            let entries: Vec<_> = lab.timeline().entries().into_iter().filter(|e| e.at >= since).collect();
-            let story = story::milestones(&entries, subject);
-            async move {
-                Ok(story
-                    .iter()
-                    .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
-                    .then_some(story))
-            }
-        },
-    )
+    let story = wait::until(&format!("{} Running elsewhere", subject.pod), RECOVERY_DEADLINE, || {
+        let entries: Vec<_> = lab.timeline().entries().into_iter().filter(|e| e.at >= since).collect();
+        let story = story::milestones(&entries, subject);
+        async move {
+            Ok(story
+                .iter()
+                .any(|r| r.milestone == Milestone::WorkloadRunningElsewhere)
+                .then_some(story))
+        }
+    })
     .await?;
     bench::breakdown(&story).context("an incomplete story")
 }
