@@ -27,9 +27,10 @@ FROM scratch AS agent
 COPY --from=build /agent/ /
 ENTRYPOINT ["/usr/local/bin/nodemedic-agent"]
 
-# The controller: Debian bookworm with the fence agents (fence_redfish, fence_ipmilan, ... and
-# ipmitool, which fence_ipmilan calls), without documentation and with only the EC2 model of the
-# AWS SDK (fence_aws; the other models are most of the SDK's size).
+# The controller: Debian bookworm with the fence agents that fence by power and what they need
+# to run (as scripts/build-images.sh makes it: the SNMP tools, ssh and telnet clients, the Python
+# modules of fence_kubevirt and fence_azure_arm), without documentation, with only the cloud SDK
+# models the cloud agents use, and without the agents that do not fence by power.
 FROM docker.io/library/debian:bookworm-slim AS controller
 RUN printf '%s\n' \
       'path-exclude=/usr/share/doc/*' 'path-exclude=/usr/share/man/*' 'path-exclude=/usr/share/info/*' \
@@ -43,8 +44,17 @@ RUN printf '%s\n' \
       > /etc/dpkg/dpkg.cfg.d/nodemedic \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      fence-agents ipmitool ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+      fence-agents ipmitool ca-certificates snmp openssh-client telnet \
+      python3-kubernetes python3-openshift python3-azure \
+ && rm -rf /var/lib/apt/lists/* \
+ && cd /usr/lib/python3/dist-packages/azure \
+ && for d in *; do case " __init__.py common core identity mgmt profiles " in *" $d "*) ;; *) rm -rf "$d" ;; esac; done \
+ && cd mgmt \
+ && for d in *; do case " __init__.py core compute network " in *" $d "*) ;; *) rm -rf "$d" ;; esac; done \
+ && cd /usr/sbin \
+ && rm -f fence_sbd fence_scsi fence_mpath fence_sanlock fence_kdump fence_compute fence_evacuate \
+      fence_brocade fence_cisco_mds fence_sanbox2 fence_ifmib fence_ack_manual fence_crosslink \
+      fence_heuristics_ping fence_dummy
 COPY --from=build /src/target/release/nodemedic /usr/local/bin/nodemedic
 COPY --from=build /src/target/release/nodemedic-controller /usr/local/bin/nodemedic-controller
 # `kubectl nodemedic` when the binary is copied out of the image onto a kubectl user's PATH.

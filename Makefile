@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both install what they need first.
-.PHONY: setup setup-lab build test demo bench crds manifests fmt model-check image
+.PHONY: setup setup-lab build test demo bench crds manifests fmt model-check image bundle
 
 # The product's executables (`nodemedic`, `nodemedic-controller`, `nodemedic-agent`) and the
 # test tooling's `nodemedic-lab` (lab, demo, bench, chaos), which runs the product's next to it.
@@ -29,6 +29,13 @@ test:
 # target/images/nodemedic-{controller,agent}-<version>.oci.tar.
 image: build
 	bash scripts/build-images.sh
+
+# The OLM bundle for OperatorHub (target/bundle: manifests/, metadata/, bundle.Dockerfile), from
+# the chart and the images by digest, checked by the Operator Framework's own validation.
+bundle: image
+	bash scripts/build-tools.sh >/dev/null
+	$(NODEMEDIC_LAB) bundle --out target/bundle
+	$$(bash scripts/build-tools.sh)/bundle-validate target/bundle $$(sed -n 's/^KUBERNETES_VERSION=\([0-9]*\.[0-9]*\).*/\1/p' scripts/versions.env)
 
 # Real nodes (ARGS=--real-nodes) also need the images, containerd and the CNI plugins, and Helm.
 demo: build

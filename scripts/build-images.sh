@@ -37,11 +37,19 @@ mkdir -p "$cache" "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The controller's base: what the fence agents need to run, without documentation. The cloud
-# SDKs' API models are most of the size; only the models the cloud agents use are kept (EC2 for
-# fence_aws), so the BMC agents (fence_redfish, fence_ipmilan, ...) and the cloud ones still work.
+# The controller's base: what the power fence agents need to run, without documentation.
+#   snmp                     the SNMP PDU agents (fence_apc_snmp, fence_eaton_snmp, ...) run snmpget/set
+#   openssh-client, telnet   the agents that log in to a BMC or switch over ssh or telnet
+#   python3-kubernetes, python3-openshift   fence_kubevirt
+#   python3-azure            fence_azure_arm (identity, compute and network only, see below)
+#   (fence_aws's boto3 and fence_gce's Google API client are the fence-agents package's own
+#   dependencies)
+# The cloud SDKs' API models are most of the size: only those the cloud agents use are kept (EC2
+# for fence_aws; Azure's identity, compute and network clients, and the API profiles they pick
+# versions by, for fence_azure_arm).
 # kmod: the agent image's modprobe, taken from this base (see below).
-packages=fence-agents,ipmitool,ca-certificates,kmod
+packages=fence-agents,ipmitool,ca-certificates,kmod,snmp,openssh-client,telnet,python3-kubernetes,python3-openshift,python3-azure
+azure=/usr/lib/python3/dist-packages/azure
 excludes=(
   '/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*'
   '/usr/lib/python3/dist-packages/botocore/data/*'
@@ -54,7 +62,17 @@ includes=(
   '/usr/lib/python3/dist-packages/botocore/data/sdk-default-configuration.json'
   '/usr/lib/python3/dist-packages/botocore/data/ec2/*'
 )
-spec="bookworm $packages ${excludes[*]} ${includes[*]}"
+# Azure's SDK is one package of 540 MB; its postinst byte-compiles every module, so the unused
+# ones go after the installation (a dpkg path-exclude would fail that step).
+keep_azure='__init__.py common core identity mgmt profiles'
+keep_azure_mgmt='__init__.py core compute network'
+prune_azure="cd \"\$1$azure\" && for d in *; do case \" $keep_azure \" in *\" \$d \"*) ;; *) rm -rf \"\$d\" ;; esac; done && cd mgmt && for d in *; do case \" $keep_azure_mgmt \" in *\" \$d \"*) ;; *) rm -rf \"\$d\" ;; esac; done"
+# The agents that do not fence by power (nodemedic_api::fence_agents::NOT_BY_POWER, which the
+# CRDs refuse): not offered at all.
+not_by_power=(fence_sbd fence_scsi fence_mpath fence_sanlock fence_kdump fence_compute fence_evacuate
+  fence_brocade fence_cisco_mds fence_sanbox2 fence_ifmib fence_ack_manual fence_crosslink
+  fence_heuristics_ping fence_dummy)
+spec="bookworm $packages ${excludes[*]} ${includes[*]} $keep_azure / $keep_azure_mgmt"
 base=$cache/controller-base-$(printf '%s' "$spec" | sha256sum | cut -c1-16).tar
 if [ ! -s "$base" ]; then
   log "building the controller's Debian base ($packages; first time only, about a minute)"
@@ -64,6 +82,7 @@ if [ ! -s "$base" ]; then
   mmdebstrap --quiet --variant=essential --format=tar --include="$packages" \
     --aptopt='APT::Install-Recommends "false"' "${opts[@]}" \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+    --customize-hook="$prune_azure" \
     bookworm "$base.partial"
   mv "$base.partial" "$base"
 fi
@@ -93,6 +112,7 @@ image() {
 controller=$work/controller-rootfs
 mkdir -p "$controller"
 tar -xf "$base" -C "$controller"
+for agent in "${not_by_power[@]}"; do rm -f "$controller/usr/sbin/$agent"; done
 install -D -m 0755 -s "$bins/nodemedic" "$controller/usr/local/bin/nodemedic"
 install -D -m 0755 -s "$bins/nodemedic-controller" "$controller/usr/local/bin/nodemedic-controller"
 ln -sf nodemedic "$controller/usr/local/bin/kubectl-nodemedic"

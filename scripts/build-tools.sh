@@ -2,6 +2,10 @@
 # Builds and fetches what the chart and its tests need, once, into the cache outside the repo:
 #   helm                             (helm.sh/helm/v3, built from its Go module)
 #   ServiceMonitor and PrometheusRule CRDs (github.com/prometheus-operator/prometheus-operator)
+#   bundle-validate                  the Operator Framework's bundle validation (scripts/bundle-validate,
+#                                    github.com/operator-framework/api as its go.mod pins it)
+#   olm, catalog, opm, olm-crds/     OLM's two operators, opm and OLM's CRDs (scripts/olm, the versions
+#                                    its go.mod pins), for the lab that installs the bundle through OLM
 # Idempotent: present files are kept. Prints the tools directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +41,35 @@ if ! have_crds; then
   for f in "${crds[@]}"; do
     install -m 0644 "$dir/example/prometheus-operator-crd/$f" "$out/$f"
   done
+fi
+
+# Rebuilt when its sources (and so the pinned module) change.
+validator_src="$here/bundle-validate"
+validator_sum=$(cat "$validator_src/main.go" "$validator_src/go.mod" "$validator_src/go.sum" | sha256sum | cut -c1-16)
+if [ "$(cat "$out/bundle-validate.sources" 2>/dev/null)" != "$validator_sum" ] || [ ! -x "$out/bundle-validate" ]; then
+  log "building the OLM bundle validator ($(sed -n 's/^require github.com\/operator-framework\/api //p' "$validator_src/go.mod"); first time only, a few minutes)"
+  (cd "$validator_src" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$out/bundle-validate" .)
+  echo "$validator_sum" >"$out/bundle-validate.sources"
+fi
+
+# OLM, as its go.mod pins it; its CRDs come from the same module.
+olm_src="$here/olm"
+olm_sum=$(cat "$olm_src/tools.go" "$olm_src/go.mod" "$olm_src/go.sum" | sha256sum | cut -c1-16)
+if [ "$(cat "$out/olm.sources" 2>/dev/null)" != "$olm_sum" ] || [ ! -x "$out/olm" ] || [ ! -x "$out/catalog" ] || [ ! -x "$out/opm" ]; then
+  log "building OLM and opm ($(sed -n 's/^[[:space:]]*github.com\/operator-framework\/\(operator-[a-z-]*\) /\1 /p' "$olm_src/go.mod" | head -2 | paste -sd, -); first time only, several minutes)"
+  (
+    cd "$olm_src"
+    export GOFLAGS=-mod=readonly
+    # The tags opm's own release build uses: no gpgme (cgo), SQLite's JSON functions.
+    go build -trimpath -tags containers_image_openpgp,json1 -ldflags "-s -w" -o "$out/" \
+      github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
+      github.com/operator-framework/operator-lifecycle-manager/cmd/catalog \
+      github.com/operator-framework/operator-registry/cmd/opm
+    olm_dir=$(go list -m -f '{{.Dir}}' github.com/operator-framework/operator-lifecycle-manager)
+    rm -rf "$out/olm-crds" && mkdir -p "$out/olm-crds"
+    install -m 0644 "$olm_dir"/deploy/chart/crds/*.crd.yaml "$out/olm-crds/"
+  )
+  echo "$olm_sum" >"$out/olm.sources"
 fi
 
 "$out/helm" version --short >&2

@@ -41,10 +41,11 @@ packages() {
   done
 }
 
-# The Redfish BMC emulator in its own virtualenv, and the control plane (kube-apiserver,
-# controller-manager, scheduler, kubectl, etcd, kwok).
+# The Redfish BMC emulator and the EC2 emulator (moto), each in its own virtualenv, and the
+# control plane (kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok).
 lab() {
   local venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION" sushy=""
+  local moto_venv="$cache/venv-moto-$MOTO_VERSION" moto=""
   if [ ! -x "$venv/bin/sushy-emulator" ]; then
     log "installing sushy-tools $SUSHY_TOOLS_VERSION into $venv"
     # Mostly downloads: it runs beside the control plane's build instead of before it.
@@ -52,9 +53,19 @@ lab() {
       "$venv/bin/pip" install -q --disable-pip-version-check "sushy-tools==$SUSHY_TOOLS_VERSION"; } &
     sushy=$!
   fi
+  if [ ! -x "$moto_venv/bin/moto_proxy" ]; then
+    log "installing moto $MOTO_VERSION into $moto_venv"
+    { python3 -m venv "$moto_venv" &&
+      "$moto_venv/bin/pip" install -q --disable-pip-version-check "moto[ec2,proxy]==$MOTO_VERSION"; } &
+    moto=$!
+  fi
   bash "$here/build-controlplane.sh" >/dev/null
   if [ -n "$sushy" ] && ! wait "$sushy"; then
     log "ERROR: installing sushy-tools into $venv failed (see above); remove $venv and run again"
+    exit 1
+  fi
+  if [ -n "$moto" ] && ! wait "$moto"; then
+    log "ERROR: installing moto into $moto_venv failed (see above); remove $moto_venv and run again"
     exit 1
   fi
 }

@@ -265,8 +265,8 @@ done
 # while those are still being built.
 lab_status=0
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
-  --skip "$OUTAGE_TEST" --after "$later_ready" chart,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes \
-  --after "$images_ready" images,on_real_nodes "${lanes[@]}" || lab_status=$?
+  --skip "$OUTAGE_TEST" --after "$later_ready" bundle,chart,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes \
+  --after "$images_ready" bundle,images,on_real_nodes "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
 collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"

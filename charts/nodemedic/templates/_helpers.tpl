@@ -12,9 +12,17 @@ app.kubernetes.io/component: controller
 {{- end }}
 
 {{- define "nodemedic.controllerImage" -}}
+{{- if .Values.image.digests.controller -}}
+{{ .Values.image.registry }}/{{ .Values.image.controller }}@{{ .Values.image.digests.controller }}
+{{- else -}}
 {{ .Values.image.registry }}/{{ .Values.image.controller }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
 {{- end }}
 
 {{- define "nodemedic.agentImage" -}}
+{{- if .Values.image.digests.agent -}}
+{{ .Values.image.registry }}/{{ .Values.image.agent }}@{{ .Values.image.digests.agent }}
+{{- else -}}
 {{ .Values.image.registry }}/{{ .Values.image.agent }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
 {{- end }}

@@ -16,6 +16,51 @@ use crate::duration::GoDuration;
 
 /// The Secret a FenceAgentsRemediation reads when it names none and that Secret exists
 /// (medik8s's old default).
+/// The ClusterLabs agents that do not fence by power, each with why: remediation releases a
+/// node's workloads once the agent reports it off, which these cannot report. The controller's
+/// image leaves them out and the CRDs refuse them.
+pub const NOT_BY_POWER: &[(&str, &str)] = &[
+    (
+        "fence_sbd",
+        "fences through a shared disk that the node's own SBD daemon must watch",
+    ),
+    ("fence_scsi", "fences storage (SCSI reservations), not the node"),
+    ("fence_mpath", "fences storage (multipath reservations), not the node"),
+    ("fence_sanlock", "fences through sanlock leases that the node must hold"),
+    ("fence_kdump", "waits for the node's crash dump and powers nothing off"),
+    (
+        "fence_compute",
+        "evacuates OpenStack instances, it does not power the node off",
+    ),
+    (
+        "fence_evacuate",
+        "evacuates OpenStack instances, it does not power the node off",
+    ),
+    (
+        "fence_brocade",
+        "fences a Fibre Channel switch port (storage), not the node's power",
+    ),
+    (
+        "fence_cisco_mds",
+        "fences a Fibre Channel switch port (storage), not the node's power",
+    ),
+    (
+        "fence_sanbox2",
+        "fences a Fibre Channel switch port (storage), not the node's power",
+    ),
+    (
+        "fence_ifmib",
+        "turns off a network switch port, which leaves the node running",
+    ),
+    ("fence_ack_manual", "waits for a person to say the node is off"),
+    (
+        "fence_crosslink",
+        "is a heuristic for two-node clusters that fences nothing",
+    ),
+    ("fence_heuristics_ping", "is a heuristic that fences nothing"),
+    ("fence_dummy", "is a test agent that fences nothing"),
+];
+
 pub const DEFAULT_SHARED_SECRET_NAME: &str = "fence-agents-credentials-shared";
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -54,8 +99,9 @@ pub enum FenceRemediationStrategy {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct FenceAgentsRemediationSpec {
-    /// The fence agent to run, e.g. fence_redfish or fence_ipmilan.
-    #[schemars(regex(pattern = r"^fence_[A-Za-z0-9_]+$"))]
+    /// The fence agent to run, e.g. fence_redfish or fence_ipmilan: one that fences by power
+    /// (see [`NOT_BY_POWER`] for those refused).
+    #[schemars(regex(pattern = r"^fence_[A-Za-z0-9_]+$"), length(max = 64), transform = crate::schema::power_agent)]
     pub agent: String,
 
     /// Options for every node, e.g. "--username". Values may use {{.NodeName}}.

@@ -125,6 +125,23 @@ pub fn node_selector_requirements(schema: &mut Schema) {
     });
 }
 
+/// `agent`: a fence agent that fences by cutting the power (or resetting the machine). Each rule
+/// names one agent that does not and says why, so the refusal explains itself.
+pub fn power_agent(schema: &mut Schema) {
+    let rules: Vec<Value> = crate::fence_agents::NOT_BY_POWER
+        .iter()
+        .map(|(agent, why)| {
+            json!({
+                "rule": format!("self != '{agent}'"),
+                "message": format!(
+                    "{agent} {why}: remediation must know the node is off, so name the power agent of its BMC, hypervisor or cloud (fence_redfish, fence_ipmilan, fence_aws, ...)"
+                )
+            })
+        })
+        .collect();
+    validations(schema, Value::Array(rules));
+}
+
 const OPTION_NAME_RULE: &str = "self.all(k, k.matches('^-{0,2}[A-Za-z0-9][A-Za-z0-9_-]*$'))";
 
 /// `sharedparameters`: option name -> value.

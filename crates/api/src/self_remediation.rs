@@ -228,7 +228,10 @@ pub struct SelfNodeRemediationConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_health_check_url: Option<String>,
 
-    /// Port of the agents' peer protocol.
+    /// Port of the agents' peer protocol. The agents run on the node's network, so it is a port
+    /// of every node: nodemedic's default (9447) lies outside Kubernetes' NodePort range
+    /// (30000-32767), where medik8s's (30001) would share its port with a NodePort Service of that
+    /// number; a port in that range is accepted, with a warning in the status.
     #[serde(default = "defaults::host_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub host_port: i32,
@@ -376,7 +379,7 @@ mod defaults {
         true
     }
     pub fn host_port() -> i32 {
-        30001
+        9447
     }
     pub fn min_peers_for_remediation() -> i32 {
         1

@@ -30,6 +30,8 @@ pub enum Error {
     Serve { what: &'static str, source: std::io::Error },
     #[error("admission webhook: {0}")]
     Webhook(String),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("the API server's answer has no usable Date header: {0}")]
     ServerClock(String),
     #[error("{what} took longer than {after:?}")]

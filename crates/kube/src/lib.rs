@@ -22,6 +22,7 @@ pub mod status;
 pub mod steps;
 pub mod taints;
 pub mod time;
+pub(crate) mod tls;
 pub mod webhook;
 pub mod workloads;
 

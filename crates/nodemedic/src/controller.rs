@@ -27,9 +27,26 @@ pub struct ControllerArgs {
     /// The namespace nodemedic runs in (its leader-election lease lives there).
     #[arg(long, env = "POD_NAMESPACE", default_value = nodemedic_api::names::DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// Where /metrics, /healthz and /readyz are served.
+    /// Where /metrics is served, with /healthz and /readyz unless `--metrics-secure`.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_bind: SocketAddr,
+    /// Serve /metrics over HTTPS (a certificate from nodemedic's CA, the Secret
+    /// nodemedic-webhook-ca) to callers whose token the API server authenticates and who may
+    /// `get` the path /metrics (the chart's ClusterRole nodemedic-metrics-reader); the probes
+    /// then move to `--health-bind`.
+    #[arg(long)]
+    pub metrics_secure: bool,
+    /// Where /healthz and /readyz are served (plain HTTP) with `--metrics-secure`.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_bind: SocketAddr,
+    /// The Service Prometheus reaches the metrics through: its DNS names
+    /// (<service>.<namespace>.svc) go into the metrics certificate, with the pod's IP.
+    #[arg(long, default_value = "nodemedic-controller-metrics")]
+    pub metrics_service: String,
+    /// Each self-remediation agent serves its metrics over HTTPS (its peer certificate, callers
+    /// authorized as for the controller's) on this port of its node; none when unset.
+    #[arg(long)]
+    pub agent_metrics_port: Option<u16>,
     /// Compete for the leader lease (turn off only for a single replica).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -78,6 +95,10 @@ pub struct ControllerArgs {
     /// received and the peer detector makes no node condition.
     #[arg(long, env = "POD_IP")]
     pub peer_reports_advertise: Option<std::net::IpAddr>,
+    /// Label this namespace `pod-security.kubernetes.io/enforce=privileged` when nobody chose a
+    /// Pod Security level for it: the self-remediation agents are privileged pods.
+    #[arg(long)]
+    pub label_namespace: bool,
     /// Logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
@@ -95,6 +116,11 @@ pub struct ControllerArgs {
     /// calls the webhook by URL on the same host. Repeat, or separate with commas.
     #[arg(long, value_delimiter = ',')]
     pub webhook_extra_san: Vec<San>,
+    /// Serve the webhook with the certificate in this directory (tls.crt and tls.key, as OLM
+    /// and cert-manager write them) and leave the configuration's caBundle to whoever writes
+    /// it, instead of nodemedic's own CA.
+    #[arg(long)]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
 }
 
 /// `--webhook-bind`: an address, or nothing for no webhook.
@@ -156,8 +182,19 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = OperatorMetrics::register(&mut registry);
     let readiness = metrics_server::Readiness::default();
-    let bound = metrics_server::serve(args.metrics_bind, Arc::new(registry), readiness.clone()).await?;
-    tracing::info!(%identity, metrics = %bound, "nodemedic controller starting");
+    let registry = Arc::new(registry);
+    let bound = if args.metrics_secure {
+        let certificate = metrics_server::ServingCertificate::FromCa {
+            namespace: args.namespace.clone(),
+            service: args.metrics_service.clone(),
+            extra: args.peer_reports_advertise.map(San::Ip).into_iter().collect(),
+        };
+        metrics_server::spawn_secure(args.metrics_bind, registry, client.clone(), certificate);
+        metrics_server::serve_probes(args.health_bind, readiness.clone()).await?
+    } else {
+        metrics_server::serve(args.metrics_bind, registry, readiness.clone()).await?
+    };
+    tracing::info!(%identity, probes = %bound, metrics = %args.metrics_bind, secure = args.metrics_secure, "nodemedic controller starting");
     // Before the election: admission must answer on every replica, also while leadership moves.
     if let Some(bind) = args.webhook_bind.0 {
         // Reads for a decision must end within the API server's webhook timeout (chart: 5 s).
@@ -168,6 +205,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             service: args.webhook_service.clone(),
             configuration: args.webhook_configuration.clone(),
             extra_names: args.webhook_extra_san.clone(),
+            certificate_dir: args.webhook_cert_dir.clone(),
         };
         webhook::spawn(client.clone(), settings, admission_routes(reads));
     }
@@ -263,6 +301,8 @@ fn spawn_operators(
                     advertise,
                 }
             }),
+            label_namespace: args.label_namespace,
+            agent_metrics_port: args.agent_metrics_port,
         };
         let run = nodemedic_self_remediation::manager::run(client.clone(), settings, snr_metrics, events.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("self remediation: {e}")) });

@@ -125,6 +125,13 @@ pub async fn start_agent_containers(lab: &Lab, image: &Path, config: &SelfNodeRe
     Ok(())
 }
 
+/// Runs `command` in `image` (its own root, no network) and returns its output.
+pub fn run_in_image(lab: &Lab, image: &Path, name: &str, command: &[&str]) -> Result<String> {
+    let mut spec = ContainerSpec::new(image, Vec::<String>::new());
+    spec.command = Some(command.iter().map(|s| (*s).to_owned()).collect());
+    lab.run_container(name, &spec)
+}
+
 /// The executables an image with a Debian base (the controller's) holds under /usr/local/bin,
 /// and the help of its `nodemedic` (empty without one), read by running the image.
 pub fn image_commands(lab: &Lab, image: &Path) -> Result<(Vec<String>, String)> {
@@ -150,5 +157,25 @@ fn day_long_token() -> TokenRequest {
             expiration_seconds: Some(24 * 3600),
         }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Both recipes of the controller image (the one `make image` runs and the Dockerfile) drop
+    /// every agent the CRDs refuse: the images test checks the first's image, nothing can build
+    /// the second's here.
+    #[test]
+    fn both_image_recipes_drop_every_agent_that_does_not_fence_by_power() {
+        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        for recipe in ["scripts/build-images.sh", "Dockerfile"] {
+            let text = std::fs::read_to_string(format!("{repo}/{recipe}")).expect("the recipe");
+            for (agent, _) in nodemedic_api::fence_agents::NOT_BY_POWER {
+                let word = text
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .any(|w| w == *agent);
+                assert!(word, "{recipe} keeps {agent}, which the CRDs refuse");
+            }
+        }
     }
 }

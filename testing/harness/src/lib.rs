@@ -5,6 +5,7 @@
 //! ships in an image.
 
 pub mod bench;
+pub mod bundle;
 pub mod chaos;
 pub mod chart_defaults;
 pub mod fleet;

@@ -31,6 +31,22 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// The fault campaign: seeded random trials of mixed faults, each judged (writes a report).
     Chaos(chaos_cmd::ChaosArgs),
+    /// The OLM bundle for OperatorHub (`make bundle`), from the chart and the built images.
+    Bundle(BundleArgs),
+}
+
+#[derive(clap::Args)]
+struct BundleArgs {
+    /// Where to write it (manifests/, metadata/, bundle.Dockerfile).
+    #[arg(long, default_value = "target/bundle")]
+    out: std::path::PathBuf,
+}
+
+fn bundle(args: BundleArgs) -> anyhow::Result<()> {
+    let images = nodemedic_harness::images::Images::of(&nodemedic_harness::product::nodemedic()?)?;
+    nodemedic_harness::bundle::generate(&args.out, &images)?;
+    println!("{}", args.out.display());
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,5 +57,6 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Chaos(args) => chaos_cmd::run(args),
+        Command::Bundle(args) => bundle(args),
     }
 }

@@ -55,6 +55,28 @@ pub(crate) struct Audit<'a> {
     pub log: &'a Path,
 }
 
+/// The API server's admission configuration: Pod Security admission enforcing `level` in every
+/// namespace without a label of its own (as a hardened cluster does), kube-system exempt.
+pub(crate) fn pod_security_admission(level: &str) -> String {
+    format!(
+        r#"apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodSecurity
+  configuration:
+    apiVersion: pod-security.admission.config.k8s.io/v1
+    kind: PodSecurityConfiguration
+    defaults:
+      enforce: "{level}"
+      enforce-version: latest
+      warn: "{level}"
+      warn-version: latest
+    exemptions:
+      namespaces: [kube-system]
+"#
+    )
+}
+
 pub(crate) fn apiserver(
     bins: &Binaries,
     pki: &LabPki,
@@ -62,8 +84,10 @@ pub(crate) fn apiserver(
     ports: &Ports,
     timings: &Timings,
     audit: &Audit<'_>,
+    admission: Option<&Path>,
 ) -> ProcessSpec {
     let p = |f: &str| pki.path(f).display().to_string();
+    let admission = admission.map(|file| format!("--admission-control-config-file={}", file.display()));
     ProcessSpec::new(
         &bins.kube_apiserver,
         [
@@ -98,7 +122,9 @@ pub(crate) fn apiserver(
             format!("--audit-log-path={}", audit.log.display()),
             "--audit-log-format=json".into(),
             "--v=1".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(admission),
     )
 }
 

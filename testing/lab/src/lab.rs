@@ -284,10 +284,27 @@ impl Lab {
             policy: &audit_policy,
             log: &dir.join("logs").join("audit.log"),
         };
+        let admission = match config.pod_security {
+            Some(level) => {
+                let file = dir.join("admission.yaml");
+                std::fs::write(&file, control_plane::pod_security_admission(level))
+                    .map_err(io("writing the admission configuration"))?;
+                Some(file)
+            }
+            None => None,
+        };
         start_process(
             &resources,
             "kube-apiserver",
-            control_plane::apiserver(&bins, &pki, net.host_ip(), &ports, &config.timings, &audit),
+            control_plane::apiserver(
+                &bins,
+                &pki,
+                net.host_ip(),
+                &ports,
+                &config.timings,
+                &audit,
+                admission.as_deref(),
+            ),
         )?;
         let client = client_from(&kubeconfig).await?;
         wait_ready(&resources, &crate::readiness::quiet_client(&kubeconfig).await?).await?;

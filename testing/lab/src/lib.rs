@@ -50,7 +50,7 @@ pub mod workloads;
 use std::time::Duration;
 
 pub use binaries::{build_dir, machine_layer_dir, rebalancing_dir, tools_dir, version};
-pub use bmc::{Bmc, BmcOptions, PowerDelays};
+pub use bmc::{Bmc, BmcOptions, PowerDelays, cloud};
 pub use container::{Bind, ContainerSpec};
 pub use error::{Error, Result};
 pub use fault::{Fault, NodeId};
@@ -156,6 +156,9 @@ pub struct LabConfig {
     /// OCI archives every real node's containerd imports at boot, besides the lab's own pause
     /// and writer images (nothing can be pulled): e.g. nodemedic's, for `helm install`.
     pub node_images: Vec<std::path::PathBuf>,
+    /// The Pod Security level (`baseline`, `restricted`) the API server enforces in namespaces
+    /// that have no level of their own, as a hardened cluster's admission configuration does.
+    pub pod_security: Option<&'static str>,
 }
 
 impl LabConfig {
@@ -169,6 +172,7 @@ impl LabConfig {
             fleet: 0,
             alone: false,
             node_images: Vec::new(),
+            pod_security: None,
         }
     }
 
@@ -183,6 +187,7 @@ impl LabConfig {
             fleet: count,
             alone: false,
             node_images: Vec::new(),
+            pod_security: None,
         }
     }
 

@@ -10,9 +10,15 @@
 
 pub(crate) mod bundle;
 pub mod certs;
-pub(crate) mod tls;
 
-use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{
     Router,
@@ -27,6 +33,7 @@ use self::certs::San;
 use crate::{
     Result,
     admission::{self, Request, Verdict},
+    tls,
 };
 
 /// How often each replica re-reads the CA Secret and the configuration's caBundle: a
@@ -43,6 +50,10 @@ pub struct Settings {
     /// The ValidatingWebhookConfiguration whose caBundle this keeps.
     pub configuration: String,
     pub extra_names: Vec<San>,
+    /// Serve the certificate in this directory (`tls.crt`, `tls.key`, read again as it changes)
+    /// instead of one from nodemedic's own CA, and leave the caBundle to whoever writes them:
+    /// OLM (which mounts them at /tmp/k8s-webhook-server/serving-certs) or cert-manager.
+    pub certificate_dir: Option<PathBuf>,
 }
 
 type Validate = Arc<dyn Fn(Request) -> Pin<Box<dyn Future<Output = Verdict> + Send>> + Send + Sync>;
@@ -125,7 +136,7 @@ async fn run(client: Client, settings: Settings, routes: Vec<Route>) {
         tokio::time::sleep(REFRESH).await;
     }
     let listener = loop {
-        match tls::bind(settings.bind, certificate.clone()).await {
+        match tls::bind("the admission webhook", settings.bind, certificate.clone()).await {
             Ok(listener) => break listener,
             Err(error) => {
                 tracing::error!(%error, bind = %settings.bind, "admission webhook: cannot listen (another process on the port? --webhook-bind changes it); trying again");
@@ -171,6 +182,9 @@ impl Keeper {
     }
 
     async fn tick(&mut self) -> Result<()> {
+        if let Some(dir) = self.settings.certificate_dir.clone() {
+            return self.tick_files(&dir);
+        }
         let ca = certs::authority(&self.client, &self.settings.namespace).await?;
         let age = self.issued.map(|at| at.elapsed());
         if certs::reissue(self.serving_ca.as_deref(), &ca.cert, age) {
@@ -192,6 +206,31 @@ impl Keeper {
                 tracing::info!(configuration = %name, ?webhooks, "admission webhook: set the caBundle");
             }
             _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Keeper {
+    /// Serves the certificate files as they are now. `serving_ca` holds the served certificate.
+    fn tick_files(&mut self, dir: &Path) -> Result<()> {
+        let read = |file: &str| {
+            let path = dir.join(file);
+            std::fs::read_to_string(&path).map_err(|e| {
+                crate::Error::Webhook(format!(
+                    "reading {} ({e}): --webhook-cert-dir names the directory holding tls.crt and tls.key",
+                    path.display()
+                ))
+            })
+        };
+        let pem = crate::pki::Pem {
+            cert: read("tls.crt")?,
+            key: read("tls.key")?,
+        };
+        if self.serving_ca.as_deref() != Some(pem.cert.as_str()) {
+            self.certificate.set(&pem)?;
+            tracing::info!(dir = %dir.display(), "admission webhook: serving the certificate of its directory (whoever writes it keeps the caBundle)");
+            self.serving_ca = Some(pem.cert);
         }
         Ok(())
     }

@@ -20,9 +20,13 @@ async fn serve(ca: &Authority, routes: Vec<Route>) -> SocketAddr {
     certificate
         .set(&certs::serving(ca.pem(), &dns, &ips).expect("leaf"))
         .expect("usable");
-    let listener = tls::bind("127.0.0.1:0".parse().expect("addr"), certificate)
-        .await
-        .expect("binds");
+    let listener = tls::bind(
+        "the admission webhook",
+        "127.0.0.1:0".parse().expect("addr"),
+        certificate,
+    )
+    .await
+    .expect("binds");
     let addr = axum::serve::Listener::local_addr(&listener).expect("addr");
     tokio::spawn(async move { axum::serve(listener, router(routes)).await });
     addr
@@ -119,4 +123,35 @@ async fn a_client_trusting_another_ca_is_refused() {
         .await
         .expect_err("untrusted certificate");
     assert!(error.to_string().contains("certificate"), "{error}");
+}
+
+/// `--webhook-cert-dir`: the files someone else writes (OLM, cert-manager) are served, and
+/// served again when they change; a directory without them says which flag names it.
+#[tokio::test]
+async fn a_certificate_directory_is_served_as_it_changes() {
+    let ca = Authority::new("test ca", 1).expect("ca");
+    let (dns, ips) = certs::serving_names("svc", "ns", &[]);
+    let dir = std::env::temp_dir().join(format!("nodemedic-webhook-certs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let client =
+        kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().expect("url"))).expect("client");
+    let settings = Settings {
+        bind: "127.0.0.1:0".parse().expect("addr"),
+        namespace: "ns".into(),
+        service: "svc".into(),
+        configuration: "cfg".into(),
+        extra_names: Vec::new(),
+        certificate_dir: Some(dir.clone()),
+    };
+    let mut keeper = Keeper::new(client, settings, Arc::new(tls::Certificate::default()));
+    let error = keeper.tick().await.expect_err("no files yet").to_string();
+    assert!(error.contains("--webhook-cert-dir"), "{error}");
+    for _ in 0..2 {
+        let leaf = certs::serving(ca.pem(), &dns, &ips).expect("leaf");
+        std::fs::write(dir.join("tls.crt"), &leaf.cert).expect("cert");
+        std::fs::write(dir.join("tls.key"), &leaf.key).expect("key");
+        keeper.tick().await.expect("served");
+        assert_eq!(keeper.serving_ca.as_deref(), Some(leaf.cert.as_str()));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,7 @@ use nodemedic_self_remediation::protocol::manager::{Means, cannot_fence};
 use serde::Serialize;
 
 use super::facts::{
-    AccountAccess, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck, POISON_PILL_TEMPLATE,
+    AccountAccess, AgentAdmission, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck, POISON_PILL_TEMPLATE,
     SELF_REMEDIATION_TEMPLATE, Subject, TemplateLookup, Verdict,
 };
 
@@ -53,6 +53,7 @@ fn ok(check: &'static str, subject: impl Into<String>, message: String) -> Findi
 pub(super) fn findings(f: &Facts) -> Vec<Finding> {
     let mut out = vec![version(f)];
     out.extend(controller(f));
+    out.extend(agent_admission(f));
     out.extend(agents(f));
     out.extend(f.checks.iter().flat_map(|c| health_check(f, c)));
     out.extend(f.fence_templates.iter().flat_map(|t| fence_template(f, t)));
@@ -153,6 +154,39 @@ fn controller(f: &Facts) -> Vec<Finding> {
             None => ok(CHECK, subject, format!("the controller runs (leader {})", lease.holder)),
         },
     }]
+}
+
+/// Whether the namespace lets the agents' DaemonSet create its pods at all.
+fn agent_admission(f: &Facts) -> Option<Finding> {
+    const CHECK: &str = "pod-security";
+    let subject = format!("namespace {}", f.namespace);
+    let ns = &f.namespace;
+    match &f.agent_admission {
+        AgentAdmission::NotTried => None,
+        AgentAdmission::Admitted => Some(ok(
+            CHECK,
+            subject,
+            "admits the self-remediation agents' privileged pods (a server-side dry run of one)".into(),
+        )),
+        AgentAdmission::Refused(why) => Some(finding(
+            Severity::Blocking,
+            CHECK,
+            subject,
+            format!("refuses the self-remediation agents' pods, so no node has its agent: {why}"),
+            format!(
+                "let the namespace run privileged pods: kubectl label namespace {ns} pod-security.kubernetes.io/enforce=privileged --overwrite (the chart's podSecurity.labelNamespace=true has the controller do it when no level is set); on OpenShift, let the agents use the privileged SCC: oc adm policy add-scc-to-user privileged -z nodemedic-agent -n {ns} (the chart's ClusterRole nodemedic-agent grants it)"
+            ),
+        )),
+        AgentAdmission::Unknown(why) => Some(finding(
+            Severity::Warning,
+            CHECK,
+            subject,
+            format!("could not check whether it admits the agents' pods: {why}"),
+            format!(
+                "run the doctor as someone who may create pods in {ns} (it only dry-runs one), or check the agent DaemonSet's events: kubectl -n {ns} describe daemonset nodemedic-agent"
+            ),
+        )),
+    }
 }
 
 /// Each node's agent and fencing means, judged as the self-remediation manager will judge them.

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::doctor::{
-    facts::{ControllerLease, NodeFacts, SelfRemediationSettings, Version},
+    facts::{AgentAdmission, ControllerLease, NodeFacts, SelfRemediationSettings, Version},
     rbac::Permission,
 };
 
@@ -118,6 +118,36 @@ fn about<'a>(findings: &'a [Finding], check: &str, subject: &str) -> Vec<&'a Fin
         .iter()
         .filter(|f| f.check == check && f.subject.contains(subject))
         .collect()
+}
+
+#[test]
+fn a_namespace_that_refuses_the_agents_blocks_with_the_label_and_the_scc_as_fixes() {
+    let refused = "pods \"nodemedic-doctor-x\" is forbidden: violates PodSecurity \"baseline:latest\": host namespaces (hostNetwork=true), privileged (container \"agent\" must not set securityContext.privileged=true)";
+    let mut f = healthy();
+    f.agent_admission = AgentAdmission::from_dry_run(Err((403, refused.into())));
+    let found = findings(&f);
+    let finding = about(&found, "pod-security", NS)[0];
+    assert_eq!(finding.severity, Severity::Blocking);
+    assert!(finding.message.contains("violates PodSecurity"), "{finding:?}");
+    assert!(
+        finding.fix.contains(&format!(
+            "kubectl label namespace {NS} pod-security.kubernetes.io/enforce=privileged"
+        )) && finding
+            .fix
+            .contains("oc adm policy add-scc-to-user privileged -z nodemedic-agent"),
+        "{finding:?}"
+    );
+
+    f.agent_admission = AgentAdmission::from_dry_run(Ok(()));
+    assert_eq!(about(&findings(&f), "pod-security", NS)[0].severity, Severity::Ok);
+    // Not allowed to create pods there: the doctor cannot tell, and says so.
+    f.agent_admission = AgentAdmission::from_dry_run(Err((
+        403,
+        "pods is forbidden: User \"u\" cannot create resource \"pods\"".into(),
+    )));
+    assert_eq!(about(&findings(&f), "pod-security", NS)[0].severity, Severity::Warning);
+    f.agent_admission = AgentAdmission::NotTried;
+    assert!(about(&findings(&f), "pod-security", NS).is_empty());
 }
 
 #[test]

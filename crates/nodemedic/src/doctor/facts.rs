@@ -43,6 +43,36 @@ pub(super) struct Facts {
     pub out_of_service_templates: Vec<String>,
     pub fence_templates: Vec<FenceTemplate>,
     pub access: Vec<AccountAccess>,
+    /// Whether the namespace admits an agent's pod, by a server-side dry run of one.
+    pub agent_admission: AgentAdmission,
+}
+
+/// What the API server answered a dry run of an agent's pod in nodemedic's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) enum AgentAdmission {
+    /// Not tried (facts written by hand).
+    #[default]
+    NotTried,
+    Admitted,
+    /// Pod Security admission (or an OpenShift SecurityContextConstraint) refuses it: its words.
+    Refused(String),
+    /// The dry run failed for another reason (e.g. the caller may not create pods there).
+    Unknown(String),
+}
+
+impl AgentAdmission {
+    /// The dry run's outcome: `Err` holds the API server's status code and message.
+    pub(super) fn from_dry_run(outcome: Result<(), (u16, String)>) -> Self {
+        match outcome {
+            Ok(()) => Self::Admitted,
+            Err((403, message))
+                if message.contains("violates PodSecurity") || message.contains("security context constraint") =>
+            {
+                Self::Refused(message)
+            }
+            Err((_, message)) => Self::Unknown(message),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,16 +6,17 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{
+    apps::v1::DaemonSet,
     authorization::v1::{
         ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
         SubjectAccessReviewSpec,
     },
     coordination::v1::Lease,
-    core::v1::{Namespace, Node},
+    core::v1::{Namespace, Node, Pod},
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DynamicObject, ListParams, PostParams},
+    api::{DynamicObject, ListParams, ObjectMeta, PostParams},
     core::{GroupVersion, GroupVersionKind},
     discovery::{self, Scope},
 };
@@ -25,11 +26,12 @@ use nodemedic_api::{
     self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediationConfig, SelfNodeRemediationTemplate},
 };
 use nodemedic_healthcheck::decide::TemplateRef;
+use nodemedic_self_remediation::manager::daemonset;
 
 use super::{
     facts::{
-        AccountAccess, ControllerLease, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck, NodeFacts,
-        SELF_REMEDIATION_TEMPLATE, SelfRemediationSettings, Subject, TemplateLookup, Version,
+        AccountAccess, AgentAdmission, ControllerLease, FENCE_AGENTS_TEMPLATE, Facts, FenceTemplate, HealthCheck,
+        NodeFacts, SELF_REMEDIATION_TEMPLATE, SelfRemediationSettings, Subject, TemplateLookup, Version,
     },
     rbac::{self, Permission},
 };
@@ -102,6 +104,7 @@ pub(super) async fn facts(client: &Client, namespace: &str) -> anyhow::Result<Fa
             .collect(),
         elsewhere,
         self_remediation: config
+            .as_ref()
             .map(|c| SelfRemediationSettings::from_spec(&c.spec))
             .unwrap_or_default(),
         controller: controllers
@@ -113,7 +116,51 @@ pub(super) async fn facts(client: &Client, namespace: &str) -> anyhow::Result<Fa
         out_of_service_templates,
         fence_templates: far_templates.iter().map(FenceTemplate::from_object).collect(),
         access: access(client, namespace).await?,
+        agent_admission: agent_admission(client, namespace, config.as_ref()).await,
     })
+}
+
+/// A server-side dry run of one agent pod in `namespace`, as the DaemonSet creates them (or,
+/// before the controller made it, as the configuration would have it).
+async fn agent_admission(
+    client: &Client,
+    namespace: &str,
+    config: Option<&SelfNodeRemediationConfig>,
+) -> AgentAdmission {
+    let made = match Api::<DaemonSet>::namespaced(client.clone(), namespace)
+        .get_opt(daemonset::NAME)
+        .await
+    {
+        Ok(made) => made,
+        Err(e) => {
+            return AgentAdmission::Unknown(format!("reading DaemonSet {namespace}/{}: {e}", daemonset::NAME));
+        }
+    };
+    let daemon_set = made.unwrap_or_else(|| {
+        let spec = config.map(|c| c.spec.clone()).unwrap_or_default();
+        daemonset::render(&spec, namespace, &daemonset::Install::new(daemonset::NAME))
+    });
+    let pod = Pod {
+        metadata: ObjectMeta {
+            generate_name: Some("nodemedic-doctor-".into()),
+            ..Default::default()
+        },
+        spec: daemon_set.spec.and_then(|s| s.template.spec),
+        status: None,
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let outcome = match Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &pod)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) => Err((status.code, status.message.clone())),
+        Err(e) => Err((0, e.to_string())),
+    };
+    AgentAdmission::from_dry_run(outcome)
 }
 
 fn described<K: ResourceExt>(kind: &str, t: &K) -> String {

@@ -529,3 +529,49 @@ async fn a_stale_unknown_with_a_renewing_kubelet_fences_nothing_until_the_renewa
     })
     .await;
 }
+
+/// fence_aws, as a cluster on EC2 runs it, against moto's EC2 emulator whose instances are the
+/// lab's nodes: the crashed node's instance is stopped (the node is off), db-0 runs elsewhere,
+/// the instance is started again and the node comes back. The credentials come from a Secret,
+/// the instance ids from nodeparameters, as users write the template.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_aws_against_moto_s_ec2_stops_the_crashed_node_s_instance_and_starts_it_again() {
+    use nodemedic_lab::cloud;
+    let lab = lab(LabConfig::seed().with_bmcs(BmcOptions {
+        aws: true,
+        ..BmcOptions::default()
+    }))
+    .await;
+    let aws = lab.aws().expect("the lab's cloud");
+    lab.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: aws-credentials, namespace: {NS}}}\nstringData: {{'--access-key': {}, '--secret-key': {}}}\n",
+        cloud::ACCESS_KEY,
+        cloud::SECRET_KEY
+    ))
+    .expect("the credentials");
+    let template = json!({
+        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+        "kind": "FenceAgentsRemediationTemplate",
+        "metadata": {"name": "ec2", "namespace": NS},
+        "spec": {"template": {"spec": {
+            "agent": "fence_aws",
+            "sharedparameters": {"--region": cloud::REGION},
+            "nodeparameters": {"--plug": aws.instances},
+            "sharedSecretName": "aws-credentials",
+            "retrycount": 2,
+            "retryinterval": "1s",
+            "timeout": "60s",
+            "remediationStrategy": "ResourceDeletion"
+        }}}
+    });
+    lab.apply_yaml(&template.to_string()).expect("template");
+    let history = History::record(&lab.client());
+    let agents = format!("--fence-agents-dir={}", aws.agents_dir.display());
+    start_controller(&lab, "controller", &["--disable=self-remediation", agents.as_str()]);
+    scenario::deploy_workload(&lab).await.expect("workload");
+    let a = node_of(&running_pod(&lab.client(), &[]).await);
+    apply_seed_check(&lab, "002-nhc-far-3node.yaml", |m| {
+        m["spec"]["remediationTemplate"]["name"] = json!("ec2");
+    });
+    crash_and_recover(&lab, &a, &history).await;
+}

@@ -35,6 +35,8 @@ async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_
         );
     }
 
+    fence_agents_that_can_run(&lab, &images.controller);
+
     apply_seed(&lab, "002-far-credentials-secret.yaml", |_| {});
     let history = History::record(&lab.client());
     // The configuration first, as users apply it: a controller that starts without one creates
@@ -83,4 +85,44 @@ async fn seed_scenario_from_the_images_fence_redfish_with_a_slow_bmc_fences_the_
     scenario::agents_settled(&lab)
         .await
         .expect("every agent container registered after the fence");
+}
+
+/// The controller image offers the agents that fence by power, none of the others, and carries
+/// what the cloud, KubeVirt and SNMP agents load to run.
+fn fence_agents_that_can_run(lab: &nodemedic_lab::Lab, image: &std::path::Path) {
+    let listed = images::run_in_image(lab, image, "list-agents", &["/bin/ls", "/usr/sbin"]).expect("ls runs");
+    let agents: Vec<&str> = listed.split_whitespace().filter(|f| f.starts_with("fence_")).collect();
+    for (refused, _) in nodemedic_api::fence_agents::NOT_BY_POWER {
+        assert!(!agents.contains(refused), "the image offers {refused}: {agents:?}");
+    }
+    for power in [
+        "fence_redfish",
+        "fence_ipmilan",
+        "fence_aws",
+        "fence_azure_arm",
+        "fence_gce",
+        "fence_kubevirt",
+        "fence_apc_snmp",
+        "fence_ilo_ssh",
+    ] {
+        assert!(agents.contains(&power), "the image lacks {power}: {agents:?}");
+    }
+    let modules = "boto3, googleapiclient.discovery, kubernetes.config, openshift.dynamic, azure.identity, \
+                   azure.mgmt.compute, azure.mgmt.network, msrestazure.azure_active_directory";
+    let imported = images::run_in_image(
+        lab,
+        image,
+        "imports",
+        &[
+            "/usr/bin/python3",
+            "-c",
+            &format!("import {modules}; print('imported')"),
+        ],
+    )
+    .expect("python3 runs");
+    assert!(imported.contains("imported"), "{imported}");
+    for tool in ["/usr/bin/snmpget", "/usr/bin/ssh", "/usr/bin/telnet"] {
+        let found = images::run_in_image(lab, image, "tools", &["/bin/ls", tool]).expect("ls runs");
+        assert!(found.contains(tool), "the image lacks {tool}: {found}");
+    }
 }

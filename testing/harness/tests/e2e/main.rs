@@ -2,6 +2,7 @@
 //! is run from the same target directory: build it first (`cargo build -p nodemedic --bins`;
 //! `make test` does).
 
+mod bundle;
 mod chaos;
 mod chart;
 mod defaults;

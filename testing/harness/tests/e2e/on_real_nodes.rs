@@ -6,12 +6,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::{Api, ResourceExt, api::ListParams};
 use nodemedic_harness::real_nodes::{self, NODES};
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, data_witness::DataWitness};
 
 use crate::{
+    doctor,
     fenceagents::{adapt_template, bmc_power, far},
     selfremediation::snr,
     support::{NS, apply_seed, eventually, lab, scenario},
@@ -97,10 +98,18 @@ where
     .await;
 }
 
+/// Installed as a hardened cluster's user installs it: the API server enforces the baseline Pod
+/// Security level in every namespace without a level of its own, nodemedic's namespace included
+/// (created unlabelled, as `helm install --create-namespace` creates it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_installs_nodemedic_from_its_images_and_every_agent_arms_its_node_s_watchdog_from_its_pod() {
-    let lab = lab(real_config()).await;
+async fn helm_installs_nodemedic_from_its_images_under_baseline_pod_security_and_every_hardened_agent_arms_its_watchdog()
+ {
+    let mut config = real_config();
+    config.pod_security = Some("baseline");
+    let lab = lab(config).await;
     helm_install(&lab, &[]).await;
+    hardened(&lab).await;
+    metrics_only_for_authorized_scrapers(&lab).await;
     // Each agent found its node, its peers and its certificates, and opened the node's
     // /dev/watchdog (the lab's emulated device) from inside its container.
     for node in NODES {
@@ -112,6 +121,139 @@ async fn helm_installs_nodemedic_from_its_images_and_every_agent_arms_its_node_s
         })
         .await;
     }
+}
+
+/// The controller labelled its namespace for the privileged agents, whose pods run with a
+/// read-only root on a port outside the NodePort range; `nodemedic doctor` finds the namespace
+/// admits them, and finds a namespace left at the cluster's baseline would refuse them, with
+/// the fix.
+async fn hardened(lab: &Lab) {
+    let namespaces = Api::<Namespace>::all(lab.client());
+    let labels = namespaces.get(NS).await.expect("nodemedic's namespace").metadata.labels;
+    assert_eq!(
+        labels
+            .unwrap_or_default()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("privileged")
+    );
+    let agents = Api::<Pod>::namespaced(lab.client(), NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=nodemedic-agent"))
+        .await
+        .expect("the agents' pods");
+    assert_eq!(agents.items.len(), NODES.len());
+    for pod in &agents.items {
+        let container = &pod.spec.as_ref().expect("spec").containers[0];
+        let security = container.security_context.as_ref().expect("a security context");
+        assert_eq!(security.read_only_root_filesystem, Some(true), "{}", pod.name_any());
+        for port in container.ports.iter().flatten() {
+            assert!(
+                !(30000..=32767).contains(&port.container_port),
+                "{} listens on {} in the NodePort range",
+                pod.name_any(),
+                port.container_port
+            );
+        }
+    }
+    let report = doctor::report(&doctor::doctor(lab, &["-o", "json", "-n", NS]));
+    let admitted = doctor::findings(&report, "pod-security", NS);
+    assert_eq!(admitted.len(), 1, "{report:#}");
+    assert_eq!(admitted[0]["severity"], "ok", "{report:#}");
+
+    scenario::create_namespace(&lab.client(), "hardened")
+        .await
+        .expect("namespace");
+    // The agents' ServiceAccount, so the dry run meets Pod Security and not a missing account.
+    lab.apply_yaml("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: nodemedic-agent, namespace: hardened}\n")
+        .expect("the ServiceAccount");
+    let out = doctor::doctor(lab, &["-o", "json", "-n", "hardened"]);
+    assert!(!out.status.success(), "a blocking finding fails the doctor");
+    let report = doctor::report(&out);
+    let refused = doctor::findings(&report, "pod-security", "hardened");
+    assert_eq!(refused.len(), 1, "{report:#}");
+    assert_eq!(refused[0]["severity"], "blocking", "{report:#}");
+    assert!(
+        refused[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("violates PodSecurity \"baseline")),
+        "{report:#}"
+    );
+    assert!(
+        refused[0]["fix"].as_str().is_some_and(
+            |f| f.contains("kubectl label namespace hardened pod-security.kubernetes.io/enforce=privileged")
+        ),
+        "{report:#}"
+    );
+}
+
+/// The controller's metrics, as the chart serves them: HTTPS under nodemedic's CA for the
+/// metrics Service's name; no token is 401, an account without the grant 403, and an account
+/// bound to nodemedic-metrics-reader is served.
+async fn metrics_only_for_authorized_scrapers(lab: &Lab) {
+    let controllers = Api::<Pod>::namespaced(lab.client(), NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
+        .await
+        .expect("the controller's pods");
+    let ip = controllers.items[0]
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("a pod IP");
+    let ca = Api::<Secret>::namespaced(lab.client(), NS)
+        .get("nodemedic-webhook-ca")
+        .await
+        .expect("nodemedic's CA")
+        .data
+        .and_then(|d| d.get("tls.crt").cloned())
+        .expect("its certificate");
+    let ca_file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(ca_file.path(), &ca.0).expect("written");
+    lab.apply_yaml(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: scraper, namespace: {NS}}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {NS}}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: scraper-reads-nodemedic}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodemedic-metrics-reader}}\nsubjects: [{{kind: ServiceAccount, name: scraper, namespace: {NS}}}]\n"
+    ))
+    .expect("the scrapers' accounts");
+    let token = |account: &str| {
+        lab.kubectl(&["create", "token", account, "-n", NS])
+            .expect("a token")
+            .trim()
+            .to_owned()
+    };
+    let (scraper, stranger) = (token("scraper"), token("stranger"));
+    let host = format!("nodemedic-controller-metrics.{NS}.svc");
+    let scrape = |token: Option<&str>| {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+            .arg(ca_file.path())
+            .args([
+                "--resolve",
+                &format!("{host}:8443:{ip}"),
+                &format!("https://{host}:8443/metrics"),
+            ]);
+        if let Some(token) = token {
+            curl.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        let out = curl.output().expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.trim().to_owned(), body.to_owned())
+    };
+    // The certificate is issued and the grant seen within moments of the install.
+    let served = eventually("the metrics served to the authorized scraper", LONG, || async {
+        let (code, body) = scrape(Some(&scraper));
+        (code == "200").then_some(body)
+    })
+    .await;
+    assert!(
+        served.contains("# TYPE nodemedic_healthcheck_") && served.trim_end().ends_with("# EOF"),
+        "{served}"
+    );
+    assert_eq!(scrape(None).0, "401", "no token");
+    let (code, body) = scrape(Some(&stranger));
+    assert_eq!(code, "403", "{body}");
+    assert!(
+        body.contains("nodemedic-metrics-reader"),
+        "the refusal says what grants it: {body}"
+    );
 }
 
 /// Seed scenario (a) on real nodes: the node running the writer loses its power; the agents'

@@ -16,8 +16,11 @@ use crate::{Error, Lab, ProcessSpec, Result, binaries, error::io, lab::process_d
 const SUSHY_BMC: &str = include_str!("sushy_bmc.py");
 /// `ipmi_sim`'s chassis_control program.
 const IPMI_CHASSIS: &str = include_str!("ipmi_chassis.py");
+/// What every power emulator imports to tell the lab a node's power changes (beside it, where
+/// Python finds a script's modules).
+pub(super) const LAB_POWER: (&str, &str) = ("lab_power.py", include_str!("lab_power.py"));
 
-/// The two scripts, written once into the lab directory.
+/// The two scripts and their shared module, written once into the lab directory.
 pub(crate) struct Scripts {
     python: PathBuf,
     sushy: PathBuf,
@@ -33,11 +36,12 @@ impl Scripts {
         };
         write(&scripts.sushy, SUSHY_BMC)?;
         write(&scripts.chassis, IPMI_CHASSIS)?;
+        write(&dir.join(LAB_POWER.0), LAB_POWER.1)?;
         Ok(scripts)
     }
 }
 
-fn write(path: &Path, text: &str) -> Result<()> {
+pub(super) fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))
 }
 

@@ -9,21 +9,19 @@ lanserv/ipmi_sim_chassiscontrol. Errors go to stdout, which ipmi_sim logs.
 """
 
 import fcntl
-import socket
 import sys
+
+import lab_power
 
 NODE, STATE, REPORT = sys.argv[1:4]
 OP, ARGS = sys.argv[5], sys.argv[6:]
 
 
 def report(verb):
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(120)
-        s.connect(REPORT)
-        s.sendall(f"{verb} {NODE}\n".encode())
-        answer = s.makefile().readline().strip()
-    if answer != "ok":
-        print(f"the lab did not acknowledge '{verb} {NODE}': {answer!r}")
+    try:
+        lab_power.report(verb, NODE, REPORT)
+    except RuntimeError as e:
+        print(e)
         sys.exit(1)
 
 

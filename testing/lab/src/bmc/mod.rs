@@ -7,6 +7,7 @@
 //! A BMC's power state is its own, as a real one's is: a lab `crash` leaves it saying On, as a
 //! hung server's BMC does.
 
+pub mod cloud;
 mod emulators;
 mod power;
 
@@ -39,6 +40,8 @@ pub struct BmcOptions {
     pub delays: PowerDelays,
     pub username: String,
     pub password: String,
+    /// A lab cloud too: the nodes are EC2 instances of moto's emulator ([`cloud`]), for fence_aws.
+    pub aws: bool,
 }
 
 impl Default for BmcOptions {
@@ -48,6 +51,7 @@ impl Default for BmcOptions {
             delays: PowerDelays::None,
             username: "ansible".into(),
             password: "n0tPassword".into(),
+            aws: false,
         }
     }
 }
@@ -197,6 +201,10 @@ impl Lab {
                 self.add_host_process(&name, spec)?;
             }
         }
+        if options.aws {
+            cloud::preflight()?;
+            cloud::start(self, &socket)?;
+        }
         Ok(())
     }
 
@@ -210,6 +218,9 @@ impl Lab {
             emulators::wait_answering(self, &node, &bmc, Duration::from_secs(60)).await
         });
         futures::future::try_join_all(waits).await?;
+        if self.bmc_options()?.aws {
+            cloud::wait_serving(self).await?;
+        }
         Ok(())
     }
 }

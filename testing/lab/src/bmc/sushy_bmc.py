@@ -12,7 +12,6 @@ The credentials come from BMC_USERNAME and BMC_PASSWORD, so they stay out of the
 
 import fcntl
 import os
-import socket
 import sys
 import threading
 import time
@@ -21,19 +20,14 @@ import bcrypt
 from sushy_tools.emulator import main as emulator
 from sushy_tools.emulator.resources.systems import fakedriver
 
+import lab_power
+
 NODE, LISTEN, PORT, UUID, CERT, KEY, STATE, POWER_FILE, REPORT, DELAYS = sys.argv[1:11]
 
 
 def report(power_state):
     """Tells the lab the node's power goes `off` or `on` and waits for its `ok`."""
-    verb = "off" if power_state == "Off" else "on"
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(120)
-        s.connect(REPORT)
-        s.sendall(f"{verb} {NODE}\n".encode())
-        answer = s.makefile().readline().strip()
-    if answer != "ok":
-        raise RuntimeError(f"the lab did not acknowledge '{verb} {NODE}': {answer!r}")
+    lab_power.report("off" if power_state == "Off" else "on", NODE, REPORT)
 
 
 class PowerLock:

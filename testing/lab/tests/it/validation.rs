@@ -326,6 +326,22 @@ fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
             ),
             vec!["spec.template.spec.sharedparameters", "--action must be reboot or off"],
         ),
+        (
+            "an agent that does not fence by power",
+            format!(
+                "apiVersion: fence-agents-remediation.medik8s.io/v1alpha1\nkind: FenceAgentsRemediationTemplate\nmetadata: {{name: sbd, namespace: {NS}}}\nspec:\n  template:\n    spec:\n      agent: fence_sbd\n"
+            ),
+            vec![
+                "spec.template.spec.agent",
+                "fence_sbd fences through a shared disk",
+                "name the power agent of its BMC",
+            ],
+        ),
+        (
+            "a storage fencing agent",
+            far("scsi", "").replace("fence_redfish", "fence_scsi"),
+            vec!["spec.agent", "fence_scsi fences storage"],
+        ),
     ]
 }
 

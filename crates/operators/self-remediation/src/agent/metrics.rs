@@ -2,6 +2,10 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
+use nodemedic_kube::{
+    metrics_server::{self, ServingCertificate},
+    pki::Pem,
+};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -86,11 +90,21 @@ impl Metrics {
     }
 }
 
-pub(super) async fn serve(bind: SocketAddr, m: &Metrics) -> Result<()> {
+/// Serves the metrics on `bind`: over plain HTTP, or (`secure`) over HTTPS with the agent's
+/// peer certificate to callers the API server authorizes.
+pub(super) async fn serve(bind: SocketAddr, m: &Metrics, secure: Option<(kube::Client, Pem)>) -> Result<()> {
     let mut registry = Registry::default();
     m.register(&mut registry);
-    let readiness = nodemedic_kube::metrics_server::Readiness::default();
-    readiness.set(true);
-    nodemedic_kube::metrics_server::serve(bind, Arc::new(registry), readiness).await?;
+    let registry = Arc::new(registry);
+    match secure {
+        Some((client, certificate)) => {
+            metrics_server::spawn_secure(bind, registry, client, ServingCertificate::Given(certificate));
+        }
+        None => {
+            let readiness = metrics_server::Readiness::default();
+            readiness.set(true);
+            metrics_server::serve(bind, registry, readiness).await?;
+        }
+    }
     Ok(())
 }

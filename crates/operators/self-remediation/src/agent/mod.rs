@@ -87,7 +87,14 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let metrics = Metrics::default();
     spawn_feeder(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
-        metrics::serve(bind, &metrics).await?;
+        let secure = args.metrics_secure.then(|| {
+            let certificate = nodemedic_kube::pki::Pem {
+                cert: identity.cert_pem.clone(),
+                key: identity.key_pem.clone(),
+            };
+            (client.clone(), certificate)
+        });
+        metrics::serve(bind, &metrics, secure).await?;
     }
     let addresses_sender = serve_peers(&args, &identity, &fast, &state, &metrics, detector_settings);
     let (stop, stopped) = tokio::sync::watch::channel(false);

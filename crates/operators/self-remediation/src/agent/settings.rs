@@ -25,7 +25,7 @@ pub struct AgentArgs {
     /// The address peers reach this agent on (the pod IP).
     #[arg(long, env = "MY_POD_IP")]
     pub address: IpAddr,
-    #[arg(long, env = "HOST_PORT", default_value_t = 30001)]
+    #[arg(long, env = "HOST_PORT", default_value_t = 9447)]
     pub host_port: u16,
     /// The watchdog device, an absolute path (`/dev/watchdog`); any other path (relative, with a
     /// `..` component) is refused without being opened. When it is refused or cannot be opened
@@ -87,8 +87,13 @@ pub struct AgentArgs {
     /// Where the agent keeps its peer certificate across restarts.
     #[arg(long, env = "STATE_DIR", default_value = "/var/lib/nodemedic")]
     pub state_dir: PathBuf,
+    /// Where the metrics are served (none without it).
     #[arg(long)]
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Serve them over HTTPS with the peer certificate, to callers whose token the API server
+    /// authenticates and who may `get` the path `/metrics` (the chart's nodemedic-metrics-reader).
+    #[arg(long)]
+    pub metrics_secure: bool,
     /// The peer failure detector (docs/peer-detection.md): runs when `--probe-period` is given.
     #[arg(long, value_parser = duration)]
     pub probe_period: Option<Duration>,

@@ -25,7 +25,7 @@ use crate::{
 pub(super) struct Context {
     pub client: Client,
     pub namespace: String,
-    pub image: String,
+    pub install: daemonset::Install,
     pub events: Events,
     pub metrics: Metrics,
 }
@@ -260,7 +260,7 @@ async fn ensure_daemonset(
     on: &k8s_openapi::api::core::v1::ObjectReference,
 ) -> Result<()> {
     let api = Api::<DaemonSet>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let mut desired = daemonset::render(&config.spec, &ctx.namespace, &ctx.image);
+    let mut desired = daemonset::render(&config.spec, &ctx.namespace, &ctx.install);
     desired.metadata.owner_references = config.controller_owner_ref(&()).map(|o| vec![o]);
     let hash = |d: &DaemonSet| d.annotations().get(daemonset::CONFIG_HASH).cloned();
     let existing = api

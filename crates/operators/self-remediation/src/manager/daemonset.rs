@@ -84,7 +84,10 @@ pub fn agent_flags(spec: &SelfNodeRemediationConfigSpec) -> Vec<String> {
     flags
 }
 
-/// Problems the schema cannot see: combinations of fields.
+/// Kubernetes' default `--service-node-port-range`.
+const NODE_PORTS: std::ops::RangeInclusive<i32> = 30000..=32767;
+
+/// Problems the schema cannot see: combinations of fields, and values that work but hurt.
 pub fn validate(spec: &SelfNodeRemediationConfigSpec) -> Result<Vec<String>> {
     let settings = licence_settings(spec)?;
     let mut warnings = Vec::new();
@@ -92,6 +95,15 @@ pub fn validate(spec: &SelfNodeRemediationConfigSpec) -> Result<Vec<String>> {
         warnings.push(format!(
             "apiServerTimeout ({}) exceeds apiCheckInterval ({}): checks overlap; lower apiServerTimeout",
             spec.api_server_timeout, spec.api_check_interval
+        ));
+    }
+    if NODE_PORTS.contains(&spec.host_port) {
+        warnings.push(format!(
+            "hostPort {} is in Kubernetes' default NodePort range ({}-{}): the agents listen on it on every node's own network, where a NodePort Service of that number would take their peers' traffic; set hostPort to a free port outside the range (nodemedic's default is {})",
+            spec.host_port,
+            NODE_PORTS.start(),
+            NODE_PORTS.end(),
+            SelfNodeRemediationConfigSpec::default().host_port
         ));
     }
     duration("peerUpdateInterval", &spec.peer_update_interval)?;
@@ -143,14 +155,45 @@ const MODULES: &str = "/lib/modules";
 /// Where the image keeps the agent-only executable (see the Dockerfile).
 pub(crate) const AGENT_EXECUTABLE: &str = "/usr/local/bin/nodemedic-agent";
 
+/// What the agents run from that the controller's flags give, not the configuration.
+#[derive(Clone, Debug, Default)]
+pub struct Install {
+    pub image: String,
+    /// Each agent serves its metrics over HTTPS on this port of its node (authorized callers
+    /// only, see `nodemedic_kube::metrics_server`); none when unset.
+    pub metrics_port: Option<u16>,
+}
+
+impl Install {
+    pub fn new(image: &str) -> Self {
+        Self {
+            image: image.to_owned(),
+            metrics_port: None,
+        }
+    }
+}
+
 /// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
-pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str) -> DaemonSet {
+pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &Install) -> DaemonSet {
     let labels = BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
         ("app.kubernetes.io/component".to_owned(), NAME.to_owned()),
     ]);
     let mut args = vec![format!("--watchdog={}", spec.watchdog_file_path)];
     args.extend(agent_flags(spec));
+    let mut ports = vec![ContainerPort {
+        name: Some("peers".into()),
+        container_port: spec.host_port,
+        ..Default::default()
+    }];
+    if let Some(port) = install.metrics_port {
+        args.extend([format!("--metrics-bind=0.0.0.0:{port}"), "--metrics-secure".into()]);
+        ports.push(ContainerPort {
+            name: Some("metrics".into()),
+            container_port: i32::from(port),
+            ..Default::default()
+        });
+    }
     let mut tolerations = vec![Toleration {
         operator: Some("Exists".into()),
         effect: Some("NoSchedule".into()),
@@ -204,7 +247,7 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
     };
     let container = Container {
         name: "agent".into(),
-        image: Some(image.into()),
+        image: Some(install.image.clone()),
         // The agent-only executable of the image: a fraction of the all-in-one binary's memory.
         command: Some(vec![AGENT_EXECUTABLE.into()]),
         args: Some(args),
@@ -213,12 +256,9 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             env("MY_POD_IP", "status.podIP"),
             env("DEPLOYMENT_NAMESPACE", "metadata.namespace"),
         ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("peers".into()),
-            container_port: spec.host_port,
-            host_port: Some(spec.host_port),
-            ..Default::default()
-        }]),
+        // On the node's network the container's ports are the node's: no hostPort mapping (the
+        // API server fills it in as equal, which is what it is).
+        ports: Some(ports),
         // Requests only, measured (docs/defaults.md): at rest an agent uses about 4 mCPU and
         // 12 MiB. No CPU limit: a throttled agent could miss its watchdog and reset a healthy
         // node. No memory limit: an OOM kill would do the same; as a system-node-critical pod
@@ -232,10 +272,11 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, image: &str
             ..Default::default()
         }),
         // Root and privileged: the agent opens /dev/watchdog (the image's default user is not
-        // root, for the controller).
+        // root, for the controller). It writes only its state directory, a host path.
         security_context: Some(SecurityContext {
             privileged: Some(true),
             run_as_user: Some(0),
+            read_only_root_filesystem: Some(true),
             ..Default::default()
         }),
         volume_mounts: Some(vec![
@@ -304,14 +345,14 @@ mod tests {
     #[test]
     fn a_config_change_changes_the_hash_and_the_flags() {
         let spec = SelfNodeRemediationConfigSpec::default();
-        let a = render(&spec, "ns", "img");
+        let a = render(&spec, "ns", &Install::new("img"));
         let mut changed = spec.clone();
         changed.custom_ds_tolerations = Some(vec![Toleration {
             key: Some("dedicated".into()),
             operator: Some("Exists".into()),
             ..Default::default()
         }]);
-        let b = render(&changed, "ns", "img");
+        let b = render(&changed, "ns", &Install::new("img"));
         let hash = |d: &DaemonSet| {
             d.metadata
                 .annotations
@@ -344,6 +385,28 @@ mod tests {
                 .expect("valid")
                 .iter()
                 .any(|w| w.contains("endpointHealthCheckUrl"))
+        );
+    }
+
+    #[test]
+    fn the_agent_runs_read_only_on_a_port_outside_the_node_port_range_and_medik8s_s_port_is_warned_about() {
+        let mut spec = SelfNodeRemediationConfigSpec::default();
+        let ds = render(&spec, "ns", &Install::new("img"));
+        let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+        let container = &pod.containers[0];
+        let security = container.security_context.as_ref().expect("security context");
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        let port = &container.ports.as_ref().expect("ports")[0];
+        assert_eq!(port.host_port, None);
+        assert!(!NODE_PORTS.contains(&port.container_port));
+        assert!(validate(&spec).expect("valid").is_empty());
+        spec.host_port = 30001;
+        let warnings = validate(&spec).expect("valid");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("hostPort 30001 is in Kubernetes' default NodePort range")),
+            "{warnings:?}"
         );
     }
 

@@ -7,6 +7,7 @@ pub mod daemonset;
 pub mod detection;
 mod membership;
 mod metrics;
+pub(crate) mod pod_security;
 mod poison_pill;
 mod remediation;
 mod setup;
@@ -39,11 +40,21 @@ pub struct Settings {
     /// Where the agents' peer-detection reports are received; `None`: nowhere, so the agents'
     /// detectors make no node condition.
     pub peer_reports: Option<detection::Settings>,
+    /// Label the namespace for privileged pods when nobody chose a Pod Security level for it
+    /// ([`pod_security`]).
+    pub label_namespace: bool,
+    /// Each agent serves its metrics over HTTPS on this port of its node; none when unset.
+    pub agent_metrics_port: Option<u16>,
 }
 
 /// Runs until the process ends.
 pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: Events) -> Result<()> {
     let namespace = settings.namespace.clone();
+    if settings.label_namespace
+        && let Err(error) = pod_security::label(&client, &namespace, &events).await
+    {
+        tracing::warn!(%error, "checking the namespace's Pod Security level failed; the agents may be refused");
+    }
     let authority = Arc::new(setup::certificate_authority(&client, &namespace).await?);
     setup::config(&client, &namespace, &events).await?;
     setup::templates(&client, &namespace).await?;
@@ -79,7 +90,10 @@ pub async fn run(client: Client, settings: Settings, metrics: Metrics, events: E
     let config_ctx = Arc::new(config::Context {
         client: client.clone(),
         namespace: namespace.clone(),
-        image: settings.agent_image.clone(),
+        install: daemonset::Install {
+            image: settings.agent_image.clone(),
+            metrics_port: settings.agent_metrics_port,
+        },
         events: events.clone(),
         metrics: metrics.clone(),
     });

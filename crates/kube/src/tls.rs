@@ -1,5 +1,6 @@
-//! HTTPS for the webhook with rustls (ring), the one TLS stack of the product: a listener axum
-//! serves from, and a certificate that can be swapped while it serves (renewal, a new CA).
+//! HTTPS with rustls (ring), the one TLS stack of the product, for the admission webhook and the
+//! metrics endpoint: a listener axum serves from, and a certificate that can be swapped while it
+//! serves (renewal, a new CA).
 
 use std::{
     net::SocketAddr,
@@ -31,8 +32,7 @@ pub(crate) struct Certificate(RwLock<Option<Arc<CertifiedKey>>>);
 
 impl Certificate {
     pub(crate) fn set(&self, pem: &Pem) -> Result<()> {
-        let bad =
-            |what: &str, e: &dyn std::fmt::Display| Error::Webhook(format!("the serving {what} is unusable: {e}"));
+        let bad = |what: &str, e: &dyn std::fmt::Display| Error::Tls(format!("the serving {what} is unusable: {e}"));
         let cert = CertificateDer::from_pem_slice(pem.cert.as_bytes()).map_err(|e| bad("certificate", &e))?;
         let key = PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).map_err(|e| bad("key", &e))?;
         let key = ring::sign::any_supported_type(&key).map_err(|e| bad("key", &e))?;
@@ -40,7 +40,7 @@ impl Certificate {
         let mut current = self
             .0
             .write()
-            .map_err(|_| Error::Webhook("the serving certificate lock is poisoned".into()))?;
+            .map_err(|_| Error::Tls("the serving certificate lock is poisoned".into()))?;
         *current = Some(certified);
         Ok(())
     }
@@ -55,10 +55,10 @@ impl ResolvesServerCert for Certificate {
 fn config(certificate: Arc<Certificate>) -> Result<ServerConfig> {
     let mut config = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Webhook(format!("TLS configuration: {e}")))?
+        .map_err(|e| Error::Tls(format!("configuration: {e}")))?
         .with_no_client_auth()
         .with_cert_resolver(certificate);
-    // axum here speaks HTTP/1.1 only; the API server's webhook client accepts that.
+    // axum here speaks HTTP/1.1 only; the API server's webhook client and Prometheus accept that.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -70,11 +70,9 @@ pub(crate) struct Listener {
     local: SocketAddr,
 }
 
-pub(crate) async fn bind(addr: SocketAddr, certificate: Arc<Certificate>) -> Result<Listener> {
-    let serve_error = |source| Error::Serve {
-        what: "the admission webhook",
-        source,
-    };
+/// Listens on `addr` for `what` (the admission webhook, metrics), which names it in the log.
+pub(crate) async fn bind(what: &'static str, addr: SocketAddr, certificate: Arc<Certificate>) -> Result<Listener> {
+    let serve_error = |source| Error::Serve { what, source };
     let tcp = TcpListener::bind(addr).await.map_err(serve_error)?;
     let local = tcp.local_addr().map_err(serve_error)?;
     let acceptor = TlsAcceptor::from(Arc::new(config(certificate)?));
@@ -85,7 +83,7 @@ pub(crate) async fn bind(addr: SocketAddr, certificate: Arc<Certificate>) -> Res
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors and the like: pause rather than spin.
-                    tracing::warn!(%error, "admission webhook: accepting a connection failed");
+                    tracing::warn!(%error, "{what}: accepting a connection failed");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -97,9 +95,9 @@ pub(crate) async fn bind(addr: SocketAddr, certificate: Arc<Certificate>) -> Res
                     Ok(Ok(tls)) => {
                         let _ = tx.send((tls, peer)).await;
                     }
-                    // The usual cause: a caBundle that is not the CA in the Secret (yet).
-                    Ok(Err(error)) => tracing::warn!(%peer, %error, "admission webhook: TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "admission webhook: TLS handshake timed out"),
+                    // The webhook's usual cause: a caBundle that is not the CA in the Secret (yet).
+                    Ok(Err(error)) => tracing::warn!(%peer, %error, "{what}: TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "{what}: TLS handshake timed out"),
                 }
             });
         }
