@@ -263,9 +263,19 @@ done
 # of `setup.sh later` (Helm, Cluster API, the descheduler, Prometheus: nodemedic_lab::{tools_dir,
 # machine_layer_dir, rebalancing_dir}) or the images; on a fresh machine the other tests run
 # while those are still being built.
+later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes
+# A test module that renders the chart or reads the later tools' folders and is not in the list
+# would fail on a fresh machine only (with warm caches the tools are there already).
+for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
+  module=$(basename "$file" .rs)
+  if grep -qE 'chart_defaults::|tools_dir\(|machine_layer_dir\(|rebalancing_dir\(' "$file" && [[ ",$later_modules," != *",$module,"* ]]; then
+    echo "$file uses the tools of setup.sh later: add $module to later_modules in scripts/test.sh" >&2
+    exit 1
+  fi
+done
 lab_status=0
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
-  --skip "$OUTAGE_TEST" --after "$later_ready" bundle,chart,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes \
+  --skip "$OUTAGE_TEST" --after "$later_ready" "$later_modules" \
   --after "$images_ready" bundle,images,on_real_nodes "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
