@@ -112,8 +112,6 @@ async fn olm_installs_the_bundle_from_a_catalog_and_its_csv_succeeds() {
     lab.kubectl(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
         .expect("OLM's CRDs established");
     let port = free_port();
-    lab.apply_yaml(&olm_objects(port))
-        .expect("OLM's namespace, catalog and subscription");
 
     // OLM's operators serve their health on a fixed :8080 each: each runs in a node's network
     // namespace (which reaches the API server), the catalog operator beside opm.
@@ -128,6 +126,16 @@ async fn olm_installs_the_bundle_from_a_catalog_and_its_csv_succeeds() {
     );
     lab.add_node_process("node-2", "opm", opm)
         .expect("opm serves the catalog");
+    // The catalog operator's first connection must find opm listening: a refused one puts its
+    // gRPC channel in backoff, which on a loaded machine held the install back for minutes.
+    eventually("opm listening", Duration::from_secs(120), || async {
+        lab.node_can_reach("node-2", std::net::Ipv4Addr::LOCALHOST, port)
+            .ok()?
+            .then_some(())
+    })
+    .await;
+    lab.apply_yaml(&olm_objects(port))
+        .expect("OLM's namespace, catalog and subscription");
     for (node, name) in [("node-1", "olm"), ("node-2", "catalog")] {
         let spec = ProcessSpec::new(
             tools.join(name),

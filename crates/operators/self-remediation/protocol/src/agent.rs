@@ -236,6 +236,12 @@ impl<I: Moment> AgentState<I> {
         }
     }
 
+    /// Has held no licence since it started (nor taken one over) and is not fencing: its
+    /// watchdog, armed at the start, runs out unless a read or a vote grants one soon.
+    pub fn awaits_first_licence(&self) -> bool {
+        self.fence.is_none() && self.licence_until.is_none()
+    }
+
     /// Whether the watchdog may be fed at `now`, keeping `margin` before the licence ends.
     pub fn may_feed(&self, now: I, margin: Duration) -> bool {
         self.fence.is_none() && self.licence_until.is_some_and(|until| now + margin < until)
@@ -298,6 +304,27 @@ mod tests {
 
     fn granted(voters: &[&str]) -> Vec<(String, Verdict)> {
         voters.iter().map(|v| ((*v).to_owned(), Verdict::Granted)).collect()
+    }
+
+    #[test]
+    fn only_a_fresh_agent_that_is_not_fencing_awaits_its_first_licence() {
+        let mut fresh = agent("a");
+        assert!(fresh.awaits_first_licence());
+        fresh.on_votes(Tick(0), 1, &granted(&["a", "b"]));
+        assert!(
+            fresh.awaits_first_licence(),
+            "no configuration yet: votes count for nothing"
+        );
+        fresh.on_api_read(&read(0, &[], ABC));
+        assert!(!fresh.awaits_first_licence(), "licensed by a read");
+
+        let mut successor = agent("a");
+        successor.inherit(Some(Tick(3)));
+        assert!(!successor.awaits_first_licence(), "took a licence over");
+
+        let mut remediated = agent("a");
+        remediated.on_api_read(&read(0, &[("a", false)], ABC));
+        assert!(!remediated.awaits_first_licence(), "fencing, not waiting");
     }
 
     #[test]

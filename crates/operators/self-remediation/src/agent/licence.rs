@@ -134,6 +134,12 @@ pub(super) struct Clients {
 /// The shortest time between the start of one read and an early one.
 const EARLY_READ_GAP: Duration = Duration::from_secs(1);
 
+/// Between rounds while the agent has not had its first licence: its watchdog has been armed
+/// since it started, and the chart's default watchdog (2 s) runs out well within an
+/// apiCheckInterval (4 s), so one failed first read would reset a healthy node. More reads only
+/// grant the licence sooner; each is as valid as a scheduled one.
+const FIRST_LICENCE_RETRY: Duration = Duration::from_millis(250);
+
 pub(super) struct Loop<'a> {
     pub args: &'a AgentArgs,
     pub clients: Clients,
@@ -146,6 +152,8 @@ pub(super) struct Loop<'a> {
     pub publisher: &'a Publisher,
     /// Every registered agent's address, for the peer failure detector.
     pub addresses: tokio::sync::watch::Sender<BTreeMap<String, String>>,
+    /// Told after every answer, so a licence just granted is fed at once.
+    pub feeder: super::feeder::Kick,
 }
 
 impl Loop<'_> {
@@ -182,6 +190,7 @@ impl Loop<'_> {
                 PeersRead::Pending => true,
             };
             self.answer(&mut rounds, sent, intents, &addresses).await?;
+            self.feeder.licence_may_have_changed();
             if pending {
                 let done = peer_read.await;
                 self.take_peers_read(done, &mut rounds, sent, &mut addresses).await?;
@@ -211,8 +220,13 @@ impl Loop<'_> {
             // Rounds start every apiCheckInterval, however long one took: the licence's length
             // counts on a failed check being followed by the next within the interval, a vote
             // round included.
+            let next = if self.lock()?.awaits_first_licence() {
+                sent + FIRST_LICENCE_RETRY
+            } else {
+                sent + self.args.api_check_interval
+            };
             tokio::select! {
-                _ = tokio::time::sleep_until((sent + self.args.api_check_interval).into()) => {}
+                _ = tokio::time::sleep_until(next.into()) => {}
                 _ = remediation_changed.notified() => {
                     // At most one early read a second: a burst of new remediations wakes every agent.
                     tokio::time::sleep_until((sent + EARLY_READ_GAP).into()).await;

@@ -6,6 +6,7 @@
 mod credentials;
 mod detector;
 mod endpoint;
+mod feeder;
 mod inherited;
 mod licence;
 mod metrics;
@@ -19,7 +20,7 @@ mod wake;
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 pub use metrics::Metrics;
@@ -33,7 +34,7 @@ use crate::{
         manager::{self as rules, Registration},
     },
     registration::Published,
-    watchdog::{self, Watchdog},
+    watchdog,
 };
 
 /// Runs the agent until the process is stopped.
@@ -85,7 +86,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     take_over_licence(&args, boot.as_deref(), &mut initial);
     let state = Arc::new(Mutex::new(initial));
     let metrics = Metrics::default();
-    spawn_feeder(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
+    let feeder = feeder::spawn(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
         let secure = args.metrics_secure.then(|| {
             let certificate = nodemedic_kube::pki::Pem {
@@ -115,6 +116,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
             boot,
             publisher: &publisher,
             addresses: addresses_sender,
+            feeder,
         }
         .run(stopped);
         tokio::pin!(licence);
@@ -233,68 +235,6 @@ fn own_registration(published: &Published) -> Registration {
         acknowledged: 0,
         disarmed: false,
     }
-}
-
-/// Feeds the watchdog from a dedicated thread, so no async stall can feed it late; stops for good
-/// when the agent fences, asking for an immediate reset. The thread owns the watchdog: it is
-/// closed (the magic close) only when [`shutdown::stop`] asks, so if the agent dies the timer
-/// runs out. Without any means it only answers the shutdown.
-fn spawn_feeder(
-    mut wd: Option<Box<dyn Watchdog>>,
-    state: Arc<Mutex<AgentState<Instant>>>,
-    metrics: Metrics,
-    disarm_requests: std::sync::mpsc::Receiver<shutdown::DisarmRequest>,
-) {
-    std::thread::spawn(move || {
-        let interval = wd
-            .as_ref()
-            .map_or(Duration::from_secs(1), |w| watchdog::feed_interval(w.timeout()));
-        // Stop feeding this long before the licence ends: a feed is a check, then a write.
-        let margin = Duration::from_millis(50);
-        let mut reset_asked = false;
-        loop {
-            let (feed, fenced) = match state.lock() {
-                Ok(s) => (s.may_feed(Instant::now(), margin), s.fenced()),
-                Err(_) => (false, None),
-            };
-            metrics.set_feeding(feed && wd.is_some());
-            if let Ok(reply) = disarm_requests.try_recv() {
-                let result = match (fenced, wd.as_mut()) {
-                    (Some(why), _) => Err(format!("fencing: {}", describe(why))),
-                    (None, Some(w)) => w.disarm().map_err(|e| e.to_string()),
-                    (None, None) => Ok(()),
-                };
-                let closed = result.is_ok();
-                let _ = reply.send(result);
-                if closed {
-                    metrics.set_feeding(false);
-                    return;
-                }
-            }
-            if wd.is_none() && fenced.is_some() && !reset_asked {
-                reset_asked = true;
-                metrics.fenced();
-            }
-            if let Some(w) = wd.as_mut() {
-                if let Some(why) = fenced {
-                    if !reset_asked {
-                        reset_asked = true;
-                        tracing::warn!(reason = describe(why), "fencing: no more watchdog feeds; resetting now");
-                        metrics.fenced();
-                        if let Err(error) = w.reboot_now() {
-                            tracing::warn!(%error, "no immediate reset; the watchdog resets the node when it runs out");
-                        }
-                    }
-                } else if feed && let Err(error) = w.feed() {
-                    tracing::error!(%error, "cannot feed the watchdog");
-                }
-                if let Err(error) = w.poll() {
-                    tracing::error!(%error, "the software watchdog could not reboot the node");
-                }
-            }
-            std::thread::sleep(interval);
-        }
-    });
 }
 
 pub(crate) fn describe(reason: FenceReason) -> &'static str {
