@@ -22,9 +22,9 @@ use crate::support::{
 
 const LONG: Duration = Duration::from_secs(90);
 /// No remediator runs here: the remediation objects themselves are what is checked.
-const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation", "--disable", "fence-agents"];
+pub(crate) const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation", "--disable", "fence-agents"];
 
-async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
+pub(crate) async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
     Api::<NodeHealthCheck>::all(client.clone())
         .get(name)
         .await
@@ -38,7 +38,7 @@ async fn patch_check(client: &Client, name: &str, patch: serde_json::Value) {
         .expect("patch the check");
 }
 
-async fn phase_is(client: &Client, name: &str, phase: NodeHealthCheckPhase) {
+pub(crate) async fn phase_is(client: &Client, name: &str, phase: NodeHealthCheckPhase) {
     eventually(&format!("{name} phase {phase:?}"), LONG, || async move {
         (nhc(client, name).await.status.and_then(|s| s.phase) == Some(phase)).then_some(())
     })
@@ -59,7 +59,7 @@ async fn told_timed_out(client: &Client, node: &str) {
     .await;
 }
 
-async fn snr_for(client: &Client, node: &str) -> Vec<SelfNodeRemediation> {
+pub(crate) async fn snr_for(client: &Client, node: &str) -> Vec<SelfNodeRemediation> {
     list::<SelfNodeRemediation>(client, NS)
         .await
         .into_iter()

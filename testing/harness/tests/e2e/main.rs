@@ -26,6 +26,7 @@ mod peer_detection;
 mod selfremediation;
 mod status;
 pub mod support;
+mod upgrades;
 mod webhooks;
 
 use std::{

@@ -20,7 +20,7 @@ use nodemedic_api::{
 
 use crate::decide::{
     ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
-    outage::ApiContact,
+    outage::ApiContact, upgrade,
 };
 
 /// A remediation object as stored: its facts (with `owned` false) and the uids of the
@@ -48,6 +48,8 @@ pub(super) struct Index {
     pub kubelet_renewals: RwLock<BTreeMap<String, Timestamp>>,
     /// Whether the watches reach the API server, and when they last came back.
     pub api_contact: Mutex<ApiContact>,
+    /// Per source kind, the upgrades its objects say are under way.
+    pub upgrades: RwLock<BTreeMap<&'static str, Vec<String>>>,
 }
 
 /// When the API server last recorded a write to the object: the newest time among its managed
@@ -131,6 +133,7 @@ pub(super) fn node_facts(node: &Node) -> Option<NodeFacts> {
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(annotations::MANUALLY_CONFIRMED_HEALTHY)),
+        upgrading: meta.annotations.as_ref().and_then(upgrade::node_upgrading),
     })
 }
 

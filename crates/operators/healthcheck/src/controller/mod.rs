@@ -10,6 +10,7 @@ mod index;
 mod kinds;
 mod reconcile;
 mod status;
+mod upgrades;
 
 use std::{
     collections::BTreeMap,
@@ -113,6 +114,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         tokio::spawn(watch_kubelet_leases(client.clone(), index.clone(), renewals_synced)),
         tokio::spawn(probe_when_silent(client.clone(), index.clone())),
     ];
+    tasks.extend(upgrades::spawn(&client, &index, &triggers));
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;

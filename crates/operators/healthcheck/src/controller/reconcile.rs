@@ -180,6 +180,15 @@ fn decide_now(
         .kubelet_renewals
         .read()
         .map_err(|_| Error::Poisoned("kubelet renewals"))?;
+    let upgrades: Vec<String> = ctx
+        .index
+        .upgrades
+        .read()
+        .map_err(|_| Error::Poisoned("upgrades"))?
+        .values()
+        .flatten()
+        .cloned()
+        .collect();
     let refs: Vec<&NodeFacts> = nodes.values().collect();
     let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
         decide::decide(&Input {
@@ -194,6 +203,7 @@ fn decide_now(
             alive,
             outage,
             kubelet_renewals: &renewals,
+            upgrades: &upgrades,
         })
     };
     let first = decide_with(&BTreeMap::new());

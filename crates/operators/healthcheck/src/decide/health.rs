@@ -70,6 +70,7 @@ mod tests {
                 since: at(since),
             }],
             confirmed_healthy: false,
+            upgrading: None,
         }
     }
 

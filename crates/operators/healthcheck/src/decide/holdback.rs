@@ -17,6 +17,8 @@ use super::{
 /// Why new remediation may be held back for every node.
 pub(super) struct Gate {
     pub paused: bool,
+    /// A cluster upgrade under way ([`super::upgrade::in_progress`]).
+    pub upgrade: Option<String>,
     pub over_budget: bool,
 }
 
@@ -50,8 +52,9 @@ pub(super) type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
 
 pub(super) const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
 
-pub(super) const CREATION_RULES: [CreationRule; 7] = [
+pub(super) const CREATION_RULES: [CreationRule; 8] = [
     paused,
+    upgrading,
     over_budget,
     // Before the control-plane rule: a node whose Unknown an outage may explain, or that is
     // alive, is not being remediated and must not keep another control-plane node waiting.
@@ -109,6 +112,18 @@ fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
             "Skipped remediation of node {}: the health check is paused ({})",
             c.node.name,
             c.input.check.pause_requests.join(",")
+        ))
+    })
+}
+
+/// A cluster upgrade postpones a node's first remediation; the escalation of one under way goes on.
+fn upgrading(c: &Candidate<'_>) -> Option<HoldBack> {
+    let why = c.gate.upgrade.as_deref()?;
+    let first_step = c.input.check.steps.first() == Some(c.step);
+    first_step.then(|| {
+        HoldBack::Skipped(format!(
+            "Postponing remediation of node {} because of an ongoing cluster upgrade: {why}",
+            c.node.name
         ))
     })
 }
@@ -227,6 +242,7 @@ mod tests {
     fn gate() -> Gate {
         Gate {
             paused: false,
+            upgrade: None,
             over_budget: false,
         }
     }
@@ -292,11 +308,13 @@ mod tests {
         world.check.pause_requests = vec!["upgrade".into()];
         let both = Gate {
             paused: true,
+            upgrade: None,
             over_budget: true,
         };
         assert!(skipped(creation(&world, "w1", &both, &[])).contains("paused (upgrade)"));
         let budget_only = Gate {
             paused: false,
+            upgrade: None,
             over_budget: true,
         };
         assert_eq!(creation(&world, "w1", &budget_only, &[]), Some(HoldBack::OverBudget));

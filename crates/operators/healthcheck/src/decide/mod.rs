@@ -16,6 +16,7 @@ pub mod selection;
 mod test_time;
 #[cfg(test)]
 mod tests;
+pub mod upgrade;
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -23,6 +24,9 @@ use kube::core::SelectorExt;
 pub use model::*;
 
 pub use self::health::Health;
+
+/// The `RemediationAllowed` reason while a cluster upgrade postpones new remediation.
+pub(crate) const UPGRADING: &str = "ClusterUpgrading";
 
 /// While a template is missing, look again this often (its kind may not be served, so there is
 /// nothing to watch).
@@ -98,7 +102,16 @@ pub fn decide(input: &Input<'_>) -> Decision {
         "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
         check.budget.describe()
     );
-    decision.status.remediation_allowed = if !within_budget {
+    let upgrade = upgrade::in_progress(input.upgrades, &selected);
+    decision.status.remediation_allowed = if let Some(why) = &upgrade {
+        (
+            false,
+            UPGRADING,
+            format!(
+                "No new remediation while the cluster upgrades ({why}); remediations under way go on. {budget_text}"
+            ),
+        )
+    } else if !within_budget {
         (
             false,
             "TooFewHealthyNodes",
@@ -122,8 +135,20 @@ pub fn decide(input: &Input<'_>) -> Decision {
         );
     }
 
+    if let Some(why) = &upgrade
+        && input.memory.remediation_allowed_reason.as_deref() != Some(UPGRADING)
+    {
+        decision.notice(
+            None,
+            Severity::Normal,
+            "RemediationSkipped",
+            format!("Postponing potential remediations because of ongoing cluster upgrade: {why}"),
+        );
+    }
+
     let gate = node::Gate {
         paused: !check.pause_requests.is_empty(),
+        upgrade: upgrade.clone(),
         over_budget: !within_budget || storm.blocks,
     };
     let mut control_plane_busy: Vec<String> = input
@@ -179,6 +204,11 @@ pub fn decide(input: &Input<'_>) -> Decision {
     } else {
         (Phase::Enabled, "NHC is enabled, no ongoing remediation".into())
     };
+    if upgrade.is_some() && status.phase != Phase::Paused {
+        status
+            .reason
+            .push_str("; new remediations wait for the cluster upgrade to end");
+    }
     decision
 }
 

@@ -135,6 +135,8 @@ pub struct NodeFacts {
     pub conditions: Vec<ConditionFacts>,
     /// Annotated `remediation.medik8s.io/manually-confirmed-healthy`.
     pub confirmed_healthy: bool,
+    /// What its annotations say of an upgrade under way on it ([`super::upgrade::node_upgrading`]).
+    pub upgrading: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,6 +216,8 @@ pub struct Memory {
     pub storm_since: Option<Timestamp>,
     pub cooldown_since: Option<Timestamp>,
     pub remediation_allowed: Option<bool>,
+    /// The reason the `RemediationAllowed` condition gave.
+    pub remediation_allowed_reason: Option<String>,
     pub disabled: Option<bool>,
     pub nodes_selected: Option<bool>,
 }
@@ -238,6 +242,8 @@ pub struct Input<'a> {
     /// Each node's last kubelet lease renewal (the API server's clock): a node that renewed
     /// after an outage is not excused by it (see [`super::outage::Window::for_node`]).
     pub kubelet_renewals: &'a BTreeMap<String, Timestamp>,
+    /// Cluster-wide upgrades under way, as [`super::upgrade::upgrading`] describes them.
+    pub upgrades: &'a [String],
 }
 
 /// A remediation object to create.

@@ -80,6 +80,7 @@ pub(super) fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
             since: at(since),
         }],
         confirmed_healthy: false,
+        upgrading: None,
     }
 }
 
@@ -121,6 +122,7 @@ pub(super) struct World {
     pub(super) alive: BTreeMap<String, liveness::Alive>,
     pub(super) outage: Option<outage::Window>,
     pub(super) kubelet_renewals: BTreeMap<String, Timestamp>,
+    pub(super) upgrades: Vec<String>,
     pub(super) now: Timestamp,
 }
 
@@ -149,6 +151,7 @@ impl World {
             alive: BTreeMap::new(),
             outage: None,
             kubelet_renewals: BTreeMap::new(),
+            upgrades: vec![],
             now: at(NOW),
         }
     }
@@ -172,6 +175,7 @@ impl World {
             alive: &self.alive,
             outage: self.outage,
             kubelet_renewals: &self.kubelet_renewals,
+            upgrades: &self.upgrades,
         }
     }
 }
@@ -502,6 +506,105 @@ fn paused_stops_new_remediation_not_running_ones() {
     assert_eq!(d.status.phase, Phase::Paused);
 }
 
+/// a: newly unhealthy; b: its self remediation timed out (escalates); c: healthy again with
+/// its remediation left; d..g healthy. An upgrade under way.
+fn upgrading_world() -> World {
+    let mut w = World::new(
+        escalating(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "Unknown", NOW - 900),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+            node("f", "True", 0),
+            node("g", "True", 0),
+        ],
+    );
+    w.remediations.push(cr("b", "SelfNodeRemediation", NOW - 200));
+    w.remediations.push(cr("c", "SelfNodeRemediation", NOW - 200));
+    w.upgrades = vec!["ClusterVersion version is progressing: Working towards 4.16.3".into()];
+    w
+}
+
+#[test]
+fn an_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
+    let w = upgrading_world();
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["b"], "only b's escalation");
+    assert_eq!(d.create[0].kind, "FenceAgentsRemediation");
+    assert_eq!(d.delete.len(), 1, "c's remediation removed: c is healthy");
+    let (allowed, reason, message) = &d.status.remediation_allowed;
+    assert!(!allowed && *reason == UPGRADING);
+    assert!(message.contains("Working towards 4.16.3"), "{message}");
+    let postponing: Vec<&Notice> = d.notices.iter().filter(|n| n.reason == "RemediationSkipped").collect();
+    assert_eq!(postponing.len(), 2, "the check's and node a's: {postponing:?}");
+    assert!(
+        postponing
+            .iter()
+            .any(|n| n.node.is_none() && n.message.starts_with("Postponing potential remediations"))
+    );
+    assert!(
+        postponing
+            .iter()
+            .any(|n| n.node.as_deref() == Some("a") && n.message.contains("cluster upgrade"))
+    );
+    assert!(
+        d.status.reason.contains("wait for the cluster upgrade"),
+        "{}",
+        d.status.reason
+    );
+
+    let mut told = upgrading_world();
+    told.memory.remediation_allowed = Some(false);
+    told.memory.remediation_allowed_reason = Some(UPGRADING.into());
+    told.memory.unhealthy = [("a".to_owned(), None), ("b".to_owned(), None)].into();
+    let d = told.decide();
+    assert!(
+        !reasons(&d).contains(&"RemediationSkipped"),
+        "said once: {:?}",
+        d.notices
+    );
+
+    let over = World {
+        upgrades: vec![],
+        ..upgrading_world()
+    };
+    assert_eq!(
+        created_for(&over.decide()),
+        ["a", "b"],
+        "the upgrade over, a is remediated"
+    );
+}
+
+#[test]
+fn a_node_s_own_upgrade_postpones_only_the_checks_that_select_it() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "True", 0),
+            node("c", "True", 0),
+            node("d", "True", 0),
+        ],
+    );
+    w.nodes[1].upgrading = Some("it is annotated nodemedic.medik8s.io/upgrade-in-progress=\"kured\"".into());
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    assert!(
+        d.status.remediation_allowed.2.contains("node b: it is annotated"),
+        "{:?}",
+        d.status.remediation_allowed
+    );
+
+    w.nodes[1].labels.remove(labels::ROLE_WORKER);
+    assert_eq!(
+        created_for(&w.decide()),
+        ["a"],
+        "b is not selected: its upgrade is not this check's"
+    );
+}
+
 #[test]
 fn excluded_and_maintenance_leased_nodes_are_left_alone() {
     let mut w = World::new(
@@ -795,6 +898,20 @@ proptest! {
             let held = steady.create.iter().any(|c| c.node == new.node) || new.control_plane;
             prop_assert!(held, "{} created only because the outage deferred another node", new.node);
         }
+    }
+
+    #[test]
+    fn an_upgrade_starts_no_first_remediation_and_changes_nothing_else(w in arb_world()) {
+        let steady = w.decide();
+        let upgrading = World { upgrades: vec!["MachineDeployment default/md is rolling out".into()], ..w };
+        let d = upgrading.decide();
+        for new in &d.create {
+            let escalation = upgrading.remediations.iter().any(|r| r.owned && r.node == new.node);
+            prop_assert!(escalation, "a first remediation of {} during an upgrade", new.node);
+        }
+        prop_assert_eq!(d.delete, steady.delete);
+        prop_assert_eq!(d.mark_timed_out, steady.mark_timed_out);
+        prop_assert_eq!(d.status.unhealthy.keys().collect::<Vec<_>>(), steady.status.unhealthy.keys().collect::<Vec<_>>());
     }
 
     #[test]

@@ -1,0 +1,143 @@
+//! A cluster upgrade postpones new remediation and lets remediations under way go on (README,
+//! "Cluster upgrades"). Cluster API's CRDs are served (no Cluster API controller runs: the test
+//! writes a MachineDeployment's status as its controller would, to roll it out on demand).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, Patch, PatchParams},
+};
+use nodemedic_api::{healthcheck::NodeHealthCheckPhase, names::conditions as types};
+use nodemedic_lab::LabConfig;
+use serde_json::json;
+
+use crate::healthcheck::{ONLY_HEALTH_CHECK, nhc, phase_is, snr_for};
+use crate::support::{NS, apply_seed, event_with, eventually, lab, start_controller};
+
+const LONG: Duration = Duration::from_secs(90);
+const CHECK: &str = "nhc-snr-3node";
+const ANNOTATION: &str = "nodemedic.medik8s.io/upgrade-in-progress";
+
+/// The check's `RemediationAllowed` condition: (status, reason, message).
+async fn remediation_allowed(client: &Client) -> Option<(String, String, String)> {
+    let status = nhc(client, CHECK).await.status?;
+    let condition = status
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == types::REMEDIATION_ALLOWED)?;
+    Some((condition.status, condition.reason, condition.message))
+}
+
+/// Waits until the condition is False for a cluster upgrade and names `what`.
+async fn postponed_for(client: &Client, what: &str) {
+    eventually(&format!("RemediationAllowed=False naming {what}"), LONG, || async {
+        remediation_allowed(client).await.filter(|(status, reason, message)| {
+            status == "False" && reason == "ClusterUpgrading" && message.contains(what)
+        })
+    })
+    .await;
+}
+
+async fn annotate(client: &Client, node: &str, value: Option<&str>) {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION: value}}})),
+        )
+        .await
+        .expect("annotate the node");
+}
+
+fn machine_deployments(client: &Client) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "cluster.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "MachineDeployment".into(),
+        plural: "machinedeployments".into(),
+    };
+    Api::namespaced_with(client.clone(), NS, &resource)
+}
+
+/// Writes the MachineDeployment's machine counts as Cluster API's controller does.
+async fn up_to_date(client: &Client, up_to_date: i64) {
+    machine_deployments(client)
+        .patch_status(
+            "md-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 3, "upToDateReplicas": up_to_date}})),
+        )
+        .await
+        .expect("the MachineDeployment's status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.install_machine_crds().await.expect("Cluster API's CRDs");
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
+
+    // An upgrade tool nodemedic does not know annotates a node the check selects.
+    annotate(&client, "node-3", Some("lab: rolling reboots")).await;
+    postponed_for(&client, "node node-3").await;
+    lab.crash("node-2").await.expect("crash");
+    eventually("node-2's remediation postponed", LONG, || async {
+        event_with(&client, "RemediationSkipped", "Postponing remediation of node node-2").await
+    })
+    .await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated during the upgrade"
+    );
+
+    // Cluster API rolls a MachineDeployment out; the annotation goes.
+    let deployment = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": {"name": "md-0", "namespace": NS},
+        "spec": {"clusterName": "lab", "replicas": 3, "selector": {"matchLabels": {"set": "md-0"}},
+            "template": {"metadata": {"labels": {"set": "md-0"}}, "spec": {"clusterName": "lab",
+                "bootstrap": {"dataSecretName": "lab-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.lab.nodemedic.io", "kind": "LabMachineTemplate", "name": "md-0"}}}}});
+    lab.apply_yaml(&deployment.to_string()).expect("MachineDeployment");
+    up_to_date(&client, 1).await;
+    annotate(&client, "node-3", None).await;
+    postponed_for(
+        &client,
+        "MachineDeployment workload-availability/md-0 is rolling out: 1 of 3",
+    )
+    .await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated during the upgrade"
+    );
+
+    // The rollout ends: node-2, unhealthy all along, is remediated.
+    up_to_date(&client, 3).await;
+    eventually("node-2's remediation once the upgrade is over", LONG, || async {
+        snr_for(&client, "node-2").await.into_iter().next()
+    })
+    .await;
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Remediating).await;
+
+    // Another upgrade begins: the remediation under way goes on, and is removed once node-2 is
+    // healthy again, upgrade or not.
+    annotate(&client, "node-1", Some("lab: second round")).await;
+    postponed_for(&client, "node node-1").await;
+    assert_eq!(
+        snr_for(&client, "node-2").await.len(),
+        1,
+        "the remediation under way goes on"
+    );
+    lab.power_on("node-2").await.expect("power on");
+    eventually("node-2's remediation removed during the upgrade", LONG, || async {
+        snr_for(&client, "node-2").await.is_empty().then_some(())
+    })
+    .await;
+    postponed_for(&client, "node node-1").await;
+}
