@@ -263,7 +263,7 @@ done
 # of `setup.sh later` (Helm, Cluster API, the descheduler, Prometheus: nodemedic_lab::{tools_dir,
 # machine_layer_dir, rebalancing_dir}, Lab::{install_machine_crds, start_machine_layer}) or the images; on a fresh machine the other tests run
 # while those are still being built.
-later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes,upgrades
+later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes,safety_nets
 # A test module that renders the chart or reads the later tools' folders and is not in the list
 # would fail on a fresh machine only (with warm caches the tools are there already).
 for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do

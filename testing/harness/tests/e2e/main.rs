@@ -23,10 +23,10 @@ mod on_real_nodes;
 mod out_of_the_box;
 mod outages;
 mod peer_detection;
+mod safety_nets;
 mod selfremediation;
 mod status;
 pub mod support;
-mod upgrades;
 mod webhooks;
 
 use std::{

@@ -14,13 +14,15 @@ use k8s_openapi::{
 };
 use kube::api::DynamicObject;
 use nodemedic_api::{
-    machines::{self, NodeOf},
+    machines::{self, MachineApi, NodeOf},
     names::{annotations, conditions, labels},
 };
 
 use crate::decide::{
     ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
-    outage::ApiContact, upgrade,
+    conflict::{MachineHealthCheckFacts, MachineKey},
+    outage::ApiContact,
+    upgrade,
 };
 
 /// A remediation object as stored: its facts (with `owned` false) and the uids of the
@@ -50,6 +52,10 @@ pub(super) struct Index {
     pub api_contact: Mutex<ApiContact>,
     /// Per source kind, the upgrades its objects say are under way.
     pub upgrades: RwLock<BTreeMap<&'static str, Vec<String>>>,
+    /// Per machine API, its MachineHealthChecks.
+    pub machine_health_checks: RwLock<BTreeMap<MachineApi, Vec<MachineHealthCheckFacts>>>,
+    /// Every Machine's labels.
+    pub machine_labels: RwLock<BTreeMap<MachineKey, BTreeMap<String, String>>>,
 }
 
 /// When the API server last recorded a write to the object: the newest time among its managed
@@ -134,6 +140,7 @@ pub(super) fn node_facts(node: &Node) -> Option<NodeFacts> {
             .as_ref()
             .is_some_and(|a| a.contains_key(annotations::MANUALLY_CONFIRMED_HEALTHY)),
         upgrading: meta.annotations.as_ref().and_then(upgrade::node_upgrading),
+        machine: machines::machine_of_node(meta).map(|m| (m.api, m.namespace, m.name)),
     })
 }
 

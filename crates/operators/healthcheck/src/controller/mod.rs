@@ -8,6 +8,8 @@ mod contact;
 pub mod default_check;
 mod index;
 mod kinds;
+mod machine_checks;
+mod optional;
 mod reconcile;
 mod status;
 mod upgrades;
@@ -115,6 +117,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         tokio::spawn(probe_when_silent(client.clone(), index.clone())),
     ];
     tasks.extend(upgrades::spawn(&client, &index, &triggers));
+    tasks.extend(machine_checks::spawn(&client, &index, &triggers));
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;

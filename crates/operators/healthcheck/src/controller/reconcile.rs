@@ -189,6 +189,20 @@ fn decide_now(
         .flatten()
         .cloned()
         .collect();
+    let machine_health_checks: Vec<decide::conflict::MachineHealthCheckFacts> = ctx
+        .index
+        .machine_health_checks
+        .read()
+        .map_err(|_| Error::Poisoned("machine health checks"))?
+        .values()
+        .flatten()
+        .cloned()
+        .collect();
+    let machines = ctx
+        .index
+        .machine_labels
+        .read()
+        .map_err(|_| Error::Poisoned("machine labels"))?;
     let refs: Vec<&NodeFacts> = nodes.values().collect();
     let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
         decide::decide(&Input {
@@ -204,6 +218,8 @@ fn decide_now(
             outage,
             kubelet_renewals: &renewals,
             upgrades: &upgrades,
+            machine_health_checks: &machine_health_checks,
+            machines: &machines,
         })
     };
     let first = decide_with(&BTreeMap::new());

@@ -71,6 +71,7 @@ mod tests {
             }],
             confirmed_healthy: false,
             upgrading: None,
+            machine: None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub(crate) mod admission;
 mod budget;
+pub mod conflict;
 mod escalation;
 mod health;
 mod holdback;
@@ -24,6 +25,9 @@ use kube::core::SelectorExt;
 pub use model::*;
 
 pub use self::health::Health;
+
+/// The `Disabled` reason while a MachineHealthCheck covers a node the check selects (medik8s's).
+pub(crate) const CONFLICTING_MHC: &str = "ConflictingMachineHealthCheckDetected";
 
 /// The `RemediationAllowed` reason while a cluster upgrade postpones new remediation.
 pub(crate) const UPGRADING: &str = "ClusterUpgrading";
@@ -46,7 +50,9 @@ pub fn decide(input: &Input<'_>) -> Decision {
     // Also while disabled: the observed-nodes gauge an alert reads must not say 0 for a check
     // that does select nodes.
     decision.status.observed = selected.len();
-    if let Some((reason, message)) = template_problem(input) {
+    let conflict =
+        conflict::conflicting(input.machine_health_checks, input.machines, &selected).map(|why| (CONFLICTING_MHC, why));
+    if let Some((reason, message)) = conflict.or_else(|| template_problem(input)) {
         if input.memory.disabled != Some(true) {
             decision.notice(None, Severity::Warning, "Disabled", message.clone());
         }

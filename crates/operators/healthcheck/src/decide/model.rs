@@ -137,6 +137,8 @@ pub struct NodeFacts {
     pub confirmed_healthy: bool,
     /// What its annotations say of an upgrade under way on it ([`super::upgrade::node_upgrading`]).
     pub upgrading: Option<String>,
+    /// Its Machine, from the annotations its machine controller sets.
+    pub machine: Option<super::conflict::MachineKey>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -244,6 +246,9 @@ pub struct Input<'a> {
     pub kubelet_renewals: &'a BTreeMap<String, Timestamp>,
     /// Cluster-wide upgrades under way, as [`super::upgrade::upgrading`] describes them.
     pub upgrades: &'a [String],
+    pub machine_health_checks: &'a [super::conflict::MachineHealthCheckFacts],
+    /// Every Machine's labels.
+    pub machines: &'a BTreeMap<super::conflict::MachineKey, BTreeMap<String, String>>,
 }
 
 /// A remediation object to create.

@@ -81,6 +81,7 @@ pub(super) fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
         }],
         confirmed_healthy: false,
         upgrading: None,
+        machine: None,
     }
 }
 
@@ -123,6 +124,8 @@ pub(super) struct World {
     pub(super) outage: Option<outage::Window>,
     pub(super) kubelet_renewals: BTreeMap<String, Timestamp>,
     pub(super) upgrades: Vec<String>,
+    pub(super) machine_health_checks: Vec<conflict::MachineHealthCheckFacts>,
+    pub(super) machines: BTreeMap<conflict::MachineKey, BTreeMap<String, String>>,
     pub(super) now: Timestamp,
 }
 
@@ -152,6 +155,8 @@ impl World {
             outage: None,
             kubelet_renewals: BTreeMap::new(),
             upgrades: vec![],
+            machine_health_checks: vec![],
+            machines: BTreeMap::new(),
             now: at(NOW),
         }
     }
@@ -176,6 +181,8 @@ impl World {
             outage: self.outage,
             kubelet_renewals: &self.kubelet_renewals,
             upgrades: &self.upgrades,
+            machine_health_checks: &self.machine_health_checks,
+            machines: &self.machines,
         }
     }
 }
@@ -603,6 +610,48 @@ fn a_node_s_own_upgrade_postpones_only_the_checks_that_select_it() {
         ["a"],
         "b is not selected: its upgrade is not this check's"
     );
+}
+
+#[test]
+fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_goes() {
+    use nodemedic_api::machines::MachineApi;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "True", 0),
+            node("c", "True", 0),
+        ],
+    );
+    w.nodes[0].machine = Some((MachineApi::ClusterApi, "default".into(), "m-a".into()));
+    w.machines.insert(
+        (MachineApi::ClusterApi, "default".into(), "m-a".into()),
+        [("pool".to_owned(), "workers".to_owned())].into(),
+    );
+    let mhc = serde_json::json!({"metadata": {"namespace": "default", "name": "workers"},
+        "spec": {"selector": {"matchLabels": {"pool": "workers"}},
+            "checks": {"unhealthyNodeConditions": [{"type": "Ready", "status": "Unknown", "timeoutSeconds": 300}]}}});
+    w.machine_health_checks = vec![conflict::machine_health_check(MachineApi::ClusterApi, &mhc).expect("readable")];
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    assert_eq!(d.status.phase, Phase::Disabled);
+    let (disabled, reason, message) = d.status.disabled.clone().expect("condition");
+    assert!(disabled && reason == CONFLICTING_MHC, "{reason}");
+    assert!(
+        message.contains("MachineHealthCheck default/workers") && message.contains("node a"),
+        "{message}"
+    );
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.reason == "Disabled" && n.severity == Severity::Warning)
+    );
+
+    w.machine_health_checks.clear();
+    w.memory.disabled = Some(true);
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["a"]);
+    assert!(reasons(&d).contains(&"Enabled"));
 }
 
 #[test]

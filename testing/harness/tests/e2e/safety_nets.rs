@@ -1,13 +1,15 @@
-//! A cluster upgrade postpones new remediation and lets remediations under way go on (README,
-//! "Cluster upgrades"). Cluster API's CRDs are served (no Cluster API controller runs: the test
-//! writes a MachineDeployment's status as its controller would, to roll it out on demand).
+//! The safety nets medik8s has (issue 48): a cluster upgrade postpones new remediation and lets
+//! remediations under way go on (README, "Cluster upgrades"); a MachineHealthCheck covering a
+//! node the check selects disables the check. Cluster API's CRDs are served, and no Cluster API
+//! controller runs: the tests write its objects (a MachineDeployment's status, a Machine and its
+//! node's annotations) as its controllers would, to produce each state on demand.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, Patch, PatchParams},
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams},
 };
 use nodemedic_api::{healthcheck::NodeHealthCheckPhase, names::conditions as types};
 use nodemedic_lab::LabConfig;
@@ -51,20 +53,21 @@ async fn annotate(client: &Client, node: &str, value: Option<&str>) {
         .expect("annotate the node");
 }
 
-fn machine_deployments(client: &Client) -> Api<DynamicObject> {
+/// A Cluster API kind in the namespace, at the version the lab's Cluster API stores.
+fn cluster_api(client: &Client, kind: &str, plural: &str) -> Api<DynamicObject> {
     let resource = ApiResource {
         group: "cluster.x-k8s.io".into(),
         version: "v1beta2".into(),
         api_version: "cluster.x-k8s.io/v1beta2".into(),
-        kind: "MachineDeployment".into(),
-        plural: "machinedeployments".into(),
+        kind: kind.into(),
+        plural: plural.into(),
     };
     Api::namespaced_with(client.clone(), NS, &resource)
 }
 
 /// Writes the MachineDeployment's machine counts as Cluster API's controller does.
 async fn up_to_date(client: &Client, up_to_date: i64) {
-    machine_deployments(client)
+    cluster_api(client, "MachineDeployment", "machinedeployments")
         .patch_status(
             "md-0",
             &PatchParams::default(),
@@ -140,4 +143,90 @@ async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_g
     })
     .await;
     postponed_for(&client, "node node-1").await;
+}
+
+/// Waits until the check's phase is Disabled for a conflicting MachineHealthCheck.
+async fn disabled_by_conflict(client: &Client) -> String {
+    eventually("Disabled=True/ConflictingMachineHealthCheckDetected", LONG, || async {
+        let status = nhc(client, CHECK).await.status?;
+        let condition = status.conditions?.into_iter().find(|c| c.type_ == types::DISABLED)?;
+        (condition.status == "True" && condition.reason == "ConflictingMachineHealthCheckDetected")
+            .then_some(condition.message)
+    })
+    .await
+}
+
+/// Waits until the node has been Ready=Unknown for longer than the seed check's duration.
+async fn unknown_past_the_duration(client: &Client, node: &str) {
+    let past = jiff::SignedDuration::from_secs(15);
+    eventually(&format!("{node} Unknown past the check's duration"), LONG, || async {
+        let node = Api::<Node>::all(client.clone()).get(node).await.ok()?;
+        let ready = node.status?.conditions?.into_iter().find(|c| c.type_ == "Ready")?;
+        let since = ready.last_transition_time?.0;
+        (ready.status == "Unknown" && jiff::Timestamp::now().duration_since(since) > past).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_goes() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.install_machine_crds().await.expect("Cluster API's CRDs");
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
+
+    // node-2 is a Cluster API Machine's node, as Cluster API's controllers record it.
+    let machine = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "m-node-2", "namespace": NS,
+            "labels": {"pool": "workers", "cluster.x-k8s.io/cluster-name": "lab"}},
+        "spec": {"clusterName": "lab", "bootstrap": {"dataSecretName": "lab-bootstrap"},
+            "infrastructureRef": {"apiGroup": "infrastructure.lab.nodemedic.io", "kind": "LabMachine", "name": "m-node-2"}}});
+    lab.apply_yaml(&machine.to_string()).expect("Machine");
+    Api::<Node>::all(client.clone())
+        .patch(
+            "node-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/machine": "m-node-2", "cluster.x-k8s.io/cluster-namespace": NS}}})),
+        )
+        .await
+        .expect("node-2's Machine annotations");
+    // A MachineHealthCheck of another pool does not conflict.
+    let check = |name: &str, pool: &str| {
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"clusterName": "lab", "selector": {"matchLabels": {"pool": pool}},
+                "checks": {"unhealthyNodeConditions": [{"type": "Ready", "status": "Unknown", "timeoutSeconds": 300}]}}})
+        .to_string()
+    };
+    lab.apply_yaml(&check("infra", "infra")).expect("MachineHealthCheck");
+    lab.apply_yaml(&check("workers", "workers"))
+        .expect("MachineHealthCheck");
+    let why = disabled_by_conflict(&client).await;
+    assert!(
+        why.contains("MachineHealthCheck workload-availability/workers") && why.contains("node node-2"),
+        "{why}"
+    );
+    assert!(!why.contains("/infra"), "{why}");
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Disabled).await;
+    assert!(event_with(&client, "Disabled", "MachineHealthCheck").await.is_some());
+
+    lab.crash("node-2").await.expect("crash");
+    unknown_past_the_duration(&client, "node-2").await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated beside the MachineHealthCheck"
+    );
+
+    cluster_api(&client, "MachineHealthCheck", "machinehealthchecks")
+        .delete("workers", &DeleteParams::default())
+        .await
+        .expect("the conflicting MachineHealthCheck deleted");
+    eventually("node-2 remediated once the check is enabled", LONG, || async {
+        snr_for(&client, "node-2").await.into_iter().next()
+    })
+    .await;
 }
