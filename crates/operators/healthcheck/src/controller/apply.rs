@@ -290,16 +290,18 @@ impl Apply<'_> {
 
     async fn annotate(&self, decision: &Decision) -> Result<()> {
         let time = rfc3339(&Timestamp::now());
-        for (ids, key) in [
-            (&decision.mark_timed_out, annotations::NHC_TIMED_OUT),
-            (&decision.mark_healthy_since, annotations::HEALTHY_DELAY),
+        for (ids, key, value) in [
+            (&decision.mark_timed_out, annotations::NHC_TIMED_OUT, time.as_str()),
+            (&decision.mark_healthy_since, annotations::HEALTHY_DELAY, time.as_str()),
+            // medik8s's value.
+            (&decision.flag_old, annotations::OLD_REMEDIATION_CR_FLAG, "flagon"),
         ] {
             for id in ids {
                 let Some(resource) = self.resource_of(&id.kind, &id.api_version) else {
                     continue;
                 };
                 let api = dynamic_api(&self.ctx.client, resource, &id.namespace);
-                let patch = json!({ "metadata": { "annotations": { key: time } } });
+                let patch = json!({ "metadata": { "annotations": { key: value } } });
                 match api
                     .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await

@@ -201,6 +201,7 @@ pub(super) fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &s
             .as_ref()
             .is_some_and(|l| l.contains_key(labels::IS_CONTROL_PLANE_NODE)),
         deleting: meta.deletion_timestamp.is_some(),
+        flagged_old: annotation(annotations::OLD_REMEDIATION_CR_FLAG).is_some(),
     };
     Some(StoredRemediation { facts, owners })
 }

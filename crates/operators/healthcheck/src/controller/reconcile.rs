@@ -27,7 +27,7 @@ use super::{
 use crate::{
     Error, Result,
     decide::{self, Decision, Input, LeaseAction, NodeFacts, RemediationFacts, TemplateRef, TemplateState, liveness},
-    metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
+    metrics::{CheckLabels, Metrics, NodeLabels, OldLabels, TemplateLabels},
     spec,
 };
 
@@ -406,6 +406,16 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
                 template,
             })
             .inc();
+    }
+    for id in &decision.flag_old {
+        if let Some(r) = owned.iter().find(|r| &r.id == id) {
+            m.old_remediations
+                .get_or_create(&OldLabels {
+                    name: r.node.clone(),
+                    namespace: r.id.namespace.clone(),
+                })
+                .inc();
+        }
     }
     let Ok(mut all) = ctx.memory.lock() else { return };
     let memory = all.entry(name.to_owned()).or_default();

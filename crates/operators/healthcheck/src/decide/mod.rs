@@ -11,6 +11,7 @@ mod holdback;
 pub(crate) mod liveness;
 pub(crate) mod model;
 mod node;
+mod old;
 pub mod outage;
 pub mod selection;
 #[cfg(test)]
@@ -183,6 +184,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         }
     }
     node::orphans(input, &owned, &mut decision);
+    old::flag(&owned, input.now, &mut decision);
 
     let status = &mut decision.status;
     status.observed = observed;

@@ -181,6 +181,8 @@ pub struct RemediationFacts {
     pub permanent_node_deletion_expected: bool,
     pub control_plane: bool,
     pub deleting: bool,
+    /// Annotated `nodehealthcheck.medik8s.io/old-remediation-cr-flag` ([`super::old`]).
+    pub flagged_old: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -330,6 +332,8 @@ pub struct Decision {
     pub delete: Vec<RemediationId>,
     pub mark_timed_out: Vec<RemediationId>,
     pub mark_healthy_since: Vec<RemediationId>,
+    /// Remediations to flag as old ([`super::old`]).
+    pub flag_old: Vec<RemediationId>,
     /// Nodes whose manually-confirmed-healthy annotation has done its job.
     pub clear_confirmation: Vec<String>,
     pub leases: Vec<LeaseAction>,

@@ -109,6 +109,7 @@ pub(super) fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
         permanent_node_deletion_expected: false,
         control_plane: false,
         deleting: false,
+        flagged_old: false,
     }
 }
 
@@ -652,6 +653,40 @@ fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_g
     let d = w.decide();
     assert_eq!(created_for(&d), ["a"]);
     assert!(reasons(&d).contains(&"Enabled"));
+}
+
+#[test]
+fn a_remediation_still_there_after_48_hours_is_flagged_once() {
+    let hours = |h: i64| h * 3600;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - hours(50)),
+            node("b", "True", 0),
+            node("c", "True", 0),
+        ],
+    );
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - hours(47)));
+    let d = w.decide();
+    assert!(d.flag_old.is_empty());
+    assert!(
+        d.requeue_after
+            .is_some_and(|r| r <= std::time::Duration::from_secs(3600)),
+        "looks again when it comes of age: {:?}",
+        d.requeue_after
+    );
+
+    w.remediations[0].created = test_time::at(NOW - hours(49));
+    let d = w.decide();
+    assert_eq!(d.flag_old, [w.remediations[0].id.clone()]);
+    assert!(reasons(&d).contains(&"OldRemediation"));
+
+    w.remediations[0].flagged_old = true;
+    let d = w.decide();
+    assert!(
+        d.flag_old.is_empty() && !reasons(&d).contains(&"OldRemediation"),
+        "flagged once"
+    );
 }
 
 #[test]
