@@ -14,7 +14,7 @@ use crate::{
     agent::{AgentError, Agents},
     decide::{
         metadata::Metadata,
-        parameters::{self, Options, Sources},
+        parameters::{self, Options, Sources, Unusable},
     },
 };
 
@@ -29,10 +29,10 @@ pub(crate) async fn for_node(
     namespace: &str,
     spec: &FenceAgentsRemediationSpec,
     node: &str,
-) -> Result<Result<Checked, String>> {
+) -> Result<Result<Checked, Unusable>> {
     let metadata = match agents.metadata(&spec.agent).await {
         Ok(m) => m,
-        Err(e @ AgentError::NotInstalled { .. }) => return Ok(Err(e.to_string())),
+        Err(e @ AgentError::NotInstalled { .. }) => return Ok(Err(Unusable::Invalid(e.to_string()))),
         // A slow or failing `-o metadata` is no configuration mistake: retry.
         Err(e) => return Err(e.into()),
     };
@@ -67,13 +67,13 @@ pub(crate) async fn for_node(
     });
     Ok(checked
         .map(|options| Checked { options, metadata })
-        .map_err(|e| e.to_string()))
+        .map_err(|e| Unusable::Invalid(e.to_string())))
 }
 
-fn missing(name: &str, namespace: &str, field: &str) -> String {
-    format!(
+fn missing(name: &str, namespace: &str, field: &str) -> Unusable {
+    Unusable::SecretMissing(format!(
         "Secret {name} (named by {field}) does not exist in namespace {namespace}: create it with the agent's secret options as keys (e.g. --password)"
-    )
+    ))
 }
 
 async fn read(secrets: &Api<Secret>, namespace: &str, name: &str) -> Result<Option<BTreeMap<String, String>>> {
