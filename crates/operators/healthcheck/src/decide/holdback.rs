@@ -45,14 +45,20 @@ pub(super) enum HoldBack {
     Alive(liveness::Alive),
     /// The template is not usable; the check's own condition says why.
     TemplateNotReady,
+    /// Remediating the control-plane node would cost etcd its quorum: said when the node has
+    /// just turned unhealthy, and looked at again (the members are not watched).
+    WaitsForQuorum(String),
 }
+
+/// How often a control-plane node held back for etcd's quorum is looked at again.
+const QUORUM_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub(super) type NodeRule = fn(&Input<'_>, &NodeFacts) -> Option<HoldBack>;
 pub(super) type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
 
 pub(super) const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
 
-pub(super) const CREATION_RULES: [CreationRule; 8] = [
+pub(super) const CREATION_RULES: [CreationRule; 9] = [
     paused,
     upgrading,
     over_budget,
@@ -61,6 +67,7 @@ pub(super) const CREATION_RULES: [CreationRule; 8] = [
     deferred_by_outage,
     alive,
     control_plane_busy,
+    etcd_quorum,
     template_not_ready,
     name_taken,
 ];
@@ -161,6 +168,26 @@ fn control_plane_busy(c: &Candidate<'_>) -> Option<HoldBack> {
     )))
 }
 
+/// A control-plane node whose loss would take etcd below quorum waits (medik8s's etcd guard on
+/// OpenShift; here also kubeadm's mirror pods). Its member already down costs nothing more.
+fn etcd_quorum(c: &Candidate<'_>) -> Option<HoldBack> {
+    let members = c.input.etcd?;
+    let name = c.node.name.as_str();
+    let busy: std::collections::BTreeSet<String> = c
+        .control_plane_busy
+        .iter()
+        .filter(|n| n.as_str() != name)
+        .cloned()
+        .collect();
+    match nodemedic_kube::etcd::check(members, &busy, name) {
+        nodemedic_kube::etcd::Verdict::Refused { healthy_after, members } => Some(HoldBack::WaitsForQuorum(format!(
+            "Skipped remediation of control-plane node {name}: etcd would keep {healthy_after} of its {members} members ready, and needs more than {}; it is remediated once enough members are ready again",
+            members / 2
+        ))),
+        _ => None,
+    }
+}
+
 fn template_not_ready(c: &Candidate<'_>) -> Option<HoldBack> {
     match c.input.templates.get(&c.step.template) {
         Some(TemplateState::Ready { .. }) => None,
@@ -228,6 +255,12 @@ pub(super) fn record(hold: HoldBack, node: &str, newly: bool, now: Timestamp, d:
             d.requeue(liveness::LOOK_AGAIN);
         }
         HoldBack::TemplateNotReady => {}
+        HoldBack::WaitsForQuorum(why) => {
+            if newly {
+                d.notice(Some(node), Severity::Warning, "RemediationSkipped", why);
+            }
+            d.requeue(QUORUM_LOOK_AGAIN);
+        }
     }
 }
 

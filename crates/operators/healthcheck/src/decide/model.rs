@@ -251,6 +251,9 @@ pub struct Input<'a> {
     pub machine_health_checks: &'a [super::conflict::MachineHealthCheckFacts],
     /// Every Machine's labels.
     pub machines: &'a BTreeMap<super::conflict::MachineKey, BTreeMap<String, String>>,
+    /// The etcd members the cluster shows, when they were read (only for a decision that would
+    /// remediate a control-plane node).
+    pub etcd: Option<&'a [nodemedic_kube::etcd::Member]>,
 }
 
 /// A remediation object to create.

@@ -127,6 +127,7 @@ pub(super) struct World {
     pub(super) upgrades: Vec<String>,
     pub(super) machine_health_checks: Vec<conflict::MachineHealthCheckFacts>,
     pub(super) machines: BTreeMap<conflict::MachineKey, BTreeMap<String, String>>,
+    pub(super) etcd: Option<Vec<nodemedic_kube::etcd::Member>>,
     pub(super) now: Timestamp,
 }
 
@@ -158,6 +159,7 @@ impl World {
             upgrades: vec![],
             machine_health_checks: vec![],
             machines: BTreeMap::new(),
+            etcd: None,
             now: at(NOW),
         }
     }
@@ -184,6 +186,7 @@ impl World {
             upgrades: &self.upgrades,
             machine_health_checks: &self.machine_health_checks,
             machines: &self.machines,
+            etcd: self.etcd.as_deref(),
         }
     }
 }
@@ -690,6 +693,49 @@ fn a_remediation_still_there_after_48_hours_is_flagged_once() {
 }
 
 #[test]
+fn a_control_plane_node_is_remediated_only_if_etcd_keeps_its_quorum() {
+    use nodemedic_kube::etcd::Member;
+    let member = |node: &str, ready: bool| Member {
+        node: node.into(),
+        ready,
+    };
+    let mut w = World::new(
+        classic(),
+        vec![
+            control_plane(node("a", "Unknown", NOW - 400)),
+            control_plane(node("b", "True", 0)),
+            control_plane(node("c", "True", 0)),
+        ],
+    );
+    // a's member still reads ready and c's does not: taking a away leaves one of three.
+    w.etcd = Some(vec![member("a", true), member("b", true), member("c", false)]);
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    let skipped = d
+        .notices
+        .iter()
+        .find(|n| n.reason == "RemediationSkipped")
+        .expect("said");
+    assert!(
+        skipped.message.contains("etcd would keep 1 of its 3 members ready"),
+        "{}",
+        skipped.message
+    );
+    assert!(d.requeue_after.is_some_and(|r| r <= std::time::Duration::from_secs(15)));
+
+    w.etcd = Some(vec![member("a", true), member("b", true), member("c", true)]);
+    assert_eq!(created_for(&w.decide()), ["a"], "two of three stay");
+    w.etcd = Some(vec![member("a", false), member("b", true), member("c", false)]);
+    assert_eq!(
+        created_for(&w.decide()),
+        ["a"],
+        "a's member is down already: its remediation costs etcd nothing"
+    );
+    w.etcd = Some(vec![]);
+    assert_eq!(created_for(&w.decide()), ["a"], "etcd outside the cluster");
+}
+
+#[test]
 fn excluded_and_maintenance_leased_nodes_are_left_alone() {
     let mut w = World::new(
         classic(),
@@ -996,6 +1042,23 @@ proptest! {
         prop_assert_eq!(d.delete, steady.delete);
         prop_assert_eq!(d.mark_timed_out, steady.mark_timed_out);
         prop_assert_eq!(d.status.unhealthy.keys().collect::<Vec<_>>(), steady.status.unhealthy.keys().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn never_remediates_a_control_plane_node_etcd_cannot_spare(w in arb_world(), ready in proptest::collection::vec(any::<bool>(), 9)) {
+        let members: Vec<nodemedic_kube::etcd::Member> = w
+            .nodes
+            .iter()
+            .filter(|n| node::is_control_plane(n))
+            .zip(&ready)
+            .map(|(n, r)| nodemedic_kube::etcd::Member { node: n.name.clone(), ready: *r })
+            .collect();
+        let busy: BTreeSet<String> = w.remediations.iter().filter(|r| r.control_plane && !r.deleting).map(|r| r.node.clone()).collect();
+        let w = World { etcd: Some(members.clone()), ..w };
+        for new in w.decide().create.iter().filter(|c| c.control_plane) {
+            let verdict = nodemedic_kube::etcd::check(&members, &busy, &new.node);
+            prop_assert!(!matches!(verdict, nodemedic_kube::etcd::Verdict::Refused { .. }), "{} remediated: {verdict:?}", new.node);
+        }
     }
 
     #[test]
