@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use nodemedic_api::{
     healthcheck::NodeHealthCheck,
@@ -190,6 +190,26 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
         "{message}"
     );
     assert!(nhc_exists(&client).await, "the refused delete left the check");
+    // ...nor its selector changed (node-2's remediation would be left behind), while a pause may
+    // be added.
+    let moved =
+        json!({"spec": {"selector": {"matchLabels": {"kubernetes.io/hostname": "node-1"}, "matchExpressions": null}}});
+    let (code, message) = refusal(checks.patch(NHC, &PatchParams::default(), &Patch::Merge(&moved)).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("spec.selector cannot change while remediations run") && message.contains("node-2"),
+        "{message}"
+    );
+    let paused = json!({"spec": {"pauseRequests": ["webhook test"]}});
+    checks
+        .patch(NHC, &PatchParams::default(), &Patch::Merge(&paused))
+        .await
+        .expect("a pause passes");
+    let resumed = json!({"spec": {"pauseRequests": null}});
+    checks
+        .patch(NHC, &PatchParams::default(), &Patch::Merge(&resumed))
+        .await
+        .expect("and its removal");
 
     // ...and can once none is.
     lab.power_on("node-2").await.expect("power on node-2");
