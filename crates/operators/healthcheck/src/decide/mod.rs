@@ -27,6 +27,12 @@ pub use model::*;
 
 pub use self::health::Health;
 
+/// Template kinds whose remediations may have generated names whatever their annotations say:
+/// medik8s's webhook annotates every self-remediation template so, and nodemedic's self
+/// remediation reads its node from the node-name annotation. A user's own template of the kind
+/// escalates beside the default one.
+pub(crate) const ESCALATION_CAPABLE: [&str; 1] = ["SelfNodeRemediationTemplate"];
+
 /// The `Disabled` reason while a MachineHealthCheck covers a node the check selects (medik8s's).
 pub(crate) const CONFLICTING_MHC: &str = "ConflictingMachineHealthCheckDetected";
 
@@ -249,18 +255,20 @@ fn template_problem(input: &Input<'_>) -> Option<(&'static str, String)> {
         }
     }
     // Two steps of one kind would create objects with the same name unless the templates ask for
-    // generated names.
+    // generated names (or their remediator reads the node from the annotation, as nodemedic's
+    // self remediation does).
     let steps = &input.check.steps;
     for (i, a) in steps.iter().enumerate() {
         for b in &steps[i + 1..] {
             let multiple = |t: &TemplateRef| {
-                matches!(
-                    input.templates.get(t),
-                    Some(TemplateState::Ready {
-                        multiple_templates: true,
-                        ..
-                    })
-                )
+                ESCALATION_CAPABLE.contains(&t.kind.as_str())
+                    || matches!(
+                        input.templates.get(t),
+                        Some(TemplateState::Ready {
+                            multiple_templates: true,
+                            ..
+                        })
+                    )
             };
             if a.template.kind == b.template.kind && !(multiple(&a.template) && multiple(&b.template)) {
                 return Some((

@@ -866,16 +866,31 @@ fn a_missing_template_disables_the_check_naming_it_and_it_recovers() {
     );
     let d = w.decide();
     assert!(reasons(&d).contains(&"Enabled"));
-    assert_eq!(d.status.disabled.map(|c| c.0), Some(false));
+    assert_eq!(d.status.disabled.as_ref().map(|c| c.0), Some(false));
 }
 
 #[test]
-fn the_same_kind_twice_needs_generated_names() {
+fn the_same_kind_twice_needs_generated_names_and_self_remediation_templates_have_them() {
     let mut spec = escalating();
-    spec.steps[1].template = template("SelfNodeRemediationTemplate", "snr-2");
+    spec.steps[0].template = template("FenceAgentsRemediationTemplate", "far-1");
     let w = World::new(spec, vec![node("a", "Unknown", 0)]);
     let d = w.decide();
     assert_eq!(d.status.disabled.map(|c| c.1), Some("RemediationTemplateInvalid"));
+
+    // A user's own self-remediation template escalating beside the default one, unannotated.
+    let mut spec = escalating();
+    spec.steps[1].template = template("SelfNodeRemediationTemplate", "snr-2");
+    let w = World::new(
+        spec,
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    let d = w.decide();
+    assert_eq!(d.status.disabled.as_ref().map(|c| c.0), Some(false));
+    assert_eq!(created_for(&d), ["a"]);
+    assert_eq!(
+        d.create[0].name, None,
+        "a generated name: the next step's object must not collide"
+    );
 }
 
 #[test]
