@@ -427,12 +427,14 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
     );
 
     // A Secret that does not exist yet: the remediation waits for it, and goes on once it does.
-    api.create(
-        &PostParams::default(),
-        &remediation("late-secret", &b, redfish(&b, json!({"sharedSecretName": "late"}))),
-    )
-    .await
-    .expect("create");
+    let b_bmc = lab.bmc(&b).expect("b's bmc").ip.to_string();
+    let late = redfish(
+        &b,
+        json!({"sharedSecretName": "late", "nodeparameters": {"--ip": {b.as_str(): b_bmc}}}),
+    );
+    api.create(&PostParams::default(), &remediation("late-secret", &b, late))
+        .await
+        .expect("create");
     let waiting = eventually("late-secret: Processing=True/WaitingForSecret", LONG, || async {
         api.get_opt("late-secret")
             .await
@@ -446,7 +448,10 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
         message.contains("Secret late (named by sharedSecretName) does not exist"),
         "{message}"
     );
-    assert!(event_with(&client, "SecretMissing", "Secret late").await.is_some());
+    eventually("the SecretMissing event", LONG, || async {
+        event_with(&client, "SecretMissing", "Secret late").await
+    })
+    .await;
     assert_eq!(waiting.status.as_ref().and_then(|s| s.attempts), None, "an agent ran");
     assert_eq!(
         bmc_power(&lab, &b),

@@ -109,11 +109,18 @@ async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_g
                 "infrastructureRef": {"apiGroup": "infrastructure.lab.nodemedic.io", "kind": "LabMachineTemplate", "name": "md-0"}}}}});
     lab.apply_yaml(&deployment.to_string()).expect("MachineDeployment");
     up_to_date(&client, 1).await;
-    annotate(&client, "node-3", None).await;
+    // Seen before the annotation goes: nothing in between may look like the end of the upgrade.
     postponed_for(
         &client,
         "MachineDeployment workload-availability/md-0 is rolling out: 1 of 3",
     )
+    .await;
+    annotate(&client, "node-3", None).await;
+    eventually("only the MachineDeployment said", LONG, || async {
+        remediation_allowed(&client)
+            .await
+            .filter(|(_, _, message)| message.contains("MachineDeployment") && !message.contains("node node-3"))
+    })
     .await;
     assert!(
         snr_for(&client, "node-2").await.is_empty(),

@@ -179,8 +179,14 @@ pub(crate) fn next(f: &Facts) -> Decision {
     }
     let action = match &f.parameters {
         Ok(action) => *action,
-        Err(Unusable::SecretMissing(why)) => return Decision::WaitForSecret(why.clone()),
-        Err(Unusable::Invalid(why)) => return fail(FailureReason::InvalidParameters, why.clone()),
+        // Only before anything was done to the node: a Secret deleted later (rotated by delete and
+        // create) must not hold a powered-off node, or its workloads, for ever.
+        Err(Unusable::SecretMissing(why)) if f.step == Step::PoweringOff && !f.has_remediation_taint => {
+            return Decision::WaitForSecret(why.clone());
+        }
+        Err(Unusable::SecretMissing(why) | Unusable::Invalid(why)) => {
+            return fail(FailureReason::InvalidParameters, why.clone());
+        }
     };
     if !f.has_remediation_taint {
         return Decision::AddRemediationTaint;
@@ -370,9 +376,18 @@ mod tests {
         );
         let created = Facts {
             parameters: Ok(Action::Reboot),
-            ..waiting
+            ..waiting.clone()
         };
         assert_eq!(next(&created), Decision::AddRemediationTaint);
+        let deleted_after_the_fence = Facts {
+            has_remediation_taint: true,
+            step: Step::ConfirmingOff,
+            ..waiting
+        };
+        assert!(
+            matches!(next(&deleted_after_the_fence), Decision::Fail { .. }),
+            "a Secret gone mid-remediation fails it rather than hold the node"
+        );
     }
 
     #[test]

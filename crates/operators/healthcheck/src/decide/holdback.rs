@@ -126,7 +126,8 @@ fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
 /// A cluster upgrade postpones a node's first remediation; the escalation of one under way goes on.
 fn upgrading(c: &Candidate<'_>) -> Option<HoldBack> {
     let why = c.gate.upgrade.as_deref()?;
-    let first_step = c.input.check.steps.first() == Some(c.step);
+    let first_order = c.input.check.steps.iter().map(|s| s.order).min();
+    let first_step = first_order == Some(c.step.order);
     first_step.then(|| {
         HoldBack::Skipped(format!(
             "Postponing remediation of node {} because of an ongoing cluster upgrade: {why}",
@@ -206,6 +207,9 @@ fn name_taken(c: &Candidate<'_>) -> Option<HoldBack> {
         return None;
     };
     let template = &c.step.template;
+    if super::node::shares_its_kind(c.input, template) {
+        return None;
+    }
     let namespace = template.namespace.as_deref().unwrap_or_default();
     let taken = c.input.remediations.iter().any(|r| {
         !r.owned && r.id.kind == template.remediation_kind() && r.id.namespace == namespace && r.id.name == name

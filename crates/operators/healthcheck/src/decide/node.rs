@@ -246,7 +246,7 @@ fn create(input: &Input<'_>, node: &NodeFacts, step: &Step, control_plane_busy: 
 
 /// Another step of the check uses the template's kind: fixed names would collide (only
 /// escalation-capable kinds get this far, see `template_problem`).
-fn shares_its_kind(input: &Input<'_>, template: &super::TemplateRef) -> bool {
+pub(super) fn shares_its_kind(input: &Input<'_>, template: &super::TemplateRef) -> bool {
     input
         .check
         .steps

@@ -534,7 +534,7 @@ fn upgrading_world() -> World {
     );
     w.remediations.push(cr("b", "SelfNodeRemediation", NOW - 200));
     w.remediations.push(cr("c", "SelfNodeRemediation", NOW - 200));
-    w.upgrades = vec!["ClusterVersion version is progressing: Working towards 4.16.3".into()];
+    w.upgrades = vec!["ClusterVersion version is progressing towards 4.16.3".into()];
     w
 }
 
@@ -547,7 +547,7 @@ fn an_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
     assert_eq!(d.delete.len(), 1, "c's remediation removed: c is healthy");
     let (allowed, reason, message) = &d.status.remediation_allowed;
     assert!(!allowed && *reason == UPGRADING);
-    assert!(message.contains("Working towards 4.16.3"), "{message}");
+    assert!(message.contains("progressing towards 4.16.3"), "{message}");
     let postponing: Vec<&Notice> = d.notices.iter().filter(|n| n.reason == "RemediationSkipped").collect();
     assert_eq!(postponing.len(), 2, "the check's and node a's: {postponing:?}");
     assert!(
