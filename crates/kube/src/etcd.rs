@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, api::ListParams};
 
 use crate::{CallContext, Result};
@@ -19,7 +19,11 @@ const MEMBER_PODS: [(&str, &str); 2] = [("kube-system", "component=etcd"), ("ope
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     pub node: String,
+    /// Its pod is Ready.
     pub ready: bool,
+    /// Its node is Ready: otherwise the node lifecycle controller has marked every pod there not
+    /// ready, whatever its containers do, and the member may well still be running.
+    pub node_ready: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +42,9 @@ pub enum Verdict {
 
 /// Taking `node` away leaves `healthy_after` ready members on nodes not `busy` (in maintenance,
 /// being remediated); etcd needs more than half of all its members. A node whose own member is
-/// not ready costs nothing more when it goes (as medik8s reads OpenShift's guard pods).
+/// known to be down (its pod not ready on a Ready node) costs nothing more when it goes, as
+/// medik8s reads OpenShift's guard pods; one on a node that is not Ready may still run, and
+/// counts as running.
 pub fn check(members: &[Member], busy: &BTreeSet<String>, node: &str) -> Verdict {
     let Some(own) = members.iter().find(|m| m.node == node) else {
         return Verdict::NotAMember;
@@ -48,7 +54,8 @@ pub fn check(members: &[Member], busy: &BTreeSet<String>, node: &str) -> Verdict
         .filter(|m| m.ready && m.node != node && !busy.contains(&m.node))
         .count();
     let total = members.len();
-    if healthy_after > total / 2 || !own.ready {
+    let known_down = !own.ready && own.node_ready;
+    if healthy_after > total / 2 || known_down {
         Verdict::Allowed {
             healthy_after,
             members: total,
@@ -61,28 +68,51 @@ pub fn check(members: &[Member], busy: &BTreeSet<String>, node: &str) -> Verdict
     }
 }
 
-/// The member a pod stands for.
-pub fn member_of(pod: &Pod) -> Option<Member> {
+/// The member a pod stands for, on a node whose readiness `node_ready` says.
+pub fn member_of(pod: &Pod, node_ready: impl Fn(&str) -> bool) -> Option<Member> {
     let node = pod.spec.as_ref()?.node_name.clone()?;
     let ready = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    Some(Member { node, ready })
+    let node_ready = node_ready(&node);
+    Some(Member {
+        node,
+        ready,
+        node_ready,
+    })
 }
 
-/// Every etcd member the cluster shows (none on a cluster whose etcd runs outside it).
+/// Every etcd member the cluster shows (none on a cluster whose etcd runs outside it), with
+/// its node's readiness (one read per member's node: a handful).
 pub async fn members(client: &Client) -> Result<Vec<Member>> {
-    let mut members = Vec::new();
+    let mut pods = Vec::new();
     for (namespace, selector) in MEMBER_PODS {
-        let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        let listed = Api::<Pod>::namespaced(client.clone(), namespace)
             .list(&ListParams::default().labels(selector))
             .await
             .with_context(|| format!("listing the etcd member pods ({selector}) in {namespace}"))?;
-        members.extend(pods.items.iter().filter_map(member_of));
+        pods.extend(listed.items);
     }
-    Ok(members)
+    let nodes = Api::<Node>::all(client.clone());
+    let mut ready_nodes = BTreeSet::new();
+    for name in pods.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()) {
+        let node = nodes
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("reading node {name} of an etcd member"))?;
+        let ready = node
+            .and_then(|n| n.status?.conditions)
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready {
+            ready_nodes.insert(name);
+        }
+    }
+    Ok(pods
+        .iter()
+        .filter_map(|p| member_of(p, |n| ready_nodes.contains(n)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -98,6 +128,7 @@ mod tests {
             .map(|(i, r)| Member {
                 node: format!("cp-{i}"),
                 ready: *r,
+                node_ready: true,
             })
             .collect()
     }
@@ -118,19 +149,29 @@ mod tests {
         assert_eq!(check(&three, &none, "worker"), Verdict::NotAMember);
         let one_down = members(&[true, false, true]);
         assert!(matches!(check(&one_down, &none, "cp-0"), Verdict::Refused { .. }));
-        // A member already down costs nothing more when its node goes.
+        // A member known down costs nothing more when its node goes...
         assert!(matches!(check(&one_down, &none, "cp-1"), Verdict::Allowed { .. }));
+        // ...but one on a node that is not Ready may still run.
+        let mut unknown = one_down.clone();
+        unknown[1].node_ready = false;
+        unknown[2].ready = false;
+        assert!(matches!(check(&unknown, &none, "cp-1"), Verdict::Refused { .. }));
     }
 
     proptest! {
         /// Whatever the members' states, taking an allowed node away leaves a majority ready, or
         /// takes away a member that was not ready anyway.
         #[test]
-        fn allowed_keeps_a_majority(ready in proptest::collection::vec(any::<bool>(), 1..7), busy in proptest::collection::btree_set(0usize..7, 0..4), target in 0usize..7) {
-            let all = members(&ready);
+        fn allowed_keeps_a_majority(ready in proptest::collection::vec(any::<bool>(), 1..7), node_ready in proptest::collection::vec(any::<bool>(), 7), busy in proptest::collection::btree_set(0usize..7, 0..4), target in 0usize..7) {
+            let mut all = members(&ready);
+            for (m, r) in all.iter_mut().zip(&node_ready) {
+                m.node_ready = *r;
+                m.ready &= *r;
+            }
             let busy: BTreeSet<String> = busy.into_iter().map(|i| format!("cp-{i}")).collect();
             if let Verdict::Allowed { healthy_after, members } = check(&all, &busy, &format!("cp-{target}")) {
-                prop_assert!(2 * healthy_after > members || !ready[target]);
+                let known_down = all.get(target).is_some_and(|m| !m.ready && m.node_ready);
+                prop_assert!(2 * healthy_after > members || known_down);
             }
         }
     }

@@ -555,7 +555,6 @@ pub fn leftovers(snapshot: &Snapshot) -> Vec<Violation> {
     out
 }
 
-/// Every timeline check of one trial, from `since` (its first step) to `until` (recovered).
 /// Every remediation created from `since` on while a cluster upgrade was announced (from
 /// [`UPGRADE_SEEN`] after the announcement until it was withdrawn) for a node that had none in
 /// flight: the upgrade postpones new remediations, not the escalation of one under way.
@@ -590,6 +589,7 @@ pub fn remediated_during_upgrade(entries: &[Entry], since: Timestamp) -> Vec<Vio
     out
 }
 
+/// Every timeline check of one trial, from `since` (its first step) to `until` (recovered).
 pub fn judge(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
     let mut out = two_writers(entries, since);
     out.extend(remediated_during_upgrade(entries, since));

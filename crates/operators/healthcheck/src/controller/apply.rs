@@ -31,7 +31,8 @@ use serde_json::json;
 use super::reconcile::Context;
 use crate::{
     Result,
-    decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, Severity, TemplateRef},
+    decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, RemediationId, Severity, TemplateRef},
+    metrics::OldLabels,
 };
 
 /// API requests in flight at once while carrying a decision out.
@@ -306,14 +307,42 @@ impl Apply<'_> {
                     .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    Ok(_) | Err(kube::Error::Api(_)) => {
-                        tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated")
+                    Ok(_) => {
+                        tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated");
+                        if key == annotations::OLD_REMEDIATION_CR_FLAG {
+                            self.count_old(id);
+                        }
+                    }
+                    // Gone, or refused: the next decision sees the object as it is then.
+                    Err(kube::Error::Api(status)) => {
+                        tracing::info!(nhc = %self.name, object = %id, annotation = key, reason = %status.message, "not annotated")
                     }
                     Err(e) => return Err(nodemedic_kube::Error::call(format!("annotating {id} with {key}"), e).into()),
                 }
             }
         }
         Ok(())
+    }
+
+    /// `nodehealthcheck_old_remediation_cr`, once the flag is on the object (medik8s's labels:
+    /// the node, the remediation's namespace).
+    fn count_old(&self, id: &RemediationId) {
+        let node = self
+            .ctx
+            .index
+            .remediations
+            .read()
+            .ok()
+            .and_then(|all| all.get(id).map(|r| r.facts.node.clone()))
+            .unwrap_or_else(|| id.name.clone());
+        self.ctx
+            .metrics
+            .old_remediations
+            .get_or_create(&OldLabels {
+                name: node,
+                namespace: id.namespace.clone(),
+            })
+            .inc();
     }
 
     async fn delete(&self, decision: &Decision) -> Result<()> {

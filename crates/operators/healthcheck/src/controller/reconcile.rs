@@ -27,7 +27,7 @@ use super::{
 use crate::{
     Error, Result,
     decide::{self, Decision, Input, LeaseAction, NodeFacts, RemediationFacts, TemplateRef, TemplateState, liveness},
-    metrics::{CheckLabels, Metrics, NodeLabels, OldLabels, TemplateLabels},
+    metrics::{CheckLabels, Metrics, NodeLabels, TemplateLabels},
     spec,
 };
 
@@ -73,12 +73,18 @@ pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> R
         holder: &holder,
         now,
     };
-    let (mut decision, mut node_uids) = decide_now(&ctx, &basis, None)?;
+    let (mut decision, mut node_uids) = decide_now(&ctx, &basis, decide::EtcdView::NotRead)?;
     // A control-plane node is remediated only if etcd keeps its quorum: the members are read
     // (two small lists) only when one would be, and it is decided again with them.
     if decision.create.iter().any(|c| c.control_plane) {
-        let members = nodemedic_kube::etcd::members(&ctx.client).await?;
-        (decision, node_uids) = decide_now(&ctx, &basis, Some(&members))?;
+        let members = nodemedic_kube::etcd::members(&ctx.client)
+            .await
+            .map_err(|e| e.to_string());
+        let view = match &members {
+            Ok(members) => decide::EtcdView::Members(members),
+            Err(why) => decide::EtcdView::Unreadable(why),
+        };
+        (decision, node_uids) = decide_now(&ctx, &basis, view)?;
     }
 
     // The watch cache can lag the API for minutes after etcd comes back (seed 47, trial 45: a
@@ -182,7 +188,7 @@ struct Basis<'a> {
 fn decide_now(
     ctx: &Context,
     basis: &Basis<'_>,
-    etcd: Option<&[nodemedic_kube::etcd::Member]>,
+    etcd: decide::EtcdView<'_>,
 ) -> Result<(Decision, BTreeMap<String, String>)> {
     let Basis {
         check,
@@ -435,16 +441,6 @@ fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[Remed
                 template,
             })
             .inc();
-    }
-    for id in &decision.flag_old {
-        if let Some(r) = owned.iter().find(|r| &r.id == id) {
-            m.old_remediations
-                .get_or_create(&OldLabels {
-                    name: r.node.clone(),
-                    namespace: r.id.namespace.clone(),
-                })
-                .inc();
-        }
     }
     let Ok(mut all) = ctx.memory.lock() else { return };
     let memory = all.entry(name.to_owned()).or_default();

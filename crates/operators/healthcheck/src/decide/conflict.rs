@@ -86,7 +86,7 @@ pub(super) fn conflicting(
         let check = checks.iter().find(|c| c.covers(key, labels))?;
         Some(format!(
             "MachineHealthCheck {}/{} ({}) also remediates node {} (its Machine {}/{}): two remediators would act on one node; \
-             delete the MachineHealthCheck, or narrow either selector so they select different nodes",
+             delete the MachineHealthCheck, or change its selector or the Machine's labels so it no longer covers the node",
             check.namespace,
             check.name,
             check.api.group(),

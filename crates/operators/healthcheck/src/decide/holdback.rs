@@ -16,6 +16,8 @@ use super::{
 
 /// Why new remediation may be held back for every node.
 pub(super) struct Gate {
+    /// A MachineHealthCheck covers a selected node ([`super::conflict`]).
+    pub conflict: Option<String>,
     pub paused: bool,
     /// A cluster upgrade under way ([`super::upgrade::in_progress`]).
     pub upgrade: Option<String>,
@@ -58,7 +60,8 @@ pub(super) type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
 
 pub(super) const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
 
-pub(super) const CREATION_RULES: [CreationRule; 9] = [
+pub(super) const CREATION_RULES: [CreationRule; 10] = [
+    standing_back,
     paused,
     upgrading,
     over_budget,
@@ -111,6 +114,17 @@ fn leased_elsewhere(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
         "Skipped remediation of node {} because node lease is already taken by {}",
         node.name, held.holder
     )))
+}
+
+/// A MachineHealthCheck remediates these nodes: nothing new is started beside it, escalation
+/// included (its remediator and this check's would act on one node).
+fn standing_back(c: &Candidate<'_>) -> Option<HoldBack> {
+    c.gate.conflict.as_ref().map(|why| {
+        HoldBack::Skipped(format!(
+            "Skipped remediation of node {}: the health check stands back ({why})",
+            c.node.name
+        ))
+    })
 }
 
 fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
@@ -172,8 +186,16 @@ fn control_plane_busy(c: &Candidate<'_>) -> Option<HoldBack> {
 /// A control-plane node whose loss would take etcd below quorum waits (medik8s's etcd guard on
 /// OpenShift; here also kubeadm's mirror pods). Its member already down costs nothing more.
 fn etcd_quorum(c: &Candidate<'_>) -> Option<HoldBack> {
-    let members = c.input.etcd?;
     let name = c.node.name.as_str();
+    let members = match c.input.etcd {
+        super::EtcdView::NotRead => return None,
+        super::EtcdView::Members(members) => members,
+        super::EtcdView::Unreadable(why) => {
+            return Some(HoldBack::WaitsForQuorum(format!(
+                "Skipped remediation of control-plane node {name}: etcd's members could not be read ({why}), and it is remediated only if etcd keeps its quorum"
+            )));
+        }
+    };
     let busy: std::collections::BTreeSet<String> = c
         .control_plane_busy
         .iter()
@@ -278,6 +300,7 @@ mod tests {
 
     fn gate() -> Gate {
         Gate {
+            conflict: None,
             paused: false,
             upgrade: None,
             over_budget: false,
@@ -344,12 +367,14 @@ mod tests {
         let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
         world.check.pause_requests = vec!["upgrade".into()];
         let both = Gate {
+            conflict: None,
             paused: true,
             upgrade: None,
             over_budget: true,
         };
         assert!(skipped(creation(&world, "w1", &both, &[])).contains("paused (upgrade)"));
         let budget_only = Gate {
+            conflict: None,
             paused: false,
             upgrade: None,
             over_budget: true,

@@ -57,32 +57,11 @@ pub fn decide(input: &Input<'_>) -> Decision {
     // Also while disabled: the observed-nodes gauge an alert reads must not say 0 for a check
     // that does select nodes.
     decision.status.observed = selected.len();
-    let conflict =
-        conflict::conflicting(input.machine_health_checks, input.machines, &selected).map(|why| (CONFLICTING_MHC, why));
-    if let Some((reason, message)) = conflict.or_else(|| template_problem(input)) {
-        if input.memory.disabled != Some(true) {
-            decision.notice(None, Severity::Warning, "Disabled", message.clone());
-        }
-        decision.status.phase = Phase::Disabled;
-        decision.status.reason = format!("NHC is disabled: {reason}: {message}");
-        decision.status.disabled = Some((true, reason, message));
-        decision.status.remediation_allowed = (false, "Disabled", "the health check is disabled".into());
-        decision.requeue(TEMPLATE_RETRY);
-        return decision;
-    }
-    if input.memory.disabled == Some(true) {
-        decision.notice(
-            None,
-            Severity::Normal,
-            "Enabled",
-            "No issues found, NodeHealthCheck is enabled.".into(),
-        );
-    }
-    decision.status.disabled = Some((
-        false,
-        "NodeHealthCheckEnabled",
-        "No issues found, NodeHealthCheck is enabled.".into(),
-    ));
+    let conflict = match enablement(input, &selected, &mut decision) {
+        Enablement::Disabled => return decision,
+        Enablement::Conflict(why) => Some(why),
+        Enablement::Enabled => None,
+    };
 
     let health: BTreeMap<&str, Health> = selected
         .iter()
@@ -116,7 +95,13 @@ pub fn decide(input: &Input<'_>) -> Decision {
         check.budget.describe()
     );
     let upgrade = upgrade::in_progress(input.upgrades, &selected);
-    decision.status.remediation_allowed = if let Some(why) = &upgrade {
+    decision.status.remediation_allowed = if let Some(why) = &conflict {
+        (
+            false,
+            CONFLICTING_MHC,
+            format!("No new remediation: {why}; remediations under way go on"),
+        )
+    } else if let Some(why) = &upgrade {
         (
             false,
             UPGRADING,
@@ -160,6 +145,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
     }
 
     let gate = node::Gate {
+        conflict: conflict.clone(),
         paused: !check.pause_requests.is_empty(),
         upgrade: upgrade.clone(),
         over_budget: !within_budget || storm.blocks,
@@ -208,7 +194,9 @@ pub fn decide(input: &Input<'_>) -> Decision {
         .filter(|n| !owned_by_node(n).is_empty() || decision.create.iter().any(|c| &&c.node == n))
         .count();
     let status = &mut decision.status;
-    (status.phase, status.reason) = if gate.paused {
+    (status.phase, status.reason) = if conflict.is_some() {
+        (status.phase, std::mem::take(&mut status.reason))
+    } else if gate.paused {
         (
             Phase::Paused,
             format!("NHC is paused: {}", check.pause_requests.join(",")),
@@ -224,6 +212,51 @@ pub fn decide(input: &Input<'_>) -> Decision {
             .push_str("; new remediations wait for the cluster upgrade to end");
     }
     decision
+}
+
+enum Enablement {
+    /// A template is missing or unusable: nothing is done.
+    Disabled,
+    /// A MachineHealthCheck covers a selected node: no new remediation, those under way go on.
+    Conflict(String),
+    Enabled,
+}
+
+/// Whether the check may act, with its `Disabled` condition and the events when that changes.
+fn enablement(input: &Input<'_>, selected: &[&NodeFacts], decision: &mut Decision) -> Enablement {
+    let conflict = conflict::conflicting(input.machine_health_checks, input.machines, selected);
+    let problem = template_problem(input);
+    let disabled = problem
+        .clone()
+        .or_else(|| conflict.clone().map(|why| (CONFLICTING_MHC, why)));
+    let Some((reason, message)) = disabled else {
+        if input.memory.disabled == Some(true) {
+            decision.notice(
+                None,
+                Severity::Normal,
+                "Enabled",
+                "No issues found, NodeHealthCheck is enabled.".into(),
+            );
+        }
+        decision.status.disabled = Some((
+            false,
+            "NodeHealthCheckEnabled",
+            "No issues found, NodeHealthCheck is enabled.".into(),
+        ));
+        return Enablement::Enabled;
+    };
+    if input.memory.disabled != Some(true) {
+        decision.notice(None, Severity::Warning, "Disabled", message.clone());
+    }
+    decision.status.phase = Phase::Disabled;
+    decision.status.reason = format!("NHC is disabled: {reason}: {message}");
+    decision.status.disabled = Some((true, reason, message.clone()));
+    decision.status.remediation_allowed = (false, "Disabled", "the health check is disabled".into());
+    if problem.is_some() {
+        decision.requeue(TEMPLATE_RETRY);
+        return Enablement::Disabled;
+    }
+    Enablement::Conflict(message)
 }
 
 /// A referenced template that is missing or unusable disables the check.

@@ -253,7 +253,17 @@ pub struct Input<'a> {
     pub machines: &'a BTreeMap<super::conflict::MachineKey, BTreeMap<String, String>>,
     /// The etcd members the cluster shows, when they were read (only for a decision that would
     /// remediate a control-plane node).
-    pub etcd: Option<&'a [nodemedic_kube::etcd::Member]>,
+    pub etcd: EtcdView<'a>,
+}
+
+/// What the decision knows of etcd's members.
+#[derive(Clone, Copy, Debug)]
+pub enum EtcdView<'a> {
+    /// Not read: no control-plane node would be remediated.
+    NotRead,
+    Members(&'a [nodemedic_kube::etcd::Member]),
+    /// The read failed (why): a control-plane node waits, the rest of the decision goes on.
+    Unreadable(&'a str),
 }
 
 /// A remediation object to create.

@@ -186,7 +186,7 @@ impl World {
             upgrades: &self.upgrades,
             machine_health_checks: &self.machine_health_checks,
             machines: &self.machines,
-            etcd: self.etcd.as_deref(),
+            etcd: self.etcd.as_deref().map_or(EtcdView::NotRead, EtcdView::Members),
         }
     }
 }
@@ -651,6 +651,20 @@ fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_g
             .any(|n| n.reason == "Disabled" && n.severity == Severity::Warning)
     );
 
+    // A remediation already under way goes on (its lease kept), and nothing new starts.
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert!(d.create.is_empty() && d.delete.is_empty());
+    assert!(
+        d.leases
+            .iter()
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a")),
+        "{:?}",
+        d.leases
+    );
+    assert_eq!(d.status.phase, Phase::Disabled);
+    w.remediations.clear();
+
     w.machine_health_checks.clear();
     w.memory.disabled = Some(true);
     let d = w.decide();
@@ -695,9 +709,11 @@ fn a_remediation_still_there_after_48_hours_is_flagged_once() {
 #[test]
 fn a_control_plane_node_is_remediated_only_if_etcd_keeps_its_quorum() {
     use nodemedic_kube::etcd::Member;
+    // a is Unknown: its member's pod reads not ready whatever runs there.
     let member = |node: &str, ready: bool| Member {
         node: node.into(),
-        ready,
+        ready: ready && node != "a",
+        node_ready: node != "a",
     };
     let mut w = World::new(
         classic(),
@@ -707,7 +723,7 @@ fn a_control_plane_node_is_remediated_only_if_etcd_keeps_its_quorum() {
             control_plane(node("c", "True", 0)),
         ],
     );
-    // a's member still reads ready and c's does not: taking a away leaves one of three.
+    // c's member is down: a's may still run, and taking it away would leave one of three.
     w.etcd = Some(vec![member("a", true), member("b", true), member("c", false)]);
     let d = w.decide();
     assert!(d.create.is_empty());
@@ -725,11 +741,14 @@ fn a_control_plane_node_is_remediated_only_if_etcd_keeps_its_quorum() {
 
     w.etcd = Some(vec![member("a", true), member("b", true), member("c", true)]);
     assert_eq!(created_for(&w.decide()), ["a"], "two of three stay");
-    w.etcd = Some(vec![member("a", false), member("b", true), member("c", false)]);
-    assert_eq!(
-        created_for(&w.decide()),
-        ["a"],
-        "a's member is down already: its remediation costs etcd nothing"
+    let refs: Vec<&NodeFacts> = w.nodes.iter().collect();
+    let unreadable = Input {
+        etcd: EtcdView::Unreadable("etcd pods: connection refused"),
+        ..w.input(&refs)
+    };
+    assert!(
+        decide(&unreadable).create.is_empty(),
+        "not without knowing etcd can spare it"
     );
     w.etcd = Some(vec![]);
     assert_eq!(created_for(&w.decide()), ["a"], "etcd outside the cluster");
@@ -1066,7 +1085,10 @@ proptest! {
             .iter()
             .filter(|n| node::is_control_plane(n))
             .zip(&ready)
-            .map(|(n, r)| nodemedic_kube::etcd::Member { node: n.name.clone(), ready: *r })
+            .map(|(n, r)| {
+                let node_ready = n.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                nodemedic_kube::etcd::Member { node: n.name.clone(), ready: *r && node_ready, node_ready }
+            })
             .collect();
         let busy: BTreeSet<String> = w.remediations.iter().filter(|r| r.control_plane && !r.deleting).map(|r| r.node.clone()).collect();
         let w = World { etcd: Some(members.clone()), ..w };
