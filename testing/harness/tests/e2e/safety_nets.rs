@@ -77,6 +77,27 @@ async fn up_to_date(client: &Client, up_to_date: i64) {
         .expect("the MachineDeployment's status");
 }
 
+/// Makes lab node `node` the node of Cluster API Machine `m-<node>` of cluster `lab`, as Cluster
+/// API's controllers record it (Machine labels, node annotations).
+async fn a_machine_s_node(lab: &nodemedic_lab::Lab, node: &str, labels: serde_json::Value) {
+    let mut labels = labels;
+    labels["cluster.x-k8s.io/cluster-name"] = json!("lab");
+    let machine = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": format!("m-{node}"), "namespace": NS, "labels": labels},
+        "spec": {"clusterName": "lab", "bootstrap": {"dataSecretName": "lab-bootstrap"},
+            "infrastructureRef": {"apiGroup": "infrastructure.lab.nodemedic.io", "kind": "LabMachine", "name": format!("m-{node}")}}});
+    lab.apply_yaml(&machine.to_string()).expect("Machine");
+    Api::<Node>::all(lab.client())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/machine": format!("m-{node}"), "cluster.x-k8s.io/cluster-namespace": NS}}})),
+        )
+        .await
+        .expect("the node's Machine annotations");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
     let lab = lab(LabConfig::seed()).await;
@@ -84,6 +105,9 @@ async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_g
     lab.install_machine_crds().await.expect("Cluster API's CRDs");
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    for node in ["node-1", "node-2", "node-3"] {
+        a_machine_s_node(&lab, node, json!({"set": "md-0"})).await;
+    }
     start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
 
@@ -186,21 +210,7 @@ async fn a_machine_health_check_covering_a_selected_node_disables_the_check_unti
     phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
 
     // node-2 is a Cluster API Machine's node, as Cluster API's controllers record it.
-    let machine = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": "m-node-2", "namespace": NS,
-            "labels": {"pool": "workers", "cluster.x-k8s.io/cluster-name": "lab"}},
-        "spec": {"clusterName": "lab", "bootstrap": {"dataSecretName": "lab-bootstrap"},
-            "infrastructureRef": {"apiGroup": "infrastructure.lab.nodemedic.io", "kind": "LabMachine", "name": "m-node-2"}}});
-    lab.apply_yaml(&machine.to_string()).expect("Machine");
-    Api::<Node>::all(client.clone())
-        .patch(
-            "node-2",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "cluster.x-k8s.io/machine": "m-node-2", "cluster.x-k8s.io/cluster-namespace": NS}}})),
-        )
-        .await
-        .expect("node-2's Machine annotations");
+    a_machine_s_node(&lab, "node-2", json!({"pool": "workers"})).await;
     // A MachineHealthCheck of another pool does not conflict.
     let check = |name: &str, pool: &str| {
         json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",

@@ -51,7 +51,7 @@ pub(super) struct Index {
     /// Whether the watches reach the API server, and when they last came back.
     pub api_contact: Mutex<ApiContact>,
     /// Per source kind, the upgrades its objects say are under way.
-    pub upgrades: RwLock<BTreeMap<&'static str, Vec<String>>>,
+    pub upgrades: RwLock<BTreeMap<&'static str, Vec<upgrade::Upgrade>>>,
     /// Per machine API, its MachineHealthChecks.
     pub machine_health_checks: RwLock<BTreeMap<MachineApi, Vec<MachineHealthCheckFacts>>>,
     /// Every Machine's labels.

@@ -22,7 +22,15 @@ use crate::decide::conflict::{self, MachineKey};
 
 const APIS: [MachineApi; 2] = [MachineApi::ClusterApi, MachineApi::OpenShift];
 
-pub(super) fn spawn(client: &Client, index: &Arc<Index>, triggers: &Triggers) -> Vec<tokio::task::JoinHandle<()>> {
+/// How many watches [`spawn`] starts.
+pub(super) const WATCHES: usize = 2 * APIS.len();
+
+pub(super) fn spawn(
+    client: &Client,
+    index: &Arc<Index>,
+    triggers: &Triggers,
+    settled: &optional::Settled,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for api in APIS {
         let (checks_index, checks_triggers) = (index.clone(), triggers.clone());
@@ -30,6 +38,7 @@ pub(super) fn spawn(client: &Client, index: &Arc<Index>, triggers: &Triggers) ->
             client.clone(),
             api.group(),
             "MachineHealthCheck",
+            settled.clone(),
             move |objects| {
                 let checks: Vec<_> = objects
                     .iter()
@@ -54,25 +63,41 @@ pub(super) fn spawn(client: &Client, index: &Arc<Index>, triggers: &Triggers) ->
             api,
             index.clone(),
             triggers.clone(),
+            settled.clone(),
         )));
     }
     tasks
 }
 
 /// Keeps every Machine's labels of `api` in the index while the cluster serves Machines.
-async fn machine_labels(client: Client, api: MachineApi, index: Arc<Index>, triggers: Triggers) {
+async fn machine_labels(
+    client: Client,
+    api: MachineApi,
+    index: Arc<Index>,
+    triggers: Triggers,
+    settled: optional::Settled,
+) {
+    let mut settled = Some(settled);
     loop {
         if let Some(resource) = optional::served(&client, api.group(), MACHINE_KIND).await {
-            follow_machines(&client, api, &resource, &index, &triggers).await;
+            follow_machines(&client, api, &resource, &index, &triggers, &mut settled).await;
             if let Ok(mut all) = index.machine_labels.write() {
                 all.retain(|(a, _, _), _| *a != api);
             }
         }
+        optional::settle(&mut settled);
         tokio::time::sleep(optional::LOOK_AGAIN).await;
     }
 }
 
-async fn follow_machines(client: &Client, api: MachineApi, resource: &ApiResource, index: &Index, triggers: &Triggers) {
+async fn follow_machines(
+    client: &Client,
+    api: MachineApi,
+    resource: &ApiResource,
+    index: &Index,
+    triggers: &Triggers,
+    settled: &mut Option<optional::Settled>,
+) {
     let machines = Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), resource);
     let mut stream = watcher(machines, watcher::Config::default()).default_backoff().boxed();
     let mut relist = Relist::<MachineKey>::default();
@@ -101,10 +126,13 @@ async fn follow_machines(client: &Client, api: MachineApi, resource: &ApiResourc
                     .write()
                     .is_ok_and(|mut all| all.remove(&k).is_some())
             }
-            Ok(watcher::Event::InitDone) => index
-                .machine_labels
-                .write()
-                .is_ok_and(|mut all| !relist.prune(&mut all, |(a, _, _)| *a == api).is_empty()),
+            Ok(watcher::Event::InitDone) => {
+                optional::settle(settled);
+                index
+                    .machine_labels
+                    .write()
+                    .is_ok_and(|mut all| !relist.prune(&mut all, |(a, _, _)| *a == api).is_empty())
+            }
             Err(error) => {
                 tracing::debug!(group = api.group(), %error, "Machine watch error; retrying");
                 if optional::served(client, api.group(), MACHINE_KIND).await.is_none() {

@@ -15,19 +15,34 @@ use kube::{
 /// How often a kind the cluster does not serve is looked for again.
 pub(super) const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
+/// How many optional watches have settled (listed once, or found not served): the first
+/// decisions wait for them, so a controller started mid-upgrade (upgrades drain nodes, and so
+/// restart it) does not remediate the nodes the upgrade reboots before it knows of the upgrade.
+pub(super) type Settled = tokio::sync::watch::Sender<usize>;
+
+/// Says a watch settled, once.
+pub(super) fn settle(once: &mut Option<Settled>) {
+    if let Some(settled) = once.take() {
+        settled.send_modify(|n| *n += 1);
+    }
+}
+
 /// Calls `on_list` with every object of the kind once the first list is complete and after
 /// every change, for as long as the process runs.
 pub(super) async fn follow(
     client: Client,
     group: &'static str,
     kind: &'static str,
+    settled: Settled,
     mut on_list: impl FnMut(&[Arc<DynamicObject>]) + Send,
 ) {
+    let mut settled = Some(settled);
     loop {
         if let Some(resource) = served(&client, group, kind).await {
-            watch(&client, group, kind, &resource, &mut on_list).await;
+            watch(&client, group, kind, &resource, &mut settled, &mut on_list).await;
             on_list(&[]);
         }
+        settle(&mut settled);
         tokio::time::sleep(LOOK_AGAIN).await;
     }
 }
@@ -49,6 +64,7 @@ async fn watch(
     group: &str,
     kind: &'static str,
     resource: &ApiResource,
+    settled: &mut Option<Settled>,
     on_list: &mut (impl FnMut(&[Arc<DynamicObject>]) + Send),
 ) {
     let api = Api::<DynamicObject>::all_with(client.clone(), resource);
@@ -63,7 +79,10 @@ async fn watch(
         match event {
             // Only a complete list is passed on: a partial one would look like objects gone.
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
-            Ok(_) => on_list(&reader.state()),
+            Ok(_) => {
+                on_list(&reader.state());
+                settle(settled);
+            }
             Err(error) => {
                 tracing::debug!(kind, %error, "watch error; retrying");
                 if served(client, group, kind).await.is_none() {

@@ -214,7 +214,7 @@ fn decide_now(
         .kubelet_renewals
         .read()
         .map_err(|_| Error::Poisoned("kubelet renewals"))?;
-    let upgrades: Vec<String> = ctx
+    let upgrades: Vec<decide::upgrade::Upgrade> = ctx
         .index
         .upgrades
         .read()

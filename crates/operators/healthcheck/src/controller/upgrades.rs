@@ -8,26 +8,37 @@ use kube::Client;
 use super::{Triggers, index::Index, optional};
 use crate::decide::upgrade;
 
-pub(super) fn spawn(client: &Client, index: &Arc<Index>, triggers: &Triggers) -> Vec<tokio::task::JoinHandle<()>> {
+pub(super) fn spawn(
+    client: &Client,
+    index: &Arc<Index>,
+    triggers: &Triggers,
+    settled: &optional::Settled,
+) -> Vec<tokio::task::JoinHandle<()>> {
     upgrade::SOURCES
         .iter()
         .map(|source| {
             let (index, triggers) = (index.clone(), triggers.clone());
             let kind = source.kind;
-            tokio::spawn(optional::follow(client.clone(), source.group, kind, move |objects| {
-                let mut said: Vec<String> = objects
-                    .iter()
-                    .filter_map(|object| upgrade::upgrading(kind, &serde_json::to_value(&**object).ok()?))
-                    .collect();
-                said.sort();
-                record(&index, &triggers, kind, said);
-            }))
+            tokio::spawn(optional::follow(
+                client.clone(),
+                source.group,
+                kind,
+                settled.clone(),
+                move |objects| {
+                    let mut said: Vec<upgrade::Upgrade> = objects
+                        .iter()
+                        .filter_map(|object| upgrade::upgrading(kind, &serde_json::to_value(&**object).ok()?))
+                        .collect();
+                    said.sort();
+                    record(&index, &triggers, kind, said);
+                },
+            ))
         })
         .collect()
 }
 
 /// Stores what a kind's objects say; on a change, logs it and wakes every check.
-fn record(index: &Index, triggers: &Triggers, kind: &'static str, said: Vec<String>) {
+fn record(index: &Index, triggers: &Triggers, kind: &'static str, said: Vec<upgrade::Upgrade>) {
     let changed = match index.upgrades.write() {
         Ok(all) if all.get(kind).map_or(said.is_empty(), |before| *before == said) => false,
         Ok(mut all) => {
@@ -44,7 +55,8 @@ fn record(index: &Index, triggers: &Triggers, kind: &'static str, said: Vec<Stri
         if said.is_empty() {
             tracing::info!(kind, "no cluster upgrade under way any more");
         } else {
-            tracing::info!(kind, upgrades = ?said, "cluster upgrade under way: new remediations wait");
+            let what: Vec<&str> = said.iter().map(|u| u.what.as_str()).collect();
+            tracing::info!(kind, upgrades = ?what, "cluster upgrade under way: new remediations wait");
         }
         triggers.wake_where(|_| true);
     }

@@ -94,7 +94,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
         check.budget.describe()
     );
-    let upgrade = upgrade::in_progress(input.upgrades, &selected);
+    let upgrade = upgrade::in_progress(input.upgrades, &selected, input.machines);
     decision.status.remediation_allowed = if let Some(why) = &conflict {
         (
             false,

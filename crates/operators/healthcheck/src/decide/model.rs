@@ -246,8 +246,8 @@ pub struct Input<'a> {
     /// Each node's last kubelet lease renewal (the API server's clock): a node that renewed
     /// after an outage is not excused by it (see [`super::outage::Window::for_node`]).
     pub kubelet_renewals: &'a BTreeMap<String, Timestamp>,
-    /// Cluster-wide upgrades under way, as [`super::upgrade::upgrading`] describes them.
-    pub upgrades: &'a [String],
+    /// Upgrades under way, as [`super::upgrade::upgrading`] reads them.
+    pub upgrades: &'a [super::upgrade::Upgrade],
     pub machine_health_checks: &'a [super::conflict::MachineHealthCheckFacts],
     /// Every Machine's labels.
     pub machines: &'a BTreeMap<super::conflict::MachineKey, BTreeMap<String, String>>,

@@ -124,7 +124,7 @@ pub(super) struct World {
     pub(super) alive: BTreeMap<String, liveness::Alive>,
     pub(super) outage: Option<outage::Window>,
     pub(super) kubelet_renewals: BTreeMap<String, Timestamp>,
-    pub(super) upgrades: Vec<String>,
+    pub(super) upgrades: Vec<upgrade::Upgrade>,
     pub(super) machine_health_checks: Vec<conflict::MachineHealthCheckFacts>,
     pub(super) machines: BTreeMap<conflict::MachineKey, BTreeMap<String, String>>,
     pub(super) etcd: Option<Vec<nodemedic_kube::etcd::Member>>,
@@ -534,7 +534,9 @@ fn upgrading_world() -> World {
     );
     w.remediations.push(cr("b", "SelfNodeRemediation", NOW - 200));
     w.remediations.push(cr("c", "SelfNodeRemediation", NOW - 200));
-    w.upgrades = vec!["ClusterVersion version is progressing towards 4.16.3".into()];
+    w.upgrades = vec![upgrade::Upgrade::everywhere(
+        "ClusterVersion version is progressing towards 4.16.3",
+    )];
     w
 }
 
@@ -1067,7 +1069,7 @@ proptest! {
     #[test]
     fn an_upgrade_starts_no_first_remediation_and_changes_nothing_else(w in arb_world()) {
         let steady = w.decide();
-        let upgrading = World { upgrades: vec!["MachineDeployment default/md is rolling out".into()], ..w };
+        let upgrading = World { upgrades: vec![upgrade::Upgrade::everywhere("ClusterVersion version is progressing")], ..w };
         let d = upgrading.decide();
         for new in &d.create {
             let escalation = upgrading.remediations.iter().any(|r| r.owned && r.node == new.node);

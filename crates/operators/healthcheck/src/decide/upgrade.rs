@@ -11,11 +11,35 @@
 //! exist, or a control plane moving to another version), and, for any other upgrade tool, the
 //! node annotation [`UPGRADE_ANNOTATION`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use nodemedic_api::machines::MachineApi;
 use serde_json::Value;
 
-use super::NodeFacts;
+use super::{
+    NodeFacts,
+    conflict::{CLUSTER_NAME_LABEL, MachineKey},
+};
+
+/// An upgrade an object says is under way.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Upgrade {
+    pub what: String,
+    /// A Cluster API object's cluster (namespace, name): it holds back only the nodes of that
+    /// cluster's Machines. A management cluster's MachineDeployments roll its workload clusters
+    /// out, not its own nodes.
+    pub cluster: Option<(String, String)>,
+}
+
+impl Upgrade {
+    /// An upgrade of the whole cluster (OpenShift's).
+    pub fn everywhere(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            cluster: None,
+        }
+    }
+}
 
 /// Set on a node (any value: who is upgrading it and why) by an upgrade tool nodemedic does not
 /// know: while a node a health check selects carries it, the check starts no new remediation.
@@ -52,7 +76,23 @@ pub const SOURCES: [Source; 4] = [
 ];
 
 /// What an object of one of the [`SOURCES`] says, when it says an upgrade is under way.
-pub fn upgrading(kind: &str, object: &Value) -> Option<String> {
+pub fn upgrading(kind: &str, object: &Value) -> Option<Upgrade> {
+    let what = describe(kind, object)?;
+    let cluster = match kind {
+        "KubeadmControlPlane" | "MachineDeployment" => {
+            let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
+            let name = object["spec"]["clusterName"]
+                .as_str()
+                .or_else(|| object["metadata"]["labels"][CLUSTER_NAME_LABEL].as_str())
+                .unwrap_or_default();
+            Some((namespace.to_owned(), name.to_owned()))
+        }
+        _ => None,
+    };
+    Some(Upgrade { what, cluster })
+}
+
+fn describe(kind: &str, object: &Value) -> Option<String> {
     let what = format!("{kind} {}", name_of(object));
     // Said without the conditions' messages, which change with every step of the upgrade ("512 of
     // 870 done"): each change would wake every check and rewrite its condition.
@@ -79,13 +119,33 @@ pub fn node_upgrading(annotations: &BTreeMap<String, String>) -> Option<String> 
     (desired != current).then(|| format!("its machine config changes from {current} to {desired}"))
 }
 
-/// The upgrade that postpones a check's new remediations: one seen cluster-wide, or on a node
-/// the check selects. Says at most three, and how many more.
-pub(super) fn in_progress(cluster: &[String], selected: &[&NodeFacts]) -> Option<String> {
+/// The upgrade that postpones a check's new remediations: one of the whole cluster, one of the
+/// Cluster API cluster a selected node's Machine is of, or one on a node the check selects.
+/// Says at most three, and how many more.
+pub(super) fn in_progress(
+    upgrades: &[Upgrade],
+    selected: &[&NodeFacts],
+    machines: &BTreeMap<MachineKey, BTreeMap<String, String>>,
+) -> Option<String> {
+    let clusters: BTreeSet<(String, String)> = selected
+        .iter()
+        .filter_map(|n| {
+            let key = n
+                .machine
+                .as_ref()
+                .filter(|(api, _, _)| *api == MachineApi::ClusterApi)?;
+            let cluster = machines.get(key)?.get(CLUSTER_NAME_LABEL)?;
+            Some((key.1.clone(), cluster.clone()))
+        })
+        .collect();
+    let ours = upgrades
+        .iter()
+        .filter(|u| u.cluster.as_ref().is_none_or(|c| clusters.contains(c)))
+        .map(|u| u.what.clone());
     let nodes = selected
         .iter()
         .filter_map(|n| Some(format!("node {}: {}", n.name, n.upgrading.as_deref()?)));
-    let all: Vec<String> = cluster.iter().cloned().chain(nodes).collect();
+    let all: Vec<String> = ours.chain(nodes).collect();
     let (shown, more) = all.split_at(all.len().min(3));
     match (shown.is_empty(), more.len()) {
         (true, _) => None,
@@ -148,7 +208,7 @@ mod tests {
             {"type": "Progressing", "status": "True", "message": "Working towards 4.16.3: 512 of 870 done"}
         ]}});
         assert_eq!(
-            upgrading("ClusterVersion", &version).as_deref(),
+            upgrading("ClusterVersion", &version).map(|u| u.what).as_deref(),
             Some("ClusterVersion version is progressing towards 4.16.3")
         );
         version["status"]["conditions"][1]["status"] = json!("False");
@@ -165,7 +225,7 @@ mod tests {
             {"type": "Updating", "status": "True", "message": "2 of 5 machines updated"}
         ]}});
         assert_eq!(
-            upgrading("MachineConfigPool", &pool).as_deref(),
+            upgrading("MachineConfigPool", &pool).map(|u| u.what).as_deref(),
             Some("MachineConfigPool worker is updating")
         );
     }
@@ -177,7 +237,7 @@ mod tests {
                 "status": {"replicas": 3, "updatedReplicas": updated}})
         };
         assert_eq!(
-            upgrading("MachineDeployment", &v1beta1(1)).as_deref(),
+            upgrading("MachineDeployment", &v1beta1(1)).map(|u| u.what).as_deref(),
             Some("MachineDeployment default/md is rolling out: 1 of 3 machines up to date")
         );
         assert_eq!(upgrading("MachineDeployment", &v1beta1(3)), None);
@@ -188,18 +248,41 @@ mod tests {
             "status": {"replicas": 3, "upToDateReplicas": 3, "conditions": [
                 {"type": "RollingOut", "status": "True", "message": "Rolling out 1 machine"}]}});
         assert_eq!(
-            upgrading("MachineDeployment", &condition).as_deref(),
+            upgrading("MachineDeployment", &condition).map(|u| u.what).as_deref(),
             Some("MachineDeployment default/md is rolling out: Rolling out 1 machine")
         );
         let control_plane = json!({"metadata": {"namespace": "default", "name": "cp"},
             "spec": {"version": "v1.31.1"},
             "status": {"version": "v1.30.4", "replicas": 3, "updatedReplicas": 3}});
         assert_eq!(
-            upgrading("KubeadmControlPlane", &control_plane).as_deref(),
+            upgrading("KubeadmControlPlane", &control_plane)
+                .map(|u| u.what)
+                .as_deref(),
             Some("KubeadmControlPlane default/cp is moving from v1.30.4 to v1.31.1")
         );
         let new_deployment = json!({"metadata": {"namespace": "default", "name": "md"}, "status": {}});
         assert_eq!(upgrading("MachineDeployment", &new_deployment), None, "no counts yet");
+    }
+
+    #[test]
+    fn a_cluster_api_rollout_holds_back_only_the_nodes_of_its_cluster() {
+        let deployment = json!({"metadata": {"namespace": "tenants", "name": "md"},
+            "spec": {"clusterName": "tenant-a"}, "status": {"replicas": 3, "upToDateReplicas": 1}});
+        let upgrade = upgrading("MachineDeployment", &deployment).expect("rolling out");
+        assert_eq!(upgrade.cluster, Some(("tenants".into(), "tenant-a".into())));
+        let mut own = crate::decide::tests::node("w1", "True", 0);
+        own.machine = Some((MachineApi::ClusterApi, "tenants".into(), "m-1".into()));
+        let machines = |cluster: &str| -> BTreeMap<MachineKey, BTreeMap<String, String>> {
+            let key = (MachineApi::ClusterApi, "tenants".to_owned(), "m-1".to_owned());
+            [(key, [(CLUSTER_NAME_LABEL.to_owned(), cluster.to_owned())].into())].into()
+        };
+        let upgrades = [upgrade];
+        assert!(in_progress(&upgrades, &[&own], &machines("tenant-a")).is_some());
+        assert_eq!(in_progress(&upgrades, &[&own], &machines("management")), None);
+        let not_a_machine = crate::decide::tests::node("w2", "True", 0);
+        assert_eq!(in_progress(&upgrades, &[&not_a_machine], &machines("tenant-a")), None);
+        let openshift = [Upgrade::everywhere("ClusterVersion version is progressing")];
+        assert!(in_progress(&openshift, &[&not_a_machine], &BTreeMap::new()).is_some());
     }
 
     #[test]
