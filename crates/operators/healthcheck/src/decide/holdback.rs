@@ -20,7 +20,7 @@ pub(super) struct Gate {
     pub conflict: Option<String>,
     pub paused: bool,
     /// A cluster upgrade under way ([`super::upgrade::in_progress`]).
-    pub upgrade: Option<String>,
+    pub upgrade: Option<super::upgrade::Hold>,
     pub over_budget: bool,
 }
 
@@ -137,15 +137,23 @@ fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
     })
 }
 
-/// A cluster upgrade postpones a node's first remediation; the escalation of one under way goes on.
+/// A cluster upgrade postpones the first remediation of a node that turned unhealthy during it;
+/// the escalation of one under way goes on, and a node unhealthy since before the upgrade began
+/// is not the upgrade's doing (and may be what holds the upgrade up).
 fn upgrading(c: &Candidate<'_>) -> Option<HoldBack> {
-    let why = c.gate.upgrade.as_deref()?;
+    let hold = c.gate.upgrade.as_ref()?;
     let first_order = c.input.check.steps.iter().map(|s| s.order).min();
-    let first_step = first_order == Some(c.step.order);
-    first_step.then(|| {
+    if first_order != Some(c.step.order) {
+        return None;
+    }
+    let unhealthy_since = match health::classify(c.node, &c.input.check.rules, c.input.now, None) {
+        Health::Unhealthy { since, .. } => since,
+        Health::Healthy | Health::Soon { .. } => c.input.now,
+    };
+    hold.holds(unhealthy_since).then(|| {
         HoldBack::Skipped(format!(
-            "Postponing remediation of node {} because of an ongoing cluster upgrade: {why}",
-            c.node.name
+            "Postponing remediation of node {} because of an ongoing cluster upgrade: {}",
+            c.node.name, hold.why
         ))
     })
 }

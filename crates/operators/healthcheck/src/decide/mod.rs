@@ -101,7 +101,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
             CONFLICTING_MHC,
             format!("No new remediation: {why}; remediations under way go on"),
         )
-    } else if let Some(why) = &upgrade {
+    } else if let Some(upgrade::Hold { why, .. }) = &upgrade {
         (
             false,
             UPGRADING,
@@ -133,7 +133,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         );
     }
 
-    if let Some(why) = &upgrade
+    if let Some(upgrade::Hold { why, .. }) = &upgrade
         && input.memory.remediation_allowed_reason.as_deref() != Some(UPGRADING)
     {
         decision.notice(

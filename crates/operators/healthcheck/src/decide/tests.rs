@@ -591,6 +591,34 @@ fn an_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
 }
 
 #[test]
+fn a_node_unhealthy_since_before_the_upgrade_began_is_remediated_during_it() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("early", "Unknown", NOW - 900),
+            node("late", "Unknown", NOW - 400),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+        ],
+    );
+    w.upgrades = vec![upgrade::Upgrade {
+        since: Some(at(NOW - 600)),
+        ..upgrade::Upgrade::everywhere("ClusterVersion version is progressing towards 4.16.3")
+    }];
+    assert_eq!(
+        created_for(&w.decide()),
+        ["early"],
+        "late turned unhealthy during the upgrade"
+    );
+    w.upgrades[0].since = None;
+    assert!(
+        w.decide().create.is_empty(),
+        "an upgrade that cannot say when it began holds both"
+    );
+}
+
+#[test]
 fn a_node_s_own_upgrade_postpones_only_the_checks_that_select_it() {
     let mut w = World::new(
         classic(),

@@ -25,6 +25,9 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Upgrade {
     pub what: String,
+    /// When it began, when its object says (the condition's transition time): a node unhealthy
+    /// since before then is not the upgrade's doing, and is remediated.
+    pub since: Option<jiff::Timestamp>,
     /// A Cluster API object's cluster (namespace, name): it holds back only the nodes of that
     /// cluster's Machines. A management cluster's MachineDeployments roll its workload clusters
     /// out, not its own nodes.
@@ -36,8 +39,24 @@ impl Upgrade {
     pub fn everywhere(what: impl Into<String>) -> Self {
         Self {
             what: what.into(),
+            since: None,
             cluster: None,
         }
+    }
+}
+
+/// The upgrades that hold a check's new remediations back, said, and since when the earliest
+/// began (`None`: one of them cannot say, so it may have begun at any time).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub why: String,
+    pub since: Option<jiff::Timestamp>,
+}
+
+impl Hold {
+    /// Whether it holds a node unhealthy since `unhealthy_since` back.
+    pub(super) fn holds(&self, unhealthy_since: jiff::Timestamp) -> bool {
+        self.since.is_none_or(|began| unhealthy_since >= began)
     }
 }
 
@@ -78,6 +97,15 @@ pub const SOURCES: [Source; 4] = [
 /// What an object of one of the [`SOURCES`] says, when it says an upgrade is under way.
 pub fn upgrading(kind: &str, object: &Value) -> Option<Upgrade> {
     let what = describe(kind, object)?;
+    let condition = match kind {
+        "ClusterVersion" => "Progressing",
+        "MachineConfigPool" => "Updating",
+        _ => "RollingOut",
+    };
+    let since = object["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == condition && c["status"] == "True"))
+        .and_then(|c| c["lastTransitionTime"].as_str()?.parse().ok());
     let cluster = match kind {
         "KubeadmControlPlane" | "MachineDeployment" => {
             let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -89,7 +117,7 @@ pub fn upgrading(kind: &str, object: &Value) -> Option<Upgrade> {
         }
         _ => None,
     };
-    Some(Upgrade { what, cluster })
+    Some(Upgrade { what, since, cluster })
 }
 
 fn describe(kind: &str, object: &Value) -> Option<String> {
@@ -126,7 +154,7 @@ pub(super) fn in_progress(
     upgrades: &[Upgrade],
     selected: &[&NodeFacts],
     machines: &BTreeMap<MachineKey, BTreeMap<String, String>>,
-) -> Option<String> {
+) -> Option<Hold> {
     let clusters: BTreeSet<(String, String)> = selected
         .iter()
         .filter_map(|n| {
@@ -138,20 +166,28 @@ pub(super) fn in_progress(
             Some((key.1.clone(), cluster.clone()))
         })
         .collect();
-    let ours = upgrades
+    let ours: Vec<&Upgrade> = upgrades
         .iter()
         .filter(|u| u.cluster.as_ref().is_none_or(|c| clusters.contains(c)))
-        .map(|u| u.what.clone());
-    let nodes = selected
+        .collect();
+    let on_nodes: Vec<String> = selected
         .iter()
-        .filter_map(|n| Some(format!("node {}: {}", n.name, n.upgrading.as_deref()?)));
-    let all: Vec<String> = ours.chain(nodes).collect();
+        .filter_map(|n| Some(format!("node {}: {}", n.name, n.upgrading.as_deref()?)))
+        .collect();
+    // A node's own sign (an annotation) says nothing of when it began.
+    let since = if on_nodes.is_empty() {
+        ours.iter().map(|u| u.since).min().flatten()
+    } else {
+        None
+    };
+    let all: Vec<String> = ours.iter().map(|u| u.what.clone()).chain(on_nodes).collect();
     let (shown, more) = all.split_at(all.len().min(3));
-    match (shown.is_empty(), more.len()) {
-        (true, _) => None,
-        (false, 0) => Some(shown.join("; ")),
-        (false, n) => Some(format!("{}; and {n} more", shown.join("; "))),
-    }
+    let why = match (shown.is_empty(), more.len()) {
+        (true, _) => return None,
+        (false, 0) => shown.join("; "),
+        (false, n) => format!("{}; and {n} more", shown.join("; ")),
+    };
+    Some(Hold { why, since })
 }
 
 fn name_of(object: &Value) -> String {
@@ -205,11 +241,15 @@ mod tests {
     fn a_progressing_cluster_version_is_an_upgrade_and_a_settled_one_is_not() {
         let mut version = json!({"metadata": {"name": "version"}, "status": {"desired": {"version": "4.16.3"}, "conditions": [
             {"type": "Available", "status": "True"},
-            {"type": "Progressing", "status": "True", "message": "Working towards 4.16.3: 512 of 870 done"}
+            {"type": "Progressing", "status": "True", "message": "Working towards 4.16.3: 512 of 870 done",
+                "lastTransitionTime": "2026-11-29T10:00:00Z"}
         ]}});
+        let upgrade = upgrading("ClusterVersion", &version).expect("an upgrade");
+        assert_eq!(upgrade.what, "ClusterVersion version is progressing towards 4.16.3");
         assert_eq!(
-            upgrading("ClusterVersion", &version).map(|u| u.what).as_deref(),
-            Some("ClusterVersion version is progressing towards 4.16.3")
+            upgrade.since,
+            "2026-11-29T10:00:00Z".parse().ok(),
+            "began when it started progressing"
         );
         version["status"]["conditions"][1]["status"] = json!("False");
         assert_eq!(upgrading("ClusterVersion", &version), None);
