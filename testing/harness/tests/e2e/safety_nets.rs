@@ -1,6 +1,6 @@
 //! The safety nets medik8s has (issue 48): a cluster upgrade postpones new remediation and lets
 //! remediations under way go on (README, "Cluster upgrades"); a MachineHealthCheck covering a
-//! node the check selects disables the check. Cluster API's CRDs are served, and no Cluster API
+//! node the check selects disables the check; a control-plane node waits until etcd can spare it. Cluster API's CRDs are served, and no Cluster API
 //! controller runs: the tests write its objects (a MachineDeployment's status, a Machine and its
 //! node's annotations) as its controllers would, to produce each state on demand.
 
@@ -243,6 +243,75 @@ async fn a_machine_health_check_covering_a_selected_node_disables_the_check_unti
         .await
         .expect("the conflicting MachineHealthCheck deleted");
     eventually("node-2 remediated once the check is enabled", LONG, || async {
+        snr_for(&client, "node-2").await.into_iter().next()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_node_is_remediated_only_once_etcd_can_spare_it() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.add_etcd_members().expect("etcd mirror pods");
+    let members = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "kube-system");
+    let ready_members = || async {
+        let list = members
+            .list(&kube::api::ListParams::default().labels("component=etcd"))
+            .await
+            .ok()?;
+        Some(
+            list.items
+                .iter()
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count(),
+        )
+    };
+    eventually("three ready etcd members", LONG, || async {
+        (ready_members().await? == 3).then_some(())
+    })
+    .await;
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
+
+    // node-3's member is gone: etcd has two, and node-2's loss would leave one.
+    let node_3_member = members
+        .list(&kube::api::ListParams::default().labels("component=etcd"))
+        .await
+        .expect("the members")
+        .items
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("node-3"))
+        .and_then(|p| p.metadata.name)
+        .expect("node-3's member");
+    members
+        .delete(&node_3_member, &DeleteParams::default().grace_period(0))
+        .await
+        .expect("node-3's member removed");
+    lab.crash("node-2").await.expect("crash");
+    eventually("node-2 held back for etcd's quorum", LONG, || async {
+        event_with(
+            &client,
+            "RemediationSkipped",
+            "etcd would keep 1 of its 2 members ready",
+        )
+        .await
+    })
+    .await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated at etcd's expense"
+    );
+
+    // node-3's member is back and ready: etcd can spare node-2.
+    lab.add_etcd_members().expect("etcd mirror pods");
+    eventually("node-2 remediated once etcd can spare it", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
     })
     .await;
