@@ -354,8 +354,11 @@ impl Apply<'_> {
                 .delete(&id.name, &DeleteParams::background())
                 .await
             {
-                Ok(_) => tracing::info!(nhc = %self.name, object = %id, "deleted remediation"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Ok(_) => {
+                    self.ctx.index.forget_created(id);
+                    tracing::info!(nhc = %self.name, object = %id, "deleted remediation");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => self.ctx.index.forget_created(id),
                 Err(e) => return Err(nodemedic_kube::Error::call(format!("deleting {id}"), e).into()),
             }
         }

@@ -267,6 +267,17 @@ impl Index {
             .unwrap_or_default()
     }
 
+    /// A remediation this process deleted: gone (or going), whatever its watch delivers. A
+    /// creation the watch never delivered (it was relisting: an API server restart) would
+    /// otherwise count for a minute after the delete, and hold the node's lease, with nothing
+    /// to wake the check when the minute is over (chaos-20261130T002415Z, trial 11).
+    pub(super) fn forget_created(&self, id: &RemediationId) {
+        self.created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
+    }
+
     /// Remediation objects of these kinds, `owned` set for those `owner_uid` owns.
     pub(super) fn remediations_of(&self, kinds: &BTreeSet<(String, String)>, owner_uid: &str) -> Vec<RemediationFacts> {
         let Ok(all) = self.remediations.read() else {
@@ -395,8 +406,12 @@ mod tests {
             .remediations
             .write()
             .expect("lock")
-            .insert(stored.facts.id.clone(), stored);
+            .insert(stored.facts.id.clone(), stored.clone());
         assert_eq!(index.remediations_of(&kinds, "nhc-uid").len(), 1);
+        // Deleted by this process before the watch delivered anything: gone at once.
+        index.remediations.write().expect("lock").clear();
+        index.forget_created(&stored.facts.id);
+        assert!(index.remediations_of(&kinds, "nhc-uid").is_empty());
     }
 
     #[test]
