@@ -207,7 +207,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             extra_names: args.webhook_extra_san.clone(),
             certificate_dir: args.webhook_cert_dir.clone(),
         };
-        webhook::spawn(client.clone(), settings, admission_routes(reads));
+        webhook::spawn(
+            client.clone(),
+            settings,
+            admission_routes(reads, &args.fence_agents_dir),
+        );
     }
     let leadership = lead(&args, &client, &identity, &readiness).await?;
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
@@ -362,12 +366,18 @@ fn spawn_descheduler(
     Ok(())
 }
 
-fn admission_routes(reads: kube::Client) -> Vec<webhook::Route> {
+fn admission_routes(reads: kube::Client, fence_agents_dir: &std::path::Path) -> Vec<webhook::Route> {
+    use nodemedic_fence_agents::controller::admission as far;
     use nodemedic_healthcheck::controller::admission as nhc;
     use nodemedic_maintenance::controller::admission as nm;
+    let agents = nodemedic_fence_agents::agent::Agents::new(fence_agents_dir);
+    let far_reads = reads.clone();
     vec![
         webhook::Route::new(nm::PATH, move |request| nm::validate(reads.clone(), request)),
         webhook::Route::new(nhc::PATH, |request| std::future::ready(nhc::validate(&request))),
+        webhook::Route::new(far::PATH, move |request| {
+            far::validate(far_reads.clone(), agents.clone(), request)
+        }),
     ]
 }
 
