@@ -1,6 +1,7 @@
 //! The safety nets medik8s has (issue 48): a cluster upgrade postpones new remediation and lets
 //! remediations under way go on (README, "Cluster upgrades"); a MachineHealthCheck covering a
-//! node the check selects disables the check; a control-plane node waits until etcd can spare it. Cluster API's CRDs are served, and no Cluster API
+//! node the check selects disables the check; a control-plane node waits until etcd can spare it
+//! (its members shown as pods, or external ones asked for their health). Cluster API's CRDs are served, and no Cluster API
 //! controller runs: the tests write its objects (a MachineDeployment's status, a Machine and its
 //! node's annotations) as its controllers would, to produce each state on demand.
 
@@ -311,6 +312,75 @@ async fn a_control_plane_node_is_remediated_only_once_etcd_can_spare_it() {
 
     // node-3's member is back and ready: etcd can spare node-2.
     lab.add_etcd_members().expect("etcd mirror pods");
+    eventually("node-2 remediated once etcd can spare it", LONG, || async {
+        snr_for(&client, "node-2").await.into_iter().next()
+    })
+    .await;
+}
+
+/// Whether etcd's member at `url` (http://ip:port) answers its health check healthy.
+async fn member_healthy(url: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(address) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").await.ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.ok()?;
+        Some(answer.contains(r#""health":"true""#))
+    };
+    tokio::time::timeout(Duration::from_secs(2), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// External etcd: a member on each control-plane host, outside any pod, named to the controller
+/// with `--etcd-member`; the quorum guard asks each for its health. With node-3's member stopped,
+/// node-2's loss leaves no member healthy: node-2 is held back. Once node-3's member is back, it
+/// and node-1's have a quorum, and node-2 is remediated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_external_etcd_a_control_plane_node_is_remediated_only_once_the_members_can_spare_it() {
+    let lab = lab(LabConfig::seed()).await;
+    let client = lab.client();
+    let members = lab
+        .start_etcd_cluster(&["node-1", "node-2", "node-3"])
+        .expect("the etcd cluster");
+    let all_healthy = || async {
+        for (_, url) in &members {
+            if !member_healthy(url).await {
+                return None;
+            }
+        }
+        Some(())
+    };
+    eventually("three healthy etcd members", LONG, all_healthy).await;
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
+    let flags: Vec<String> = members
+        .iter()
+        .map(|(node, url)| format!("--etcd-member={node}={url}"))
+        .collect();
+    let mut args: Vec<&str> = ONLY_HEALTH_CHECK.to_vec();
+    args.extend(flags.iter().map(String::as_str));
+    start_controller(&lab, "controller", &args);
+    phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
+
+    lab.kill_process("node-3/etcd").expect("node-3's member stopped");
+    lab.crash("node-2").await.expect("crash");
+    eventually("node-2 held back for etcd's quorum", LONG, || async {
+        event_with(&client, "RemediationSkipped", "of its 3 members ready").await
+    })
+    .await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated at etcd's expense"
+    );
+
+    lab.restart_process("node-3/etcd").expect("node-3's member started");
     eventually("node-2 remediated once etcd can spare it", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
     })

@@ -78,7 +78,13 @@ impl Triggers {
 }
 
 /// Runs until the process ends (it returns only if a watch could not start).
-pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()> {
+/// `etcd`: members configured outside any pod, for the quorum guard.
+pub async fn run(
+    client: Client,
+    metrics: Metrics,
+    events: Events,
+    etcd: Option<nodemedic_kube::etcd::External>,
+) -> Result<()> {
     let index = Arc::new(Index::default());
     let (tx, rx) = mpsc::unbounded();
     let (store, writer) = reflector::store();
@@ -156,6 +162,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         leases,
         events,
         metrics,
+        etcd,
         memory: Default::default(),
     });
     applier(

@@ -38,6 +38,8 @@ pub(super) struct Context {
     pub leases: NodeLeases,
     pub events: Events,
     pub metrics: Metrics,
+    /// etcd members configured outside any pod (external etcd), asked for their health.
+    pub etcd: Option<nodemedic_kube::etcd::External>,
     /// Per check: what metrics need between reconciles.
     pub memory: Mutex<BTreeMap<String, CheckMemory>>,
 }
@@ -77,7 +79,7 @@ pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> R
     // A control-plane node is remediated only if etcd keeps its quorum: the members are read
     // (two small lists) only when one would be, and it is decided again with them.
     if decision.create.iter().any(|c| c.control_plane) {
-        let members = nodemedic_kube::etcd::members(&ctx.client)
+        let members = nodemedic_kube::etcd::members(&ctx.client, ctx.etcd.as_ref())
             .await
             .map_err(|e| e.to_string());
         let view = match &members {

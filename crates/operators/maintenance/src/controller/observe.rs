@@ -120,7 +120,11 @@ pub(super) async fn observe(ctx: &Context, current: NodeMaintenance) -> Result<O
             .filter(|o| phase(o) != Phase::NotStarted || key(o) < key(nm))
             .map(|o| o.spec.node_name.clone())
             .collect();
-        nodemedic_kube::etcd::check(&nodemedic_kube::etcd::members(&ctx.client).await?, &busy, node_name)
+        nodemedic_kube::etcd::check(
+            &nodemedic_kube::etcd::members(&ctx.client, ctx.etcd.as_ref()).await?,
+            &busy,
+            node_name,
+        )
     } else {
         quorum::Verdict::NotAMember
     };

@@ -3,7 +3,8 @@
 //! shows of them: kubeadm runs each as a mirror pod `component=etcd` in kube-system; OpenShift
 //! runs a guard pod per member (`app=guard` in openshift-etcd, behind the `etcd-guard-pdb`
 //! budget) that is Ready while the member on its node is healthy. A pod's readiness stands for
-//! its member's health.
+//! its member's health. Members outside any pod (external etcd) are configured and asked
+//! ([`external`]).
 
 use std::collections::BTreeSet;
 
@@ -11,6 +12,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, api::ListParams};
 
 use crate::{CallContext, Result};
+
+pub mod external;
+
+pub use external::External;
 
 /// Where the cluster shows its etcd members: (namespace, label selector).
 const MEMBER_PODS: [(&str, &str); 2] = [("kube-system", "component=etcd"), ("openshift-etcd", "app=guard")];
@@ -68,50 +73,53 @@ pub fn check(members: &[Member], busy: &BTreeSet<String>, node: &str) -> Verdict
     }
 }
 
-/// The member a pod stands for, on a node whose readiness `node_ready` says.
-pub fn member_of(pod: &Pod, node_ready: impl Fn(&str) -> bool) -> Option<Member> {
+/// A pod's node and readiness, when it is placed.
+fn shown_by(pod: &Pod) -> Option<(String, bool)> {
     let node = pod.spec.as_ref()?.node_name.clone()?;
     let ready = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let node_ready = node_ready(&node);
-    Some(Member {
-        node,
-        ready,
-        node_ready,
-    })
+    Some((node, ready))
 }
 
-/// Every etcd member the cluster shows (none on a cluster whose etcd runs outside it), with
-/// its node's readiness (one read per member's node: a handful).
-pub async fn members(client: &Client) -> Result<Vec<Member>> {
-    let mut pods = Vec::new();
+/// Every etcd member the cluster shows (none on a cluster whose etcd runs outside it) and every
+/// `external` one configured, with its node's readiness (one read per member's node: a handful).
+pub async fn members(client: &Client, external: Option<&External>) -> Result<Vec<Member>> {
+    let mut shown = Vec::new();
     for (namespace, selector) in MEMBER_PODS {
         let listed = Api::<Pod>::namespaced(client.clone(), namespace)
             .list(&ListParams::default().labels(selector))
             .await
             .with_context(|| format!("listing the etcd member pods ({selector}) in {namespace}"))?;
-        pods.extend(listed.items);
+        shown.extend(listed.items.iter().filter_map(shown_by));
+    }
+    if let Some(external) = external {
+        shown.extend(external.health().await);
     }
     let nodes = Api::<Node>::all(client.clone());
     let mut ready_nodes = BTreeSet::new();
-    for name in pods.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()) {
+    let names: BTreeSet<&String> = shown.iter().map(|(node, _)| node).collect();
+    for name in names {
         let node = nodes
-            .get_opt(&name)
+            .get_opt(name)
             .await
             .with_context(|| format!("reading node {name} of an etcd member"))?;
         let ready = node
             .and_then(|n| n.status?.conditions)
             .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         if ready {
-            ready_nodes.insert(name);
+            ready_nodes.insert(name.clone());
         }
     }
-    Ok(pods
-        .iter()
-        .filter_map(|p| member_of(p, |n| ready_nodes.contains(n)))
+    Ok(shown
+        .into_iter()
+        .map(|(node, ready)| Member {
+            node_ready: ready_nodes.contains(&node),
+            node,
+            ready,
+        })
         .collect())
 }
 
