@@ -192,7 +192,7 @@ async fn olm_installs_the_bundle_from_a_catalog_and_its_csv_succeeds() {
             "jsonpath={.items[*].webhooks[*].clientConfig.caBundle}",
         ])
         .expect("the webhooks");
-    assert_eq!(ca.split_whitespace().filter(|c| !c.is_empty()).count(), 2, "{ca}");
+    assert_eq!(ca.split_whitespace().filter(|c| !c.is_empty()).count(), 3, "{ca}");
 }
 
 const OLM_NAMESPACE: &str = "olm";

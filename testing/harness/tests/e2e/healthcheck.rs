@@ -226,10 +226,10 @@ async fn over_budget_nothing_is_remediated_and_the_check_says_why() {
 }
 
 /// Every self-remediation template can escalate (medik8s marks them all so): a user's own runs
-/// after the default one, and its remediation, whose node's name the first one already has,
-/// gets a generated name and names its node in the annotation.
+/// after the default one. Two steps of one kind cannot both name their remediation after the
+/// node, so each gets a generated name and names its node in the annotation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn escalation_from_one_self_remediation_template_to_another_names_the_second_remediation_itself() {
+async fn escalation_from_one_self_remediation_template_to_another_gives_each_remediation_its_own_name() {
     let lab = lab(LabConfig::workers(3)).await;
     let client = lab.client();
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
@@ -253,20 +253,25 @@ async fn escalation_from_one_self_remediation_template_to_another_names_the_seco
     start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, "two-snr", NodeHealthCheckPhase::Enabled).await;
     lab.crash("node-1").await.expect("crash");
-    eventually("node-1's first SelfNodeRemediation", LONG, || async {
+    let first = eventually("node-1's first SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-1").await.into_iter().next()
     })
     .await;
+    assert!(
+        first.name_any().starts_with("node-1-"),
+        "a generated name: {}",
+        first.name_any()
+    );
     let failed = json!({"status": {"conditions": [{"type": "Succeeded", "status": "False", "reason": "RemediationFailed", "message": "test", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
     Api::<SelfNodeRemediation>::namespaced(client.clone(), NS)
-        .patch_status("node-1", &PatchParams::default(), &Patch::Merge(&failed))
+        .patch_status(&first.name_any(), &PatchParams::default(), &Patch::Merge(&failed))
         .await
         .expect("report failure");
     let second = eventually("node-1's second SelfNodeRemediation", LONG, || async {
         snr_for(&client, "node-1")
             .await
             .into_iter()
-            .find(|r| r.name_any() != "node-1")
+            .find(|r| r.name_any() != first.name_any())
     })
     .await;
     assert!(
