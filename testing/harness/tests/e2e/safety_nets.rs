@@ -1,9 +1,11 @@
-//! The safety nets medik8s has (issue 48): a cluster upgrade postpones new remediation and lets
+//! The safety nets medik8s has (issue 48): a cluster upgrade (OpenShift's ClusterVersion and
+//! MachineConfigPools, Cluster API's rollouts, an annotation) postpones new remediation and lets
 //! remediations under way go on (README, "Cluster upgrades"); a MachineHealthCheck covering a
 //! node the check selects disables the check; a control-plane node waits until etcd can spare it
-//! (its members shown as pods, or external ones asked for their health). Cluster API's CRDs are served, and no Cluster API
-//! controller runs: the tests write its objects (a MachineDeployment's status, a Machine and its
-//! node's annotations) as its controllers would, to produce each state on demand.
+//! (its members shown as pods, or external ones asked for their health). Cluster API's and
+//! OpenShift's CRDs are served, and none of their controllers runs: the tests write their objects
+//! (a MachineDeployment's status, a ClusterVersion's, a Machine and its node's annotations) as
+//! those controllers would, to produce each state on demand.
 
 use std::time::Duration;
 
@@ -99,6 +101,60 @@ async fn a_machine_s_node(lab: &nodemedic_lab::Lab, node: &str, labels: serde_js
         .expect("the node's Machine annotations");
 }
 
+/// An OpenShift API kind (cluster-scoped, v1).
+fn openshift(client: &Client, group: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+/// Writes OpenShift's upgrade signals as its operators do: ClusterVersion `version`
+/// `Progressing` and MachineConfigPool `worker` `Updating`, True since long before the test's
+/// nodes failed, or False now.
+async fn openshift_upgrading(lab: &nodemedic_lab::Lab, client: &Client, upgrading: bool) {
+    let version = json!({"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion",
+        "metadata": {"name": "version"}, "spec": {"clusterID": "5f8b8d2e-8a4e-4c1b-9d0a-3b7c6a1e2f40"}});
+    let pool = json!({"apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfigPool",
+        "metadata": {"name": "worker"}, "spec": {}});
+    lab.apply_yaml(&version.to_string()).expect("ClusterVersion");
+    lab.apply_yaml(&pool.to_string()).expect("MachineConfigPool");
+    let (status, since) = if upgrading {
+        ("True", "2026-01-01T00:00:00Z".to_owned())
+    } else {
+        ("False", jiff::Timestamp::now().to_string())
+    };
+    let condition = |type_: &str| json!([{"type": type_, "status": status, "lastTransitionTime": since, "reason": "Lab", "message": "lab"}]);
+    openshift(client, "config.openshift.io", "ClusterVersion", "clusterversions")
+        .patch_status(
+            "version",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "desired": {"version": "4.16.3", "image": "quay.io/openshift-release-dev/ocp-release:4.16.3-x86_64"},
+                "observedGeneration": 1, "versionHash": "lab", "availableUpdates": null,
+                "conditions": condition("Progressing")}})),
+        )
+        .await
+        .expect("the ClusterVersion's status");
+    openshift(
+        client,
+        "machineconfiguration.openshift.io",
+        "MachineConfigPool",
+        "machineconfigpools",
+    )
+    .patch_status(
+        "worker",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"conditions": condition("Updating")}})),
+    )
+    .await
+    .expect("the MachineConfigPool's status");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
     let lab = lab(LabConfig::seed()).await;
@@ -152,8 +208,25 @@ async fn a_cluster_upgrade_postpones_new_remediations_and_lets_those_under_way_g
         "remediated during the upgrade"
     );
 
-    // The rollout ends: node-2, unhealthy all along, is remediated.
+    // OpenShift upgrades too (its ClusterVersion progressing, a MachineConfigPool updating,
+    // both since before node-2 failed); the rollout ends, and they still hold node-2 back.
+    openshift_upgrading(&lab, &client, true).await;
+    postponed_for(&client, "ClusterVersion version is progressing towards 4.16.3").await;
+    postponed_for(&client, "MachineConfigPool worker is updating").await;
     up_to_date(&client, 3).await;
+    eventually("only OpenShift's upgrade said", LONG, || async {
+        remediation_allowed(&client)
+            .await
+            .filter(|(_, _, message)| message.contains("ClusterVersion") && !message.contains("MachineDeployment"))
+    })
+    .await;
+    assert!(
+        snr_for(&client, "node-2").await.is_empty(),
+        "remediated during the upgrade"
+    );
+
+    // OpenShift's upgrade ends: node-2, unhealthy all along, is remediated.
+    openshift_upgrading(&lab, &client, false).await;
     eventually("node-2's remediation once the upgrade is over", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
     })
