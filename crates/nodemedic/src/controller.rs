@@ -483,7 +483,8 @@ mod tests {
             paths,
             [
                 nodemedic_maintenance::controller::admission::PATH,
-                nodemedic_healthcheck::controller::admission::PATH
+                nodemedic_healthcheck::controller::admission::PATH,
+                nodemedic_fence_agents::controller::admission::PATH
             ]
         );
         let role = rendered
