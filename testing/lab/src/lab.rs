@@ -570,6 +570,22 @@ impl Lab {
         Ok(())
     }
 
+    /// What OpenShift shows of its etcd members: a guard pod on each control-plane node, in
+    /// namespace openshift-etcd (created here).
+    pub fn add_etcd_guard_pods(&self) -> Result<()> {
+        self.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: openshift-etcd}\n")?;
+        let control_plane = self
+            .inner
+            .nodes
+            .specs()
+            .into_iter()
+            .filter(|n| n.labels.contains_key(nodemedic_api::names::labels::ROLE_CONTROL_PLANE));
+        for node in control_plane {
+            self.apply_yaml(&crate::workloads::etcd_guard_pod(&node.name))?;
+        }
+        Ok(())
+    }
+
     /// Runs a real etcd cluster outside any pod, one member on each of `nodes` (in the node's
     /// network namespace, on its IP, stopped and started with the node; process
     /// `<node>/etcd`), as external etcd on the control-plane hosts runs; returns each member's

@@ -322,15 +322,49 @@ async fn a_machine_health_check_covering_a_selected_node_disables_the_check_unti
     .await;
 }
 
+/// Where a cluster shows its etcd members as pods: kubeadm's mirror pods, or OpenShift's guards.
+#[derive(Clone, Copy)]
+enum MemberPods {
+    Kubeadm,
+    OpenShift,
+}
+
+impl MemberPods {
+    fn add(self, lab: &nodemedic_lab::Lab) {
+        match self {
+            Self::Kubeadm => lab.add_etcd_members(),
+            Self::OpenShift => lab.add_etcd_guard_pods(),
+        }
+        .expect("etcd member pods");
+    }
+
+    fn api(self, client: &Client) -> (Api<k8s_openapi::api::core::v1::Pod>, &'static str) {
+        match self {
+            Self::Kubeadm => (Api::namespaced(client.clone(), "kube-system"), "component=etcd"),
+            Self::OpenShift => (Api::namespaced(client.clone(), "openshift-etcd"), "app=guard"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_plane_node_is_remediated_only_once_etcd_can_spare_it() {
+    remediated_once_etcd_can_spare_it(MemberPods::Kubeadm).await;
+}
+
+/// OpenShift's etcd guard pods, as medik8s reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_openshift_a_control_plane_node_is_remediated_only_once_the_etcd_guards_can_spare_it() {
+    remediated_once_etcd_can_spare_it(MemberPods::OpenShift).await;
+}
+
+async fn remediated_once_etcd_can_spare_it(pods: MemberPods) {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
-    lab.add_etcd_members().expect("etcd mirror pods");
-    let members = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "kube-system");
+    pods.add(&lab);
+    let (members, selector) = pods.api(&client);
     let ready_members = || async {
         let list = members
-            .list(&kube::api::ListParams::default().labels("component=etcd"))
+            .list(&kube::api::ListParams::default().labels(selector))
             .await
             .ok()?;
         Some(
@@ -356,7 +390,7 @@ async fn a_control_plane_node_is_remediated_only_once_etcd_can_spare_it() {
 
     // node-3's member is gone: etcd has two, and node-2's loss would leave one.
     let node_3_member = members
-        .list(&kube::api::ListParams::default().labels("component=etcd"))
+        .list(&kube::api::ListParams::default().labels(selector))
         .await
         .expect("the members")
         .items
@@ -384,7 +418,7 @@ async fn a_control_plane_node_is_remediated_only_once_etcd_can_spare_it() {
     );
 
     // node-3's member is back and ready: etcd can spare node-2.
-    lab.add_etcd_members().expect("etcd mirror pods");
+    pods.add(&lab);
     eventually("node-2 remediated once etcd can spare it", LONG, || async {
         snr_for(&client, "node-2").await.into_iter().next()
     })
