@@ -173,7 +173,6 @@ impl Install {
     }
 }
 
-/// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 /// Where agents run: not on a node labelled exclude-from-remediation=true (as medik8s's
 /// DaemonSet): such a node is never remediated, so an agent there could only fence it on its own
 /// (an isolated agent resets its node), and a node in maintenance carries the label. The
@@ -190,6 +189,7 @@ fn node_requirements(spec: &SelfNodeRemediationConfigSpec) -> Vec<NodeSelectorRe
         .collect()
 }
 
+/// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &Install) -> DaemonSet {
     let labels = BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
