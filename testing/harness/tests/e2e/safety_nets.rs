@@ -135,7 +135,7 @@ async fn openshift_upgrading(lab: &nodemedic_lab::Lab, client: &Client, upgradin
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {
                 "desired": {"version": "4.16.3", "image": "quay.io/openshift-release-dev/ocp-release:4.16.3-x86_64"},
-                "observedGeneration": 1, "versionHash": "lab", "availableUpdates": null,
+                "observedGeneration": 1, "versionHash": "lab", "availableUpdates": [],
                 "conditions": condition("Progressing")}})),
         )
         .await

@@ -304,16 +304,17 @@ async fn fence_agents_admission(client: &Client) {
         .create(&PostParams::default(), &secret)
         .await
         .expect("the Secret");
+    // A parameter both in the spec and in the Secret: only a read of the Secret can tell.
     let (code, message) = refusal(
         templates
             .create(
                 &PostParams::default(),
-                &far_template("far-status", far_spec("bmc-login", json!({"--action": "status"}))),
+                &far_template("far-twice", far_spec("bmc-login", json!({"--password": "inline"}))),
             )
             .await,
     );
     assert_eq!(code, 403, "{message}");
-    assert!(message.contains("--action=status is not supported"), "{message}");
+    assert!(message.contains("is set both in the spec and in a secret"), "{message}");
     templates
         .create(
             &PostParams::default(),
@@ -343,13 +344,14 @@ async fn fence_agents_admission(client: &Client) {
         remediations
             .create(
                 &PostParams::default(),
-                &remediation("node-2", far_spec("bmc-login", json!({"--action": "status"}))),
+                &remediation("node-2", far_spec("bmc-login", json!({"--password": "inline"}))),
             )
             .await,
     );
     assert_eq!(code, 403, "{message}");
     assert!(
-        message.contains("FenceAgentsRemediation node-2 cannot fence: for node node-2: --action=status"),
+        message.contains("FenceAgentsRemediation node-2 cannot fence: for node node-2:")
+            && message.contains("is set both in the spec and in a secret"),
         "{message}"
     );
     remediations
