@@ -3,9 +3,10 @@
 # outside the repo:
 #   cluster-api-manager  Cluster API's core controllers (sigs.k8s.io/cluster-api, package core):
 #                        Cluster, Machine, MachineSet, MachineDeployment, MachineHealthCheck
-#   crds/                every CRD that manager serves (core/config/crd/bases), and OpenShift's
+#   crds/                every CRD that manager serves (core/config/crd/bases), OpenShift's
 #                        Machine API CRDs (github.com/openshift/api, machine/v1beta1), whose
-#                        controller the lab plays itself (none can be had here)
+#                        controller the lab plays itself (none can be had here), and OpenShift's
+#                        ClusterVersion and MachineConfigPool CRDs (upgrade signals)
 # Idempotent: a manager that runs (--help) and present CRDs are kept. Prints the directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,5 +58,18 @@ if [ "$missing" = 1 ]; then
     install -m 0644 "$manifests.crd.yaml" "$out/crds/machine.openshift.io_$kind.yaml"
   done
 fi
+# OpenShift's upgrade signals the health check watches (a ClusterVersion progressing, a
+# MachineConfigPool updating); no OpenShift controller runs: the tests write their status.
+upgrades=(
+  "config/v1/zz_generated.crd-manifests/0000_00_cluster-version-operator_01_clusterversions-Default.crd.yaml:config.openshift.io_clusterversions.yaml"
+  "machineconfiguration/v1/zz_generated.crd-manifests/0000_80_machine-config_01_machineconfigpools.crd.yaml:machineconfiguration.openshift.io_machineconfigpools.yaml"
+)
+for entry in "${upgrades[@]}"; do
+  if [ ! -s "$out/crds/${entry#*:}" ]; then
+    log "fetching OpenShift's ${entry#*:} through the Go module proxy"
+    dir=$(module_dir "github.com/openshift/api@$OPENSHIFT_API_VERSION")
+    install -m 0644 "$dir/${entry%%:*}" "$out/crds/${entry#*:}"
+  fi
+done
 "$out/cluster-api-manager" --help >/dev/null 2>&1 || { log "ERROR: $out/cluster-api-manager does not run"; exit 1; }
 echo "$out"

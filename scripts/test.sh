@@ -261,14 +261,14 @@ done
 # The expected seconds (the times of an earlier run, as bench/results/ci-*.test-times.tsv keeps them)
 # only order the queue, longest first. The tests of the modules after `--after` need the Go tools
 # of `setup.sh later` (Helm, Cluster API, the descheduler, Prometheus: nodemedic_lab::{tools_dir,
-# machine_layer_dir, rebalancing_dir}) or the images; on a fresh machine the other tests run
+# machine_layer_dir, rebalancing_dir}, Lab::{install_machine_crds, start_machine_layer}) or the images; on a fresh machine the other tests run
 # while those are still being built.
-later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes
+later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes,safety_nets
 # A test module that renders the chart or reads the later tools' folders and is not in the list
 # would fail on a fresh machine only (with warm caches the tools are there already).
 for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
   module=$(basename "$file" .rs)
-  if grep -qE 'chart_defaults::|tools_dir\(|machine_layer_dir\(|rebalancing_dir\(' "$file" && [[ ",$later_modules," != *",$module,"* ]]; then
+  if grep -qE 'chart_defaults::|tools_dir\(|machine_layer_dir\(|rebalancing_dir\(|install_machine_crds\(|start_machine_layer\(' "$file" && [[ ",$later_modules," != *",$module,"* ]]; then
     echo "$file uses the tools of setup.sh later: add $module to later_modules in scripts/test.sh" >&2
     exit 1
   fi

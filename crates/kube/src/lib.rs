@@ -7,6 +7,7 @@ pub mod client;
 pub mod conditions;
 pub(crate) mod context;
 pub mod defaults;
+pub mod etcd;
 pub mod events;
 pub mod finalizers;
 pub mod leader;

@@ -85,6 +85,16 @@ pub struct ControllerArgs {
     /// PEM certificate authority of an https Prometheus, for the soft tainter.
     #[arg(long)]
     pub descheduler_prometheus_ca_file: Option<std::path::PathBuf>,
+    /// An etcd member that runs outside the cluster's pods, on a node, as NODE=URL (its client
+    /// URL, e.g. master-0=https://10.0.0.10:2379): the quorum guard asks it for its health
+    /// before a control-plane node is remediated or maintained. Repeat, or separate with commas.
+    /// Members kubeadm or OpenShift run as pods are found without it.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_member: Vec<nodemedic_kube::etcd::external::Endpoint>,
+    /// A directory with etcd's CA (ca.crt) and a client certificate (tls.crt, tls.key), for
+    /// https members.
+    #[arg(long)]
+    pub etcd_client_certificates: Option<std::path::PathBuf>,
     /// The descheduler image is OpenShift's build, with its KubevirtMigrationAware plugin.
     #[arg(long)]
     pub descheduler_kubevirt_migration_aware: bool,
@@ -207,7 +217,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             extra_names: args.webhook_extra_san.clone(),
             certificate_dir: args.webhook_cert_dir.clone(),
         };
-        webhook::spawn(client.clone(), settings, admission_routes(reads));
+        webhook::spawn(
+            client.clone(),
+            settings,
+            admission_routes(reads, &args.fence_agents_dir),
+        );
     }
     let leadership = lead(&args, &client, &identity, &readiness).await?;
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
@@ -278,6 +292,7 @@ fn spawn_operators(
         machine_deletion: mdr_metrics,
         descheduler: descheduler_metrics,
     } = metrics;
+    let etcd = external_etcd(args)?;
     let mut operators = Operators::new();
     if !args.disabled.contains(&Operator::HealthCheck) {
         // As leader only: a check created by every replica would be created once anyway, but
@@ -288,7 +303,7 @@ fn spawn_operators(
             events.clone(),
             Duration::from_secs(10),
         ));
-        let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone());
+        let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone(), etcd.clone());
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("health check: {e}")) });
     }
     if !args.disabled.contains(&Operator::SelfRemediation) {
@@ -315,7 +330,7 @@ fn spawn_operators(
     if !args.disabled.contains(&Operator::Maintenance) {
         // Evictions must see a budget's 429 at once, not after the default client's retries.
         let evictions = nodemedic_kube::client::fail_fast_client(config.clone(), Duration::from_secs(10))?;
-        let run = nodemedic_maintenance::controller::run(client.clone(), evictions, nm_metrics, events.clone());
+        let run = nodemedic_maintenance::controller::run(client.clone(), evictions, nm_metrics, events.clone(), etcd);
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("node maintenance: {e}")) });
     }
     if !args.disabled.contains(&Operator::MachineDeletion) {
@@ -326,6 +341,17 @@ fn spawn_operators(
         spawn_descheduler(args, config, client, descheduler_metrics, events, &mut operators)?;
     }
     Ok(operators)
+}
+
+/// The etcd members `--etcd-member` configures, if any.
+fn external_etcd(args: &ControllerArgs) -> anyhow::Result<Option<nodemedic_kube::etcd::External>> {
+    if args.etcd_member.is_empty() {
+        return Ok(None);
+    }
+    let external =
+        nodemedic_kube::etcd::External::new(args.etcd_member.clone(), args.etcd_client_certificates.as_deref())
+            .context("the external etcd members (--etcd-member)")?;
+    Ok(Some(external))
 }
 
 fn spawn_descheduler(
@@ -362,12 +388,18 @@ fn spawn_descheduler(
     Ok(())
 }
 
-fn admission_routes(reads: kube::Client) -> Vec<webhook::Route> {
+fn admission_routes(reads: kube::Client, fence_agents_dir: &std::path::Path) -> Vec<webhook::Route> {
+    use nodemedic_fence_agents::controller::admission as far;
     use nodemedic_healthcheck::controller::admission as nhc;
     use nodemedic_maintenance::controller::admission as nm;
+    let agents = nodemedic_fence_agents::agent::Agents::new(fence_agents_dir);
+    let far_reads = reads.clone();
     vec![
         webhook::Route::new(nm::PATH, move |request| nm::validate(reads.clone(), request)),
         webhook::Route::new(nhc::PATH, |request| std::future::ready(nhc::validate(&request))),
+        webhook::Route::new(far::PATH, move |request| {
+            far::validate(far_reads.clone(), agents.clone(), request)
+        }),
     ]
 }
 
@@ -451,7 +483,8 @@ mod tests {
             paths,
             [
                 nodemedic_maintenance::controller::admission::PATH,
-                nodemedic_healthcheck::controller::admission::PATH
+                nodemedic_healthcheck::controller::admission::PATH,
+                nodemedic_fence_agents::controller::admission::PATH
             ]
         );
         let role = rendered

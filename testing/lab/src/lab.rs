@@ -570,6 +570,62 @@ impl Lab {
         Ok(())
     }
 
+    /// What OpenShift shows of its etcd members: a guard pod on each control-plane node, in
+    /// namespace openshift-etcd (created here).
+    pub fn add_etcd_guard_pods(&self) -> Result<()> {
+        self.apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: openshift-etcd}\n")?;
+        let control_plane = self
+            .inner
+            .nodes
+            .specs()
+            .into_iter()
+            .filter(|n| n.labels.contains_key(nodemedic_api::names::labels::ROLE_CONTROL_PLANE));
+        for node in control_plane {
+            self.apply_yaml(&crate::workloads::etcd_guard_pod(&node.name))?;
+        }
+        Ok(())
+    }
+
+    /// Runs a real etcd cluster outside any pod, one member on each of `nodes` (in the node's
+    /// network namespace, on its IP, stopped and started with the node; process
+    /// `<node>/etcd`), as external etcd on the control-plane hosts runs; returns each member's
+    /// node and client URL, as `--etcd-member` takes them.
+    pub fn start_etcd_cluster(&self, nodes: &[&str]) -> Result<Vec<(String, String)>> {
+        let peer = |ip: Ipv4Addr| format!("http://{ip}:2380");
+        let mut members = Vec::new();
+        for node in nodes {
+            members.push((node.to_string(), self.node_ip(node)?));
+        }
+        let initial = members
+            .iter()
+            .map(|(node, ip)| format!("{node}={}", peer(*ip)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut urls = Vec::new();
+        for (node, ip) in &members {
+            let client = format!("http://{ip}:2379");
+            let spec = ProcessSpec::new(
+                &self.inner.bins.etcd,
+                [
+                    format!("--name={node}"),
+                    format!("--data-dir={}", self.dir().join(format!("etcd-{node}")).display()),
+                    format!("--listen-client-urls={client}"),
+                    format!("--advertise-client-urls={client}"),
+                    format!("--listen-peer-urls={}", peer(*ip)),
+                    format!("--initial-advertise-peer-urls={}", peer(*ip)),
+                    format!("--initial-cluster={initial}"),
+                    "--initial-cluster-state=new".to_owned(),
+                    "--listen-metrics-urls=".to_owned(),
+                    "--unsafe-no-fsync=true".to_owned(),
+                    "--log-level=warn".to_owned(),
+                ],
+            );
+            self.add_node_process(node, "etcd", spec)?;
+            urls.push((node.clone(), client));
+        }
+        Ok(urls)
+    }
+
     /// Runs `program args` inside the node's network namespace (behind the sysrq guard, see
     /// [`Lab::sysrq_trigger_path`]) and returns whether it succeeded; an error if the guard
     /// refused to start it.

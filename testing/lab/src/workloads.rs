@@ -46,6 +46,27 @@ spec:
     )
 }
 
+/// OpenShift's stand-in for the etcd member of `node`: a guard pod `app=guard` in openshift-etcd,
+/// which OpenShift keeps Ready while the member on its node is healthy (behind the
+/// `etcd-guard-pdb` budget); kwok keeps it Ready here.
+pub fn etcd_guard_pod(node: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: etcd-guard-{node}
+  namespace: openshift-etcd
+  labels: {{app: guard}}
+spec:
+  nodeName: {node}
+  hostNetwork: true
+  tolerations: [{{operator: Exists}}]
+  containers: [{{name: guard, image: quay.io/openshift/origin-cli:4.16}}]
+"#
+    )
+}
+
 /// The stateful stand-in as a real process, for real nodes: the same `db` StatefulSet, whose
 /// container appends synced records (its pod's UID, a sequence number, a time) to its volume
 /// (see testing/lab/node-images/writer); [`crate::data_witness`] reads them.

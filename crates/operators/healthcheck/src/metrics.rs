@@ -43,6 +43,15 @@ pub struct Metrics {
     pub unhealthy_duration: Family<CheckLabels, Histogram>,
     pub decision_seconds: Histogram,
     pub errors: Family<ErrorLabels, Counter>,
+    pub old_remediations: Family<OldLabels, Counter>,
+}
+
+/// medik8s's labels for `nodehealthcheck_old_remediation_cr`: the node, the remediation's
+/// namespace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OldLabels {
+    pub name: String,
+    pub namespace: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,11 +81,17 @@ impl Metrics {
             unhealthy_duration: Family::new_with_constructor(duration_buckets),
             decision_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
             errors: Family::default(),
+            old_remediations: Family::default(),
         };
         registry.register(
             "nodehealthcheck_ongoing_remediation",
             "1 while the node (name) has a remediation of this kind",
             m.ongoing_per_node.clone(),
+        );
+        registry.register(
+            "nodehealthcheck_old_remediation_cr",
+            "Remediations flagged for still existing 48 h after their creation (name: the node)",
+            m.old_remediations.clone(),
         );
         registry.register(
             "nodehealthcheck_unhealthy_node_duration_seconds",

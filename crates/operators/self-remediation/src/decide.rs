@@ -48,6 +48,11 @@ impl Phase {
 pub(crate) struct Facts {
     pub deleting: bool,
     pub has_finalizer: bool,
+    /// The SelfNodeRemediationConfig exists and is not being deleted (deleting it disables
+    /// self remediation, seed 004).
+    pub configured: bool,
+    /// The status says `Disabled=True`.
+    pub disabled_reported: bool,
     /// The health check gave up on this remediation (`nhc-timed-out`).
     pub timed_out: bool,
     pub node_exists: bool,
@@ -81,6 +86,10 @@ pub(crate) enum Step {
     Stop,
     NodeNotFound,
     Excluded,
+    /// No configuration: stop before anything that fences (`Disabled=True`).
+    Disabled,
+    /// The configuration is back: `Disabled=False`, and on.
+    Enabled,
     CannotFence(String),
     // Fencing.
     AddFinalizer,
@@ -122,6 +131,14 @@ pub(crate) fn next(f: &Facts) -> Step {
     }
     if f.phase == Phase::FencingCompleted {
         return Step::Idle;
+    }
+    // Past the proof, releasing the node's workloads is all that is left: stopping then would
+    // only strand them.
+    if !f.configured && f.phase < Phase::RebootCompleted {
+        return Step::Disabled;
+    }
+    if f.disabled_reported && f.configured {
+        return Step::Enabled;
     }
     if f.phase == Phase::New {
         if !f.node_exists {
@@ -192,6 +209,8 @@ mod tests {
         Facts {
             deleting: false,
             has_finalizer: false,
+            configured: true,
+            disabled_reported: false,
             timed_out: false,
             node_exists: true,
             excluded: false,
@@ -281,6 +300,43 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_configuration_stops_a_remediation_short_of_its_proof_and_its_return_clears_the_condition() {
+        let waiting = Facts {
+            has_finalizer: true,
+            no_schedule_taint: true,
+            phase: Phase::PreRebootCompleted,
+            acceptance_met: true,
+            accepted_for: Some(Duration::from_secs(60)),
+            configured: false,
+            ..fresh()
+        };
+        assert_eq!(next(&waiting), Step::Disabled);
+        assert_eq!(
+            next(&Facts {
+                configured: false,
+                ..fresh()
+            }),
+            Step::Disabled
+        );
+        let proven = Facts {
+            phase: Phase::RebootCompleted,
+            ..waiting.clone()
+        };
+        assert_eq!(next(&proven), Step::AddOutOfServiceTaint, "the release goes on");
+        let going = Facts {
+            deleting: true,
+            ..waiting.clone()
+        };
+        assert_eq!(next(&going), Step::RemoveNoScheduleTaint, "clean-up goes on");
+        let back = Facts {
+            configured: true,
+            disabled_reported: true,
+            ..waiting
+        };
+        assert_eq!(next(&back), Step::Enabled);
+    }
+
+    #[test]
     fn a_node_whose_agent_disarmed_mid_wait_is_never_marked_rebooted() {
         let waiting = Facts {
             has_finalizer: true,
@@ -328,15 +384,19 @@ mod tests {
                 any::<bool>(),
             ),
             (any::<bool>(), any::<bool>(), any::<bool>(), 0..3usize, 0..3usize),
+            (any::<bool>(), any::<bool>()),
         )
             .prop_map(
                 |(
                     (deleting, fin, timed_out, exists, excluded),
                     (phase, cannot, met, waited, disarmed),
                     (ns, oos, rd, pods, vas),
+                    (configured, disabled_reported),
                 )| Facts {
                     deleting,
                     has_finalizer: fin,
+                    configured,
+                    disabled_reported,
                     timed_out,
                     node_exists: exists,
                     excluded,
@@ -379,6 +439,19 @@ mod tests {
             if step == Step::MarkRebooted {
                 prop_assert!(f.accepted_for.is_some_and(|w| w >= f.safe_time));
                 prop_assert!(!f.target_disarmed, "a disarmed node's silence proves nothing");
+            }
+        }
+
+        /// Without a configuration nothing that fences starts or goes on: a remediation short of
+        /// the proof only reports it, and clean-up still happens.
+        #[test]
+        fn without_a_configuration_nothing_is_fenced(f in any_facts()) {
+            let step = next(&f);
+            if !f.configured && !f.deleting && !f.timed_out && f.phase < Phase::RebootCompleted {
+                prop_assert_eq!(&step, &Step::Disabled);
+            }
+            if step == Step::Enabled {
+                prop_assert!(f.configured);
             }
         }
 

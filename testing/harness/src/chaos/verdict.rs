@@ -37,6 +37,8 @@ pub enum ViolationKind {
     /// Real nodes: the writer's volume shows two writers, a synced record lost, or a sequence
     /// skipped or repeated (see `nodemedic_lab::data_witness`).
     DataWitness,
+    /// A node's first remediation was created while a cluster upgrade was announced.
+    RemediatedDuringUpgrade,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -117,6 +119,15 @@ pub const CONTROLLER_RESTART: &str = "restart-controller";
 /// started: after minutes without etcd the API server takes its time to reconnect (its own
 /// backoff), so the lab's `start-etcd` fault says when it began, not when it was over.
 pub const CONTROL_PLANE_BACK: &str = "the API server answers again";
+
+/// The notes the runner records once every node carries the upgrade annotation, and just
+/// before it removes it.
+pub const UPGRADE_ANNOUNCED: &str = "a cluster upgrade is announced";
+pub const UPGRADE_WITHDRAWN: &str = "the cluster upgrade is over";
+
+/// How long after the announcement the health check may still start a remediation it decided
+/// on before it saw the annotation (a watch event away).
+const UPGRADE_SEEN: SignedDuration = SignedDuration::from_secs(3);
 
 /// The witness's findings from `since` on (the whole timeline is read: instances started
 /// earlier still count).
@@ -331,6 +342,11 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
     let mut count = params.nodes;
     // Since when the API server or etcd is stopped, until the API answers again.
     let mut control_plane_down: Option<Timestamp> = None;
+    // Since when a cluster upgrade is announced, until it is withdrawn: nothing is remediated
+    // meanwhile, so that time does not count against a deadline either.
+    let mut upgrading: Option<Timestamp> = None;
+    let paused =
+        |control_plane: Option<Timestamp>, upgrade: Option<Timestamp>| control_plane.into_iter().chain(upgrade).min();
     let settle = signed(params.control_plane_settle);
     let mut outages = Vec::new();
     let mut remediations: Vec<(&str, Timestamp, Option<Timestamp>)> = Vec::new();
@@ -353,7 +369,7 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 removed.insert(node);
                 not_ready.remove(node.as_str());
                 if let Some(d) = down.remove(node.as_str()) {
-                    outages.push(ended(node, d, e.at, control_plane_down));
+                    outages.push(ended(node, d, e.at, paused(control_plane_down, upgrading)));
                 }
             }
             Event::NodeRemoved { node } => {
@@ -369,7 +385,7 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 if !condition.connected() {
                     down.entry(node).or_insert((e.at, e.at, false));
                 } else if let Some(d) = down.remove(node.as_str()) {
-                    outages.push(ended(node, d, e.at, control_plane_down));
+                    outages.push(ended(node, d, e.at, paused(control_plane_down, upgrading)));
                 }
             }
             Event::NodeReady { node, status, .. } => {
@@ -392,6 +408,16 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 }
                 _ => {}
             },
+            Event::Note { text } if text == UPGRADE_ANNOUNCED => {
+                upgrading.get_or_insert(e.at);
+            }
+            Event::Note { text } if text == UPGRADE_WITHDRAWN => {
+                if let Some(announced) = upgrading.take() {
+                    for d in down.values_mut() {
+                        d.1 = d.1 + e.at.duration_since(announced.max(d.0)) + UPGRADE_SEEN;
+                    }
+                }
+            }
             Event::Note { text } if text == CONTROL_PLANE_BACK => {
                 if let Some(stopped) = control_plane_down.take() {
                     for d in down.values_mut() {
@@ -420,7 +446,7 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
     }
     outages.extend(
         down.into_iter()
-            .map(|(node, d)| ended(node, d, until, control_plane_down)),
+            .map(|(node, d)| ended(node, d, until, paused(control_plane_down, upgrading))),
     );
     let lag = SignedDuration::from_secs(5);
     outages
@@ -529,9 +555,44 @@ pub fn leftovers(snapshot: &Snapshot) -> Vec<Violation> {
     out
 }
 
+/// Every remediation created from `since` on while a cluster upgrade was announced (from
+/// [`UPGRADE_SEEN`] after the announcement until it was withdrawn) for a node that had none in
+/// flight: the upgrade postpones new remediations, not the escalation of one under way.
+pub fn remediated_during_upgrade(entries: &[Entry], since: Timestamp) -> Vec<Violation> {
+    let mut announced: Option<Timestamp> = None;
+    let mut in_flight: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in entries {
+        match &e.event {
+            Event::Note { text } if text == UPGRADE_ANNOUNCED => announced = Some(e.at),
+            Event::Note { text } if text == UPGRADE_WITHDRAWN => announced = None,
+            Event::Remediation { kind, node, change, .. } if change == "created" => {
+                let live = in_flight.entry(node).or_default();
+                if e.at >= since && *live == 0 && announced.is_some_and(|a| e.at >= a + UPGRADE_SEEN) {
+                    out.push(Violation::new(
+                        ViolationKind::RemediatedDuringUpgrade,
+                        Some(node),
+                        Some(e.at),
+                        format!("{kind} created for {node} while a cluster upgrade was announced"),
+                    ));
+                }
+                *live += 1;
+            }
+            Event::Remediation { node, change, .. } if change == "removed" => {
+                if let Some(live) = in_flight.get_mut(node.as_str()) {
+                    *live = live.saturating_sub(1);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Every timeline check of one trial, from `since` (its first step) to `until` (recovered).
 pub fn judge(entries: &[Entry], since: Timestamp, until: Timestamp, params: &Params) -> Vec<Violation> {
     let mut out = two_writers(entries, since);
+    out.extend(remediated_during_upgrade(entries, since));
     out.extend(false_fences(entries, since, params));
     out.extend(healthy_remediated(entries, since, params));
     out.extend(unremediated(entries, since, until, params));

@@ -57,14 +57,21 @@ fn the_olm_bundle_made_from_the_chart_passes_the_operator_framework_s_validation
         accounts,
         ["nodemedic-agent", "nodemedic-controller", "nodemedic-soft-tainter"]
     );
-    // Both webhooks, served by the controller with the certificate OLM mounts.
+    // The webhooks, served by the controller with the certificate OLM mounts.
     let webhooks: Vec<&str> = spec["webhookdefinitions"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|w| w["webhookPath"].as_str())
         .collect();
-    assert_eq!(webhooks, ["/validate-nodemaintenance", "/validate-nodehealthcheck"]);
+    assert_eq!(
+        webhooks,
+        [
+            "/validate-nodemaintenance",
+            "/validate-nodehealthcheck",
+            "/validate-fenceagentsremediation"
+        ]
+    );
     let deployment = &spec["install"]["spec"]["deployments"][0]["spec"];
     let container = &deployment["template"]["spec"]["containers"][0];
     let args = bundle::container_args(container);
@@ -185,7 +192,7 @@ async fn olm_installs_the_bundle_from_a_catalog_and_its_csv_succeeds() {
             "jsonpath={.items[*].webhooks[*].clientConfig.caBundle}",
         ])
         .expect("the webhooks");
-    assert_eq!(ca.split_whitespace().filter(|c| !c.is_empty()).count(), 2, "{ca}");
+    assert_eq!(ca.split_whitespace().filter(|c| !c.is_empty()).count(), 3, "{ca}");
 }
 
 const OLM_NAMESPACE: &str = "olm";

@@ -367,11 +367,6 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
     .expect("secret");
     let cases = [
         (
-            "missing-secret",
-            json!({"sharedSecretName": "nope"}),
-            "Secret nope (named by sharedSecretName) does not exist",
-        ),
-        (
             "unknown-agent",
             json!({"agent": "fence_nonexistent"}),
             "fence agent fence_nonexistent is not installed",
@@ -430,6 +425,52 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
         Vec::<bool>::new(),
         "no configuration mistake reached a BMC"
     );
+
+    // A Secret that does not exist yet: the remediation waits for it, and goes on once it does.
+    let b_bmc = lab.bmc(&b).expect("b's bmc").ip.to_string();
+    let late = redfish(
+        &b,
+        json!({"sharedSecretName": "late", "nodeparameters": {"--ip": {b.as_str(): b_bmc}}}),
+    );
+    api.create(&PostParams::default(), &remediation("late-secret", &b, late))
+        .await
+        .expect("create");
+    let waiting = eventually("late-secret: Processing=True/WaitingForSecret", LONG, || async {
+        api.get_opt("late-secret")
+            .await
+            .ok()
+            .flatten()
+            .filter(|r| condition(r, types::PROCESSING).is_some_and(|c| c.1 == "WaitingForSecret"))
+    })
+    .await;
+    let (_, _, message) = condition(&waiting, types::PROCESSING).expect("Processing");
+    assert!(
+        message.contains("Secret late (named by sharedSecretName) does not exist"),
+        "{message}"
+    );
+    eventually("the SecretMissing event", LONG, || async {
+        event_with(&client, "SecretMissing", "Secret late").await
+    })
+    .await;
+    assert_eq!(waiting.status.as_ref().and_then(|s| s.attempts), None, "an agent ran");
+    assert_eq!(
+        bmc_power(&lab, &b),
+        Vec::<bool>::new(),
+        "the BMC was asked before the Secret existed"
+    );
+    lab.apply_yaml(
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "late", "namespace": NS},
+                "stringData": {"--password": PASSWORD}})
+        .to_string(),
+    )
+    .expect("the late Secret");
+    finished(&history, &b, "True").await;
+    assert_eq!(
+        bmc_power(&lab, &b).first(),
+        Some(&false),
+        "fenced once the Secret existed"
+    );
+    api.delete("late-secret", &Default::default()).await.expect("delete");
 
     // The seed template as written (with --hostname) is accepted by the API server and says what
     // is wrong; adapted, its credentials check passes for every node.

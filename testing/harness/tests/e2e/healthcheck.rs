@@ -22,9 +22,9 @@ use crate::support::{
 
 const LONG: Duration = Duration::from_secs(90);
 /// No remediator runs here: the remediation objects themselves are what is checked.
-const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation", "--disable", "fence-agents"];
+pub(crate) const ONLY_HEALTH_CHECK: &[&str] = &["--disable", "self-remediation", "--disable", "fence-agents"];
 
-async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
+pub(crate) async fn nhc(client: &Client, name: &str) -> NodeHealthCheck {
     Api::<NodeHealthCheck>::all(client.clone())
         .get(name)
         .await
@@ -38,7 +38,7 @@ async fn patch_check(client: &Client, name: &str, patch: serde_json::Value) {
         .expect("patch the check");
 }
 
-async fn phase_is(client: &Client, name: &str, phase: NodeHealthCheckPhase) {
+pub(crate) async fn phase_is(client: &Client, name: &str, phase: NodeHealthCheckPhase) {
     eventually(&format!("{name} phase {phase:?}"), LONG, || async move {
         (nhc(client, name).await.status.and_then(|s| s.phase) == Some(phase)).then_some(())
     })
@@ -59,7 +59,7 @@ async fn told_timed_out(client: &Client, node: &str) {
     .await;
 }
 
-async fn snr_for(client: &Client, node: &str) -> Vec<SelfNodeRemediation> {
+pub(crate) async fn snr_for(client: &Client, node: &str) -> Vec<SelfNodeRemediation> {
     list::<SelfNodeRemediation>(client, NS)
         .await
         .into_iter()
@@ -222,6 +222,83 @@ async fn over_budget_nothing_is_remediated_and_the_check_says_why() {
     assert!(
         list::<SelfNodeRemediation>(&client, NS).await.is_empty(),
         "nothing is remediated over budget"
+    );
+}
+
+/// Every self-remediation template can escalate (medik8s marks them all so): a user's own runs
+/// after the default one. Two steps of one kind cannot both name their remediation after the
+/// node, so each gets a generated name and names its node in the annotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_from_one_self_remediation_template_to_another_gives_each_remediation_its_own_name() {
+    let lab = lab(LabConfig::workers(3)).await;
+    let client = lab.client();
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
+    apply_seed(&lab, "004-snr-template-automatic.yaml", |m| {
+        m["metadata"]["name"] = json!("snr-resource-deletion");
+        m["spec"]["template"]["spec"]["remediationStrategy"] = json!("ResourceDeletion");
+    });
+    let template = |name: &str| json!({"apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediationTemplate", "namespace": NS, "name": name});
+    let check = json!({
+        "apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck", "metadata": {"name": "two-snr"},
+        "spec": {
+            "selector": {"matchExpressions": [{"key": "node-role.kubernetes.io/worker", "operator": "Exists"}]},
+            "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "duration": "5s"}],
+            "escalatingRemediations": [
+                {"order": 1, "timeout": "5m", "remediationTemplate": template("self-node-remediation-automatic-strategy-template")},
+                {"order": 2, "timeout": "5m", "remediationTemplate": template("snr-resource-deletion")}
+            ]
+        }
+    });
+    lab.apply_yaml(&check.to_string()).expect("the check");
+    start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
+    phase_is(&client, "two-snr", NodeHealthCheckPhase::Enabled).await;
+    lab.crash("node-1").await.expect("crash");
+    let first = eventually("node-1's first SelfNodeRemediation", LONG, || async {
+        snr_for(&client, "node-1").await.into_iter().next()
+    })
+    .await;
+    assert!(
+        first.name_any().starts_with("node-1-"),
+        "a generated name: {}",
+        first.name_any()
+    );
+    let failed = json!({"status": {"conditions": [{"type": "Succeeded", "status": "False", "reason": "RemediationFailed", "message": "test", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    Api::<SelfNodeRemediation>::namespaced(client.clone(), NS)
+        .patch_status(&first.name_any(), &PatchParams::default(), &Patch::Merge(&failed))
+        .await
+        .expect("report failure");
+    let second = eventually("node-1's second SelfNodeRemediation", LONG, || async {
+        snr_for(&client, "node-1")
+            .await
+            .into_iter()
+            .find(|r| r.name_any() != first.name_any())
+    })
+    .await;
+    assert!(
+        second.name_any().starts_with("node-1-"),
+        "a generated name: {}",
+        second.name_any()
+    );
+    assert_eq!(
+        second.spec.remediation_strategy,
+        nodemedic_api::self_remediation::RemediationStrategy::ResourceDeletion,
+        "made from the user's template"
+    );
+    let listed = eventually("the check to list both of node-1's remediations", LONG, || async {
+        nhc(&client, "two-snr")
+            .await
+            .status
+            .and_then(|s| s.unhealthy_nodes)
+            .and_then(|nodes| nodes.into_iter().find(|n| n.name == "node-1"))
+            .filter(|n| n.remediations.len() == 2)
+    })
+    .await;
+    assert!(
+        listed
+            .remediations
+            .iter()
+            .any(|r| r.resource.name == Some(second.name_any())),
+        "{listed:?}"
     );
 }
 

@@ -23,6 +23,7 @@ mod on_real_nodes;
 mod out_of_the_box;
 mod outages;
 mod peer_detection;
+mod safety_nets;
 mod selfremediation;
 mod status;
 pub mod support;

@@ -394,9 +394,11 @@ async fn a_node_maintenance_drains_a_real_node_past_a_budget_that_first_holds_a_
 }
 
 /// Seed scenario (d) on real nodes: an agent pod is killed; its DaemonSet starts another on the
-/// same healthy node, which arms the node's watchdog again, and nothing is fenced.
+/// same healthy node, which arms the node's watchdog again. Then the node is labelled
+/// exclude-from-remediation: its agent leaves, closing the watchdog, and comes back once the
+/// label goes. Nothing is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_agent_pod_is_started_again_by_its_daemon_set_and_nothing_is_fenced() {
+async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_nothing_is_fenced() {
     let lab = lab(real_config()).await;
     helm_install(&lab, &lab_values()).await;
     let client = lab.client();
@@ -437,6 +439,50 @@ async fn a_killed_agent_pod_is_started_again_by_its_daemon_set_and_nothing_is_fe
     eventually("the new agent feeds node-2's watchdog", LONG, || async {
         let fed = lab.watchdog_device_stats(node).ok()?.keepalives;
         (fed > fed_before + 3).then_some(())
+    })
+    .await;
+
+    // A node labelled exclude-from-remediation loses its agent (medik8s's DaemonSet rule), which
+    // closes the watchdog as it goes; without the label the agent comes back.
+    let closes_before = lab.watchdog_device_stats(node).expect("stats").magic_closes;
+    let exclude = |value: &str| {
+        lab.kubectl(&[
+            "label",
+            "node",
+            node,
+            &format!("remediation.medik8s.io/exclude-from-remediation{value}"),
+            "--overwrite",
+        ])
+        .expect("labelling node-2")
+    };
+    exclude("=true");
+    let on_node = |pod: &Pod| {
+        pod.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("nodemedic-agent-"))
+            && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+    };
+    eventually("no agent pod left on the excluded node-2", LONG, || async {
+        let listed = pods.list(&Default::default()).await.ok()?;
+        (!listed.items.iter().any(&on_node)).then_some(())
+    })
+    .await;
+    let stats = lab.watchdog_device_stats(node).expect("stats");
+    assert!(
+        stats.magic_closes > closes_before,
+        "the leaving agent closed node-2's watchdog: {stats:?}"
+    );
+    exclude("-");
+    eventually("an agent ready on node-2 again", LONG, || async {
+        let listed = pods.list(&Default::default()).await.ok()?;
+        listed.items.into_iter().find(|p| {
+            agent_on(p)
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
     })
     .await;
     let fenced: Vec<String> = lab

@@ -336,7 +336,7 @@ async fn manager_and_agent_restarts_mid_remediation_duplicate_nothing_and_lose_n
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_without_an_agent_cannot_be_self_remediated_and_says_so() {
+async fn a_node_without_an_agent_or_a_config_is_not_self_remediated_and_says_so() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
     scenario::configure(&lab).await.expect("config");
@@ -382,6 +382,72 @@ async fn a_node_without_an_agent_cannot_be_self_remediated_and_says_so() {
     })
     .await
     .expect("DaemonSet");
+    config_deletion_disables_self_remediation(&client, &lab).await;
+}
+
+/// Seed 004: deleting the SelfNodeRemediationConfig disables self remediation. The agent
+/// DaemonSet it owns goes with it, a new remediation says why and touches nothing, and the
+/// configuration's return lets it go on (here to say its node has no agent).
+async fn config_deletion_disables_self_remediation(client: &Client, lab: &Lab) {
+    use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
+    let configs = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS);
+    let spec = configs.get(CONFIG_NAME).await.expect("the config").spec;
+    configs
+        .delete(CONFIG_NAME, &Default::default())
+        .await
+        .expect("deleting the config");
+    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS);
+    eventually("the agent DaemonSet collected with its config", LONG, || async {
+        daemonsets
+            .get_opt("nodemedic-agent")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let remediation = json!({
+        "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",
+        "metadata": {"name": "node-2", "namespace": NS, "annotations": {"remediation.medik8s.io/node-name": "node-2"}},
+        "spec": {"remediationStrategy": "Automatic"}
+    });
+    lab.apply_yaml(&remediation.to_string()).expect("remediation");
+    let condition = |status: &'static str| async move {
+        let r = snr(client, "node-2").await?;
+        r.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Disabled" && c.status == status)
+    };
+    let disabled = eventually("Disabled=True", LONG, || condition("True")).await;
+    assert_eq!(disabled.reason, "ConfigurationNotFound", "{disabled:?}");
+    assert!(
+        event_with(client, "RemediationDisabled", "self remediation is disabled")
+            .await
+            .is_some(),
+        "a RemediationDisabled event"
+    );
+    let t = taints(client, "node-2").await;
+    assert!(
+        t.iter().all(|t| !t.starts_with("remediation.medik8s.io/")),
+        "nothing touched while disabled: {t:?}"
+    );
+    configs
+        .create(&Default::default(), &SelfNodeRemediationConfig::new(CONFIG_NAME, spec))
+        .await
+        .expect("the config created again");
+    eventually("Disabled=False", LONG, || condition("False")).await;
+    eventually(
+        "node-2's remediation to go on: Succeeded=False, no agent",
+        LONG,
+        || async {
+            let r = snr(client, "node-2").await?;
+            r.status?.conditions?.into_iter().find(|c| {
+                c.type_ == "Succeeded" && c.status == "False" && c.message.contains("no registered nodemedic agent")
+            })
+        },
+    )
+    .await;
 }
 
 /// A deliberate stop (SIGTERM) closes the agent's watchdog only after its registration says so:

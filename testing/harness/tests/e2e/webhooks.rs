@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use nodemedic_api::{
+    fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate},
     healthcheck::NodeHealthCheck,
     maintenance::{NodeMaintenance, NodeMaintenanceSpec},
     self_remediation::SelfNodeRemediation,
@@ -179,6 +181,8 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
     })
     .await;
 
+    fence_agents_admission(&client).await;
+
     // A NodeHealthCheck with a remediation in flight cannot be deleted...
     let checks = Api::<NodeHealthCheck>::all(client.clone());
     lab.crash("node-2").await.expect("crash node-2");
@@ -190,6 +194,26 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
         "{message}"
     );
     assert!(nhc_exists(&client).await, "the refused delete left the check");
+    // ...nor its selector changed (node-2's remediation would be left behind), while a pause may
+    // be added.
+    let moved =
+        json!({"spec": {"selector": {"matchLabels": {"kubernetes.io/hostname": "node-1"}, "matchExpressions": null}}});
+    let (code, message) = refusal(checks.patch(NHC, &PatchParams::default(), &Patch::Merge(&moved)).await);
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("spec.selector cannot change while remediations run") && message.contains("node-2"),
+        "{message}"
+    );
+    let paused = json!({"spec": {"pauseRequests": ["webhook test"]}});
+    checks
+        .patch(NHC, &PatchParams::default(), &Patch::Merge(&paused))
+        .await
+        .expect("a pause passes");
+    let resumed = json!({"spec": {"pauseRequests": null}});
+    checks
+        .patch(NHC, &PatchParams::default(), &Patch::Merge(&resumed))
+        .await
+        .expect("and its removal");
 
     // ...and can once none is.
     lab.power_on("node-2").await.expect("power on node-2");
@@ -231,4 +255,111 @@ async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_n
         snr_for(&client, "node-3").await.is_none().then_some(())
     })
     .await;
+}
+
+/// A fence-agents spec with its options shared by every node, `extra` added.
+fn far_spec(secret: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut shared = json!({"--ip": "{{.NodeName}}.bmc", "--username": "admin"});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        shared[k] = v.clone();
+    }
+    json!({"agent": "fence_redfish", "sharedSecretName": secret, "sharedparameters": shared})
+}
+
+fn far_template(name: &str, spec: serde_json::Value) -> FenceAgentsRemediationTemplate {
+    serde_json::from_value(json!({
+        "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+        "kind": "FenceAgentsRemediationTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"template": {"spec": spec}}
+    }))
+    .expect("a template")
+}
+
+/// medik8s's fence-agents admission: a template is refused while a Secret it names is missing or
+/// its options cannot be built (found now, not during an outage); a remediation whose Secret is
+/// missing is admitted, since it waits for it, but one whose options cannot be built is refused.
+async fn fence_agents_admission(client: &Client) {
+    let templates = Api::<FenceAgentsRemediationTemplate>::namespaced(client.clone(), NS);
+    let (code, message) = refusal(
+        templates
+            .create(
+                &PostParams::default(),
+                &far_template("far-early", far_spec("bmc-login", json!({}))),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("for every node: Secret bmc-login (named by sharedSecretName) does not exist"),
+        "{message}"
+    );
+    let secrets = Api::<Secret>::namespaced(client.clone(), NS);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "bmc-login", "namespace": NS},
+        "stringData": {"--password": "secret"}
+    }))
+    .expect("a Secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the Secret");
+    // A parameter both in the spec and in the Secret: only a read of the Secret can tell.
+    let (code, message) = refusal(
+        templates
+            .create(
+                &PostParams::default(),
+                &far_template("far-twice", far_spec("bmc-login", json!({"--password": "inline"}))),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("is set both in the spec and in a secret"), "{message}");
+    templates
+        .create(
+            &PostParams::default(),
+            &far_template("far-early", far_spec("bmc-login", json!({}))),
+        )
+        .await
+        .expect("with its Secret, the template is admitted");
+
+    let remediations = Api::<FenceAgentsRemediation>::namespaced(client.clone(), NS);
+    let remediation = |name: &str, spec: serde_json::Value| -> FenceAgentsRemediation {
+        serde_json::from_value(json!({
+            "apiVersion": "fence-agents-remediation.medik8s.io/v1alpha1",
+            "kind": "FenceAgentsRemediation",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec
+        }))
+        .expect("a remediation")
+    };
+    remediations
+        .create(
+            &PostParams::default(),
+            &remediation("node-1", far_spec("not-yet", json!({}))),
+        )
+        .await
+        .expect("a remediation waits for its Secret: admitted");
+    let (code, message) = refusal(
+        remediations
+            .create(
+                &PostParams::default(),
+                &remediation("node-2", far_spec("bmc-login", json!({"--password": "inline"}))),
+            )
+            .await,
+    );
+    assert_eq!(code, 403, "{message}");
+    assert!(
+        message.contains("FenceAgentsRemediation node-2 cannot fence: for node node-2:")
+            && message.contains("is set both in the spec and in a secret"),
+        "{message}"
+    );
+    remediations
+        .delete("node-1", &DeleteParams::default())
+        .await
+        .expect("deleting the waiting remediation");
+    templates
+        .delete("far-early", &DeleteParams::default())
+        .await
+        .expect("deleting the template");
 }

@@ -1,6 +1,7 @@
 //! The Kubernetes side of Fence Agents Remediation: the remediation and template reconcilers,
 //! the background agent runs, metrics.
 
+pub mod admission;
 mod metrics;
 pub(crate) mod options;
 mod remediation;

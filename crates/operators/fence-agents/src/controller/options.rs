@@ -14,7 +14,7 @@ use crate::{
     agent::{AgentError, Agents},
     decide::{
         metadata::Metadata,
-        parameters::{self, Options, Sources},
+        parameters::{self, Options, Sources, Unusable},
     },
 };
 
@@ -29,13 +29,54 @@ pub(crate) async fn for_node(
     namespace: &str,
     spec: &FenceAgentsRemediationSpec,
     node: &str,
-) -> Result<Result<Checked, String>> {
+) -> Result<Result<Checked, Unusable>> {
     let metadata = match agents.metadata(&spec.agent).await {
         Ok(m) => m,
-        Err(e @ AgentError::NotInstalled { .. }) => return Ok(Err(e.to_string())),
+        Err(e @ AgentError::NotInstalled { .. }) => return Ok(Err(Unusable::Invalid(e.to_string()))),
         // A slow or failing `-o metadata` is no configuration mistake: retry.
         Err(e) => return Err(e.into()),
     };
+    let sources = match sources(client, namespace, spec, node).await? {
+        Ok(sources) => sources,
+        Err(unusable) => return Ok(Err(unusable)),
+    };
+    let checked = parameters::build(&sources).and_then(|options| {
+        parameters::check(&options, &metadata)?;
+        Ok(options)
+    });
+    Ok(checked
+        .map(|options| Checked { options, metadata })
+        .map_err(|e| Unusable::Invalid(e.to_string())))
+}
+
+/// What medik8s's admission checks: the agent is installed, the Secrets exist and the options
+/// can be built for `node`. Not checked against the agent's metadata: medik8s admits an option
+/// the agent lacks (the seed's `--hostname`), so nodemedic says so in the status instead.
+pub(crate) async fn buildable(
+    client: &Client,
+    agents: &Agents,
+    namespace: &str,
+    spec: &FenceAgentsRemediationSpec,
+    node: &str,
+) -> Result<Result<(), Unusable>> {
+    if let Err(e) = agents.path(&spec.agent) {
+        return Ok(Err(Unusable::Invalid(e.to_string())));
+    }
+    Ok(match sources(client, namespace, spec, node).await? {
+        Ok(sources) => parameters::build(&sources)
+            .map(|_| ())
+            .map_err(|e| Unusable::Invalid(e.to_string())),
+        Err(unusable) => Err(unusable),
+    })
+}
+
+/// Where `node`'s options come from, the Secrets read.
+async fn sources<'a>(
+    client: &Client,
+    namespace: &str,
+    spec: &FenceAgentsRemediationSpec,
+    node: &'a str,
+) -> Result<Result<Sources<'a>, Unusable>> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let shared_secret = match &spec.shared_secret_name {
         Some(name) => match read(&secrets, namespace, name).await? {
@@ -54,26 +95,19 @@ pub(crate) async fn for_node(
         },
         None => BTreeMap::new(),
     };
-    let sources = Sources {
+    Ok(Ok(Sources {
         node,
         shared: spec.sharedparameters.clone(),
         per_node: spec.nodeparameters.clone(),
         shared_secret,
         node_secret,
-    };
-    let checked = parameters::build(&sources).and_then(|options| {
-        parameters::check(&options, &metadata)?;
-        Ok(options)
-    });
-    Ok(checked
-        .map(|options| Checked { options, metadata })
-        .map_err(|e| e.to_string()))
+    }))
 }
 
-fn missing(name: &str, namespace: &str, field: &str) -> String {
-    format!(
+fn missing(name: &str, namespace: &str, field: &str) -> Unusable {
+    Unusable::SecretMissing(format!(
         "Secret {name} (named by {field}) does not exist in namespace {namespace}: create it with the agent's secret options as keys (e.g. --password)"
-    )
+    ))
 }
 
 async fn read(secrets: &Api<Secret>, namespace: &str, name: &str) -> Result<Option<BTreeMap<String, String>>> {

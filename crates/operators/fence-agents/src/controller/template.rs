@@ -61,7 +61,7 @@ pub(super) async fn reconcile(template: Arc<FenceAgentsRemediationTemplate>, ctx
                 checked.insert(node.clone(), c);
             }
             Err(why) => {
-                problems.insert(node.clone(), why);
+                problems.insert(node.clone(), why.to_string());
             }
         }
     }

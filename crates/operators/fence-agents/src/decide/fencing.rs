@@ -4,7 +4,7 @@
 
 use nodemedic_api::fence_agents::FenceRemediationStrategy;
 
-use super::parameters::Action;
+use super::parameters::{Action, Unusable};
 
 /// Where a FenceAgentsRemediation is; persisted in `status.step` so a new leader resumes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ pub struct Facts {
     pub has_remediation_taint: bool,
     pub has_out_of_service_taint: bool,
     /// The merged, checked parameters' action, or why they are unusable.
-    pub parameters: Result<Action, String>,
+    pub parameters: Result<Action, Unusable>,
     pub strategy: FenceRemediationStrategy,
     pub step: Step,
     pub run: Run,
@@ -135,6 +135,9 @@ pub enum Decision {
     Cleanup,
     /// Finished: nothing more to do until the CR is deleted.
     Idle,
+    /// A Secret the spec names is missing: nothing is done to the node until it exists (the
+    /// health check's step timeout still applies).
+    WaitForSecret(String),
     AddFinalizer,
     AddRemediationTaint,
     /// Start the step's agent action (with its retries).
@@ -176,7 +179,14 @@ pub(crate) fn next(f: &Facts) -> Decision {
     }
     let action = match &f.parameters {
         Ok(action) => *action,
-        Err(why) => return fail(FailureReason::InvalidParameters, why.clone()),
+        // Only before anything was done to the node: a Secret deleted later (rotated by delete and
+        // create) must not hold a powered-off node, or its workloads, for ever.
+        Err(Unusable::SecretMissing(why)) if f.step == Step::PoweringOff && !f.has_remediation_taint => {
+            return Decision::WaitForSecret(why.clone());
+        }
+        Err(Unusable::SecretMissing(why) | Unusable::Invalid(why)) => {
+            return fail(FailureReason::InvalidParameters, why.clone());
+        }
     };
     if !f.has_remediation_taint {
         return Decision::AddRemediationTaint;
@@ -278,6 +288,8 @@ mod tests {
             let d = next(&f);
             seen.push(d.clone());
             match d {
+                // The world creates the Secret.
+                Decision::WaitForSecret(_) => f.parameters = Ok(Action::Reboot),
                 Decision::Idle | Decision::Cleanup => break,
                 Decision::AddFinalizer => f.has_finalizer = true,
                 Decision::AddRemediationTaint => f.has_remediation_taint = true,
@@ -352,12 +364,39 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_secret_waits_with_nothing_done_to_the_node_and_goes_on_once_it_exists() {
+        let waiting = Facts {
+            has_remediation_taint: false,
+            parameters: Err(Unusable::SecretMissing("Secret far-creds does not exist".into())),
+            ..facts()
+        };
+        assert_eq!(
+            next(&waiting),
+            Decision::WaitForSecret("Secret far-creds does not exist".into())
+        );
+        let created = Facts {
+            parameters: Ok(Action::Reboot),
+            ..waiting.clone()
+        };
+        assert_eq!(next(&created), Decision::AddRemediationTaint);
+        let deleted_after_the_fence = Facts {
+            has_remediation_taint: true,
+            step: Step::ConfirmingOff,
+            ..waiting
+        };
+        assert!(
+            matches!(next(&deleted_after_the_fence), Decision::Fail { .. }),
+            "a Secret gone mid-remediation fails it rather than hold the node"
+        );
+    }
+
+    #[test]
     fn bad_parameters_fail_before_any_taint_or_run() {
         let seen = drive(
             Facts {
                 has_finalizer: false,
                 has_remediation_taint: false,
-                parameters: Err("fence_redfish has no option --hostname".into()),
+                parameters: Err(Unusable::Invalid("fence_redfish has no option --hostname".into())),
                 ..facts()
             },
             |_| true,
@@ -472,7 +511,7 @@ mod tests {
                         parameters: if ok {
                             Ok(if off { Action::Off } else { Action::Reboot })
                         } else {
-                            Err("bad".into())
+                            Err(Unusable::Invalid("bad".into()))
                         },
                         strategy: if oos_strategy {
                             FenceRemediationStrategy::OutOfServiceTaint

@@ -168,6 +168,24 @@ pub(crate) fn stdin(options: &Options, meta: &Metadata, action: &str) -> String 
     lines.join("\n") + "\n"
 }
 
+/// Why a node's options cannot be used yet, or at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// A Secret the spec names does not exist (yet): the remediation waits for it (created late,
+    /// or by a tool that syncs Secrets in), where medik8s's admission refuses the remediation.
+    SecretMissing(String),
+    /// Anything else: the remediation fails, and an escalating health check moves on.
+    Invalid(String),
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::SecretMissing(why) | Self::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The options with secret values masked, for status, events and logs.
 /// Debug output masks secrets too, so no `{:?}` can print one.
 impl std::fmt::Debug for Options {

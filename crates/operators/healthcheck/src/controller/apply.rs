@@ -31,7 +31,8 @@ use serde_json::json;
 use super::reconcile::Context;
 use crate::{
     Result,
-    decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, Severity, TemplateRef},
+    decide::{Decision, LeaseAction, NewRemediation, Notice, RemediationFacts, RemediationId, Severity, TemplateRef},
+    metrics::OldLabels,
 };
 
 /// API requests in flight at once while carrying a decision out.
@@ -290,28 +291,58 @@ impl Apply<'_> {
 
     async fn annotate(&self, decision: &Decision) -> Result<()> {
         let time = rfc3339(&Timestamp::now());
-        for (ids, key) in [
-            (&decision.mark_timed_out, annotations::NHC_TIMED_OUT),
-            (&decision.mark_healthy_since, annotations::HEALTHY_DELAY),
+        for (ids, key, value) in [
+            (&decision.mark_timed_out, annotations::NHC_TIMED_OUT, time.as_str()),
+            (&decision.mark_healthy_since, annotations::HEALTHY_DELAY, time.as_str()),
+            // medik8s's value.
+            (&decision.flag_old, annotations::OLD_REMEDIATION_CR_FLAG, "flagon"),
         ] {
             for id in ids {
                 let Some(resource) = self.resource_of(&id.kind, &id.api_version) else {
                     continue;
                 };
                 let api = dynamic_api(&self.ctx.client, resource, &id.namespace);
-                let patch = json!({ "metadata": { "annotations": { key: time } } });
+                let patch = json!({ "metadata": { "annotations": { key: value } } });
                 match api
                     .patch(&id.name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    Ok(_) | Err(kube::Error::Api(_)) => {
-                        tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated")
+                    Ok(_) => {
+                        tracing::info!(nhc = %self.name, object = %id, annotation = key, "annotated");
+                        if key == annotations::OLD_REMEDIATION_CR_FLAG {
+                            self.count_old(id);
+                        }
+                    }
+                    // Gone, or refused: the next decision sees the object as it is then.
+                    Err(kube::Error::Api(status)) => {
+                        tracing::info!(nhc = %self.name, object = %id, annotation = key, reason = %status.message, "not annotated")
                     }
                     Err(e) => return Err(nodemedic_kube::Error::call(format!("annotating {id} with {key}"), e).into()),
                 }
             }
         }
         Ok(())
+    }
+
+    /// `nodehealthcheck_old_remediation_cr`, once the flag is on the object (medik8s's labels:
+    /// the node, the remediation's namespace).
+    fn count_old(&self, id: &RemediationId) {
+        let node = self
+            .ctx
+            .index
+            .remediations
+            .read()
+            .ok()
+            .and_then(|all| all.get(id).map(|r| r.facts.node.clone()))
+            .unwrap_or_else(|| id.name.clone());
+        self.ctx
+            .metrics
+            .old_remediations
+            .get_or_create(&OldLabels {
+                name: node,
+                namespace: id.namespace.clone(),
+            })
+            .inc();
     }
 
     async fn delete(&self, decision: &Decision) -> Result<()> {
@@ -323,8 +354,11 @@ impl Apply<'_> {
                 .delete(&id.name, &DeleteParams::background())
                 .await
             {
-                Ok(_) => tracing::info!(nhc = %self.name, object = %id, "deleted remediation"),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Ok(_) => {
+                    self.ctx.index.forget_created(id);
+                    tracing::info!(nhc = %self.name, object = %id, "deleted remediation");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => self.ctx.index.forget_created(id),
                 Err(e) => return Err(nodemedic_kube::Error::call(format!("deleting {id}"), e).into()),
             }
         }

@@ -14,13 +14,15 @@ use k8s_openapi::{
 };
 use kube::api::DynamicObject;
 use nodemedic_api::{
-    machines::{self, NodeOf},
+    machines::{self, MachineApi, NodeOf},
     names::{annotations, conditions, labels},
 };
 
 use crate::decide::{
     ConditionFacts, LeaseFacts, NodeFacts, RemediationFacts, RemediationId, TemplateRef, TemplateState,
+    conflict::{MachineHealthCheckFacts, MachineKey},
     outage::ApiContact,
+    upgrade,
 };
 
 /// A remediation object as stored: its facts (with `owned` false) and the uids of the
@@ -48,6 +50,12 @@ pub(super) struct Index {
     pub kubelet_renewals: RwLock<BTreeMap<String, Timestamp>>,
     /// Whether the watches reach the API server, and when they last came back.
     pub api_contact: Mutex<ApiContact>,
+    /// Per source kind, the upgrades its objects say are under way.
+    pub upgrades: RwLock<BTreeMap<&'static str, Vec<upgrade::Upgrade>>>,
+    /// Per machine API, its MachineHealthChecks.
+    pub machine_health_checks: RwLock<BTreeMap<MachineApi, Vec<MachineHealthCheckFacts>>>,
+    /// Every Machine's labels.
+    pub machine_labels: RwLock<BTreeMap<MachineKey, BTreeMap<String, String>>>,
 }
 
 /// When the API server last recorded a write to the object: the newest time among its managed
@@ -131,6 +139,8 @@ pub(super) fn node_facts(node: &Node) -> Option<NodeFacts> {
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(annotations::MANUALLY_CONFIRMED_HEALTHY)),
+        upgrading: meta.annotations.as_ref().and_then(upgrade::node_upgrading),
+        machine: machines::machine_of_node(meta).map(|m| (m.api, m.namespace, m.name)),
     })
 }
 
@@ -191,6 +201,7 @@ pub(super) fn remediation_facts(obj: &DynamicObject, api_version: &str, kind: &s
             .as_ref()
             .is_some_and(|l| l.contains_key(labels::IS_CONTROL_PLANE_NODE)),
         deleting: meta.deletion_timestamp.is_some(),
+        flagged_old: annotation(annotations::OLD_REMEDIATION_CR_FLAG).is_some(),
     };
     Some(StoredRemediation { facts, owners })
 }
@@ -254,6 +265,17 @@ impl Index {
             .read()
             .map(|n| n.keys().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// A remediation this process deleted: gone (or going), whatever its watch delivers. A
+    /// creation the watch never delivered (it was relisting: an API server restart) would
+    /// otherwise count for a minute after the delete, and hold the node's lease, with nothing
+    /// to wake the check when the minute is over (chaos-20261130T002415Z, trial 11).
+    pub(super) fn forget_created(&self, id: &RemediationId) {
+        self.created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
     }
 
     /// Remediation objects of these kinds, `owned` set for those `owner_uid` owns.
@@ -384,8 +406,12 @@ mod tests {
             .remediations
             .write()
             .expect("lock")
-            .insert(stored.facts.id.clone(), stored);
+            .insert(stored.facts.id.clone(), stored.clone());
         assert_eq!(index.remediations_of(&kinds, "nhc-uid").len(), 1);
+        // Deleted by this process before the watch delivered anything: gone at once.
+        index.remediations.write().expect("lock").clear();
+        index.forget_created(&stored.facts.id);
+        assert!(index.remediations_of(&kinds, "nhc-uid").is_empty());
     }
 
     #[test]

@@ -8,8 +8,11 @@ mod contact;
 pub mod default_check;
 mod index;
 mod kinds;
+mod machine_checks;
+mod optional;
 mod reconcile;
 mod status;
+mod upgrades;
 
 use std::{
     collections::BTreeMap,
@@ -39,10 +42,16 @@ use tokio::sync::watch;
 use self::{contact::Evidence, index::Index, kinds::Kinds, reconcile::Context};
 use crate::{
     Result,
-    decide::outage::{self, Change},
+    decide::{
+        self,
+        outage::{self, Change},
+    },
     metrics::Metrics,
     spec,
 };
+
+/// How long the first decisions wait for the upgrade and MachineHealthCheck watches.
+const OPTIONAL_SETTLE: Duration = Duration::from_secs(30);
 
 /// Wakes the checks a change concerns.
 #[derive(Clone)]
@@ -69,7 +78,13 @@ impl Triggers {
 }
 
 /// Runs until the process ends (it returns only if a watch could not start).
-pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()> {
+/// `etcd`: members configured outside any pod, for the quorum guard.
+pub async fn run(
+    client: Client,
+    metrics: Metrics,
+    events: Events,
+    etcd: Option<nodemedic_kube::etcd::External>,
+) -> Result<()> {
     let index = Arc::new(Index::default());
     let (tx, rx) = mpsc::unbounded();
     let (store, writer) = reflector::store();
@@ -113,6 +128,9 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         tokio::spawn(watch_kubelet_leases(client.clone(), index.clone(), renewals_synced)),
         tokio::spawn(probe_when_silent(client.clone(), index.clone())),
     ];
+    let (settled, mut optional_settled) = watch::channel(0usize);
+    tasks.extend(upgrades::spawn(&client, &index, &triggers, &settled));
+    tasks.extend(machine_checks::spawn(&client, &index, &triggers, &settled));
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;
@@ -121,6 +139,18 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
     // control-plane outage) would look like a dead node.
     let _ = renewals_ready.wait_for(|ready| *ready).await;
     let _ = store.wait_until_ready().await;
+    // Upgrades and MachineHealthChecks hold remediations back: known before the first decision
+    // (discovery and a list each), or given up on after a while rather than decide nothing.
+    let watches = decide::upgrade::SOURCES.len() + machine_checks::WATCHES;
+    if tokio::time::timeout(OPTIONAL_SETTLE, optional_settled.wait_for(|n| *n >= watches))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?OPTIONAL_SETTLE,
+            "the upgrade and MachineHealthCheck watches have not all listed yet; deciding with what they have"
+        );
+    }
     tracing::info!(nodes = index.node_names().len(), "health check ready");
 
     let leases = NodeLeases::new(client.clone());
@@ -132,6 +162,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         leases,
         events,
         metrics,
+        etcd,
         memory: Default::default(),
     });
     applier(

@@ -38,6 +38,8 @@ pub(super) struct Context {
     pub leases: NodeLeases,
     pub events: Events,
     pub metrics: Metrics,
+    /// etcd members configured outside any pod (external etcd), asked for their health.
+    pub etcd: Option<nodemedic_kube::etcd::External>,
     /// Per check: what metrics need between reconciles.
     pub memory: Mutex<BTreeMap<String, CheckMemory>>,
 }
@@ -65,7 +67,27 @@ pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> R
     let remediations = ctx.index.remediations_of(&templates.kinds, &uid);
     let holder = leases::health_check_holder(&name);
     let now = Timestamp::now();
-    let (decision, node_uids) = decide_now(&ctx, &check, &templates.states, &remediations, &memory, &holder, now)?;
+    let basis = Basis {
+        check: &check,
+        templates: &templates.states,
+        remediations: &remediations,
+        memory: &memory,
+        holder: &holder,
+        now,
+    };
+    let (mut decision, mut node_uids) = decide_now(&ctx, &basis, decide::EtcdView::NotRead)?;
+    // A control-plane node is remediated only if etcd keeps its quorum: the members are read
+    // (two small lists) only when one would be, and it is decided again with them.
+    if decision.create.iter().any(|c| c.control_plane) {
+        let members = nodemedic_kube::etcd::members(&ctx.client, ctx.etcd.as_ref())
+            .await
+            .map_err(|e| e.to_string());
+        let view = match &members {
+            Ok(members) => decide::EtcdView::Members(members),
+            Err(why) => decide::EtcdView::Unreadable(why),
+        };
+        (decision, node_uids) = decide_now(&ctx, &basis, view)?;
+    }
 
     // The watch cache can lag the API for minutes after etcd comes back (seed 47, trial 45: a
     // remediation created from a view of the node 111 s old, deleted 76 ms later when the node
@@ -154,16 +176,30 @@ impl Templates {
     }
 }
 
+/// What a reconcile decides from besides the index.
+struct Basis<'a> {
+    check: &'a decide::CheckSpec,
+    templates: &'a BTreeMap<TemplateRef, TemplateState>,
+    remediations: &'a [RemediationFacts],
+    memory: &'a decide::Memory,
+    holder: &'a str,
+    now: Timestamp,
+}
+
 /// Decides over the index as it is now; with the uid of every node whose lease is requested.
 fn decide_now(
     ctx: &Context,
-    check: &decide::CheckSpec,
-    templates: &BTreeMap<TemplateRef, TemplateState>,
-    remediations: &[RemediationFacts],
-    memory: &decide::Memory,
-    holder: &str,
-    now: Timestamp,
+    basis: &Basis<'_>,
+    etcd: decide::EtcdView<'_>,
 ) -> Result<(Decision, BTreeMap<String, String>)> {
+    let Basis {
+        check,
+        templates,
+        remediations,
+        memory,
+        holder,
+        now,
+    } = *basis;
     let lease_facts = ctx.index.leases.read().map(|l| l.clone()).unwrap_or_default();
     // Its updates cannot be left half done: a panic elsewhere leaves it usable.
     let outage = ctx
@@ -180,6 +216,29 @@ fn decide_now(
         .kubelet_renewals
         .read()
         .map_err(|_| Error::Poisoned("kubelet renewals"))?;
+    let upgrades: Vec<decide::upgrade::Upgrade> = ctx
+        .index
+        .upgrades
+        .read()
+        .map_err(|_| Error::Poisoned("upgrades"))?
+        .values()
+        .flatten()
+        .cloned()
+        .collect();
+    let machine_health_checks: Vec<decide::conflict::MachineHealthCheckFacts> = ctx
+        .index
+        .machine_health_checks
+        .read()
+        .map_err(|_| Error::Poisoned("machine health checks"))?
+        .values()
+        .flatten()
+        .cloned()
+        .collect();
+    let machines = ctx
+        .index
+        .machine_labels
+        .read()
+        .map_err(|_| Error::Poisoned("machine labels"))?;
     let refs: Vec<&NodeFacts> = nodes.values().collect();
     let decide_with = |alive: &BTreeMap<String, liveness::Alive>| {
         decide::decide(&Input {
@@ -194,6 +253,10 @@ fn decide_now(
             alive,
             outage,
             kubelet_renewals: &renewals,
+            upgrades: &upgrades,
+            machine_health_checks: &machine_health_checks,
+            machines: &machines,
+            etcd,
         })
     };
     let first = decide_with(&BTreeMap::new());

@@ -31,6 +31,7 @@ pub(super) fn memory(status: Option<&NodeHealthCheckStatus>) -> Memory {
         storm_since: since_if_true(conditions::STORM_ACTIVE),
         cooldown_since: since_if_true(conditions::STORM_COOLDOWN_ACTIVE),
         remediation_allowed: state(conditions::REMEDIATION_ALLOWED),
+        remediation_allowed_reason: cond::find(&conds, conditions::REMEDIATION_ALLOWED).map(|c| c.reason.clone()),
         disabled: state(conditions::DISABLED),
         nodes_selected: state(conditions::NODES_SELECTED),
     }

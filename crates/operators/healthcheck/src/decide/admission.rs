@@ -5,7 +5,7 @@
 //! pauses the check, deletes the remediations, then the check, or (controller down) the webhook
 //! is skipped anyway (failurePolicy Ignore).
 
-use nodemedic_api::healthcheck::NodeHealthCheckStatus;
+use nodemedic_api::healthcheck::{NodeHealthCheck, NodeHealthCheckStatus};
 use nodemedic_kube::admission::Verdict;
 
 /// A node the status shows with remediations under way, and those remediations
@@ -74,6 +74,46 @@ pub(crate) fn on_delete(name: &str, status: Option<&NodeHealthCheckStatus>) -> V
     ))
 }
 
+/// The decision on an update of NodeHealthCheck `name` from `old` to `new`: while remediations
+/// run, its selector and templates stay (medik8s's rule). A node the new selector no longer
+/// selects, or a template the check no longer uses, would leave its remediation behind with
+/// nothing to finish or remove it.
+pub(crate) fn on_update(name: &str, old: &NodeHealthCheck, new: &NodeHealthCheck) -> Verdict {
+    let found = in_flight(old.status.as_ref());
+    if found.is_empty() {
+        return Verdict::Allowed;
+    }
+    let changed: Vec<&str> = [
+        ("spec.selector", same(&old.spec.selector, &new.spec.selector)),
+        (
+            "spec.remediationTemplate",
+            same(&old.spec.remediation_template, &new.spec.remediation_template),
+        ),
+        (
+            "spec.escalatingRemediations",
+            same(&old.spec.escalating_remediations, &new.spec.escalating_remediations),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, same)| !same)
+    .map(|(field, _)| field)
+    .collect();
+    if changed.is_empty() {
+        return Verdict::Allowed;
+    }
+    let nodes: Vec<&str> = found.iter().map(|f| f.node.as_str()).collect();
+    Verdict::Denied(format!(
+        "NodeHealthCheck {name}: {} cannot change while remediations run (nodes {}): their remediations would be left behind. Wait until they end, or add an entry to spec.pauseRequests, delete those remediation objects, then make the change",
+        changed.join(", "),
+        nodes.join(", ")
+    ))
+}
+
+/// Spec fields compared by their JSON, as the API server stores them.
+fn same<T: serde::Serialize>(a: &T, b: &T) -> bool {
+    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -112,6 +152,46 @@ mod tests {
             unhealthy_nodes: Some(nodes),
             ..Default::default()
         }
+    }
+
+    fn check(selector: &str, status: Option<NodeHealthCheckStatus>) -> NodeHealthCheck {
+        let mut check: NodeHealthCheck = serde_json::from_value(serde_json::json!({
+            "apiVersion": "remediation.medik8s.io/v1alpha1", "kind": "NodeHealthCheck",
+            "metadata": {"name": "nhc"},
+            "spec": {"selector": {"matchLabels": {selector: ""}},
+                "remediationTemplate": {"apiVersion": "self-node-remediation.medik8s.io/v1alpha1",
+                    "kind": "SelfNodeRemediationTemplate", "namespace": "ns", "name": "snr"}}
+        }))
+        .expect("a check");
+        check.status = status;
+        check
+    }
+
+    #[test]
+    fn while_remediating_the_selector_and_templates_stay_and_the_rest_may_change() {
+        let remediating = Some(status(vec![node("w1", vec![remediation("SelfNodeRemediation", "w1")])]));
+        let old = check("worker", remediating.clone());
+        let Verdict::Denied(message) = on_update("nhc", &old, &check("infra", None)) else {
+            panic!("denied")
+        };
+        assert!(
+            message.contains("spec.selector cannot change") && message.contains("nodes w1"),
+            "{message}"
+        );
+        assert!(message.contains("spec.pauseRequests"), "{message}");
+        let mut paused = check("worker", None);
+        paused.spec.pause_requests = Some(vec!["maintenance window".into()]);
+        assert_eq!(
+            on_update("nhc", &old, &paused),
+            Verdict::Allowed,
+            "other fields may change"
+        );
+        let idle = check("worker", None);
+        assert_eq!(
+            on_update("nhc", &idle, &check("infra", None)),
+            Verdict::Allowed,
+            "nothing runs"
+        );
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub(super) struct StepState<'a> {
 pub(super) fn belongs_to(cr: &RemediationFacts, step: &Step) -> bool {
     cr.id.kind == step.template.remediation_kind()
         && cr.id.api_version == step.template.api_version
+        && step
+            .template
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| ns == cr.id.namespace)
         && cr.template_name.as_deref().is_none_or(|t| t == step.template.name)
 }
 

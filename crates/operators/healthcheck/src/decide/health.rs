@@ -70,6 +70,8 @@ mod tests {
                 since: at(since),
             }],
             confirmed_healthy: false,
+            upgrading: None,
+            machine: None,
         }
     }
 

@@ -16,7 +16,11 @@ use super::{
 
 /// Why new remediation may be held back for every node.
 pub(super) struct Gate {
+    /// A MachineHealthCheck covers a selected node ([`super::conflict`]).
+    pub conflict: Option<String>,
     pub paused: bool,
+    /// A cluster upgrade under way ([`super::upgrade::in_progress`]).
+    pub upgrade: Option<super::upgrade::Hold>,
     pub over_budget: bool,
 }
 
@@ -43,21 +47,30 @@ pub(super) enum HoldBack {
     Alive(liveness::Alive),
     /// The template is not usable; the check's own condition says why.
     TemplateNotReady,
+    /// Remediating the control-plane node would cost etcd its quorum: said when the node has
+    /// just turned unhealthy, and looked at again (the members are not watched).
+    WaitsForQuorum(String),
 }
+
+/// How often a control-plane node held back for etcd's quorum is looked at again.
+const QUORUM_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub(super) type NodeRule = fn(&Input<'_>, &NodeFacts) -> Option<HoldBack>;
 pub(super) type CreationRule = fn(&Candidate<'_>) -> Option<HoldBack>;
 
 pub(super) const NODE_RULES: [NodeRule; 2] = [excluded, leased_elsewhere];
 
-pub(super) const CREATION_RULES: [CreationRule; 7] = [
+pub(super) const CREATION_RULES: [CreationRule; 10] = [
+    standing_back,
     paused,
+    upgrading,
     over_budget,
     // Before the control-plane rule: a node whose Unknown an outage may explain, or that is
     // alive, is not being remediated and must not keep another control-plane node waiting.
     deferred_by_outage,
     alive,
     control_plane_busy,
+    etcd_quorum,
     template_not_ready,
     name_taken,
 ];
@@ -103,12 +116,44 @@ fn leased_elsewhere(input: &Input<'_>, node: &NodeFacts) -> Option<HoldBack> {
     )))
 }
 
+/// A MachineHealthCheck remediates these nodes: nothing new is started beside it, escalation
+/// included (its remediator and this check's would act on one node).
+fn standing_back(c: &Candidate<'_>) -> Option<HoldBack> {
+    c.gate.conflict.as_ref().map(|why| {
+        HoldBack::Skipped(format!(
+            "Skipped remediation of node {}: the health check stands back ({why})",
+            c.node.name
+        ))
+    })
+}
+
 fn paused(c: &Candidate<'_>) -> Option<HoldBack> {
     c.gate.paused.then(|| {
         HoldBack::Skipped(format!(
             "Skipped remediation of node {}: the health check is paused ({})",
             c.node.name,
             c.input.check.pause_requests.join(",")
+        ))
+    })
+}
+
+/// A cluster upgrade postpones the first remediation of a node that turned unhealthy during it;
+/// the escalation of one under way goes on, and a node unhealthy since before the upgrade began
+/// is not the upgrade's doing (and may be what holds the upgrade up).
+fn upgrading(c: &Candidate<'_>) -> Option<HoldBack> {
+    let hold = c.gate.upgrade.as_ref()?;
+    let first_order = c.input.check.steps.iter().map(|s| s.order).min();
+    if first_order != Some(c.step.order) {
+        return None;
+    }
+    let unhealthy_since = match health::classify(c.node, &c.input.check.rules, c.input.now, None) {
+        Health::Unhealthy { since, .. } => since,
+        Health::Healthy | Health::Soon { .. } => c.input.now,
+    };
+    hold.holds(unhealthy_since).then(|| {
+        HoldBack::Skipped(format!(
+            "Postponing remediation of node {} because of an ongoing cluster upgrade: {}",
+            c.node.name, hold.why
         ))
     })
 }
@@ -146,6 +191,34 @@ fn control_plane_busy(c: &Candidate<'_>) -> Option<HoldBack> {
     )))
 }
 
+/// A control-plane node whose loss would take etcd below quorum waits (medik8s's etcd guard on
+/// OpenShift; here also kubeadm's mirror pods). Its member already down costs nothing more.
+fn etcd_quorum(c: &Candidate<'_>) -> Option<HoldBack> {
+    let name = c.node.name.as_str();
+    let members = match c.input.etcd {
+        super::EtcdView::NotRead => return None,
+        super::EtcdView::Members(members) => members,
+        super::EtcdView::Unreadable(why) => {
+            return Some(HoldBack::WaitsForQuorum(format!(
+                "Skipped remediation of control-plane node {name}: etcd's members could not be read ({why}), and it is remediated only if etcd keeps its quorum"
+            )));
+        }
+    };
+    let busy: std::collections::BTreeSet<String> = c
+        .control_plane_busy
+        .iter()
+        .filter(|n| n.as_str() != name)
+        .cloned()
+        .collect();
+    match nodemedic_kube::etcd::check(members, &busy, name) {
+        nodemedic_kube::etcd::Verdict::Refused { healthy_after, members } => Some(HoldBack::WaitsForQuorum(format!(
+            "Skipped remediation of control-plane node {name}: etcd would keep {healthy_after} of its {members} members ready, and needs more than {}; it is remediated once enough members are ready again",
+            members / 2
+        ))),
+        _ => None,
+    }
+}
+
 fn template_not_ready(c: &Candidate<'_>) -> Option<HoldBack> {
     match c.input.templates.get(&c.step.template) {
         Some(TemplateState::Ready { .. }) => None,
@@ -164,6 +237,9 @@ fn name_taken(c: &Candidate<'_>) -> Option<HoldBack> {
         return None;
     };
     let template = &c.step.template;
+    if super::node::shares_its_kind(c.input, template) {
+        return None;
+    }
     let namespace = template.namespace.as_deref().unwrap_or_default();
     let taken = c.input.remediations.iter().any(|r| {
         !r.owned && r.id.kind == template.remediation_kind() && r.id.namespace == namespace && r.id.name == name
@@ -213,6 +289,12 @@ pub(super) fn record(hold: HoldBack, node: &str, newly: bool, now: Timestamp, d:
             d.requeue(liveness::LOOK_AGAIN);
         }
         HoldBack::TemplateNotReady => {}
+        HoldBack::WaitsForQuorum(why) => {
+            if newly {
+                d.notice(Some(node), Severity::Warning, "RemediationSkipped", why);
+            }
+            d.requeue(QUORUM_LOOK_AGAIN);
+        }
     }
 }
 
@@ -226,7 +308,9 @@ mod tests {
 
     fn gate() -> Gate {
         Gate {
+            conflict: None,
             paused: false,
+            upgrade: None,
             over_budget: false,
         }
     }
@@ -291,12 +375,16 @@ mod tests {
         let mut world = World::new(classic(), vec![node("w1", "False", 0)]);
         world.check.pause_requests = vec!["upgrade".into()];
         let both = Gate {
+            conflict: None,
             paused: true,
+            upgrade: None,
             over_budget: true,
         };
         assert!(skipped(creation(&world, "w1", &both, &[])).contains("paused (upgrade)"));
         let budget_only = Gate {
+            conflict: None,
             paused: false,
+            upgrade: None,
             over_budget: true,
         };
         assert_eq!(creation(&world, "w1", &budget_only, &[]), Some(HoldBack::OverBudget));

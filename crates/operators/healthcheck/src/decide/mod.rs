@@ -4,18 +4,21 @@
 
 pub(crate) mod admission;
 mod budget;
+pub mod conflict;
 mod escalation;
 mod health;
 mod holdback;
 pub(crate) mod liveness;
 pub(crate) mod model;
 mod node;
+mod old;
 pub mod outage;
 pub mod selection;
 #[cfg(test)]
 mod test_time;
 #[cfg(test)]
 mod tests;
+pub mod upgrade;
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -23,6 +26,18 @@ use kube::core::SelectorExt;
 pub use model::*;
 
 pub use self::health::Health;
+
+/// Template kinds whose remediations may have generated names whatever their annotations say:
+/// medik8s's webhook annotates every self-remediation template so, and nodemedic's self
+/// remediation reads its node from the node-name annotation. A user's own template of the kind
+/// escalates beside the default one.
+pub(crate) const ESCALATION_CAPABLE: [&str; 1] = ["SelfNodeRemediationTemplate"];
+
+/// The `Disabled` reason while a MachineHealthCheck covers a node the check selects (medik8s's).
+pub(crate) const CONFLICTING_MHC: &str = "ConflictingMachineHealthCheckDetected";
+
+/// The `RemediationAllowed` reason while a cluster upgrade postpones new remediation.
+pub(crate) const UPGRADING: &str = "ClusterUpgrading";
 
 /// While a template is missing, look again this often (its kind may not be served, so there is
 /// nothing to watch).
@@ -42,30 +57,11 @@ pub fn decide(input: &Input<'_>) -> Decision {
     // Also while disabled: the observed-nodes gauge an alert reads must not say 0 for a check
     // that does select nodes.
     decision.status.observed = selected.len();
-    if let Some((reason, message)) = template_problem(input) {
-        if input.memory.disabled != Some(true) {
-            decision.notice(None, Severity::Warning, "Disabled", message.clone());
-        }
-        decision.status.phase = Phase::Disabled;
-        decision.status.reason = format!("NHC is disabled: {reason}: {message}");
-        decision.status.disabled = Some((true, reason, message));
-        decision.status.remediation_allowed = (false, "Disabled", "the health check is disabled".into());
-        decision.requeue(TEMPLATE_RETRY);
-        return decision;
-    }
-    if input.memory.disabled == Some(true) {
-        decision.notice(
-            None,
-            Severity::Normal,
-            "Enabled",
-            "No issues found, NodeHealthCheck is enabled.".into(),
-        );
-    }
-    decision.status.disabled = Some((
-        false,
-        "NodeHealthCheckEnabled",
-        "No issues found, NodeHealthCheck is enabled.".into(),
-    ));
+    let conflict = match enablement(input, &selected, &mut decision) {
+        Enablement::Disabled => return decision,
+        Enablement::Conflict(why) => Some(why),
+        Enablement::Enabled => None,
+    };
 
     let health: BTreeMap<&str, Health> = selected
         .iter()
@@ -98,7 +94,22 @@ pub fn decide(input: &Input<'_>) -> Decision {
         "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
         check.budget.describe()
     );
-    decision.status.remediation_allowed = if !within_budget {
+    let upgrade = upgrade::in_progress(input.upgrades, &selected, input.machines);
+    decision.status.remediation_allowed = if let Some(why) = &conflict {
+        (
+            false,
+            CONFLICTING_MHC,
+            format!("No new remediation: {why}; remediations under way go on"),
+        )
+    } else if let Some(upgrade::Hold { why, .. }) = &upgrade {
+        (
+            false,
+            UPGRADING,
+            format!(
+                "No new remediation while the cluster upgrades ({why}); remediations under way go on. {budget_text}"
+            ),
+        )
+    } else if !within_budget {
         (
             false,
             "TooFewHealthyNodes",
@@ -122,8 +133,21 @@ pub fn decide(input: &Input<'_>) -> Decision {
         );
     }
 
+    if let Some(upgrade::Hold { why, .. }) = &upgrade
+        && input.memory.remediation_allowed_reason.as_deref() != Some(UPGRADING)
+    {
+        decision.notice(
+            None,
+            Severity::Normal,
+            "RemediationSkipped",
+            format!("Postponing potential remediations because of ongoing cluster upgrade: {why}"),
+        );
+    }
+
     let gate = node::Gate {
+        conflict: conflict.clone(),
         paused: !check.pause_requests.is_empty(),
+        upgrade: upgrade.clone(),
         over_budget: !within_budget || storm.blocks,
     };
     let mut control_plane_busy: Vec<String> = input
@@ -152,6 +176,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
         }
     }
     node::orphans(input, &owned, &mut decision);
+    old::flag(&owned, input.now, &mut decision);
 
     let status = &mut decision.status;
     status.observed = observed;
@@ -169,7 +194,9 @@ pub fn decide(input: &Input<'_>) -> Decision {
         .filter(|n| !owned_by_node(n).is_empty() || decision.create.iter().any(|c| &&c.node == n))
         .count();
     let status = &mut decision.status;
-    (status.phase, status.reason) = if gate.paused {
+    (status.phase, status.reason) = if conflict.is_some() {
+        (status.phase, std::mem::take(&mut status.reason))
+    } else if gate.paused {
         (
             Phase::Paused,
             format!("NHC is paused: {}", check.pause_requests.join(",")),
@@ -179,7 +206,57 @@ pub fn decide(input: &Input<'_>) -> Decision {
     } else {
         (Phase::Enabled, "NHC is enabled, no ongoing remediation".into())
     };
+    if upgrade.is_some() && status.phase != Phase::Paused {
+        status
+            .reason
+            .push_str("; new remediations wait for the cluster upgrade to end");
+    }
     decision
+}
+
+enum Enablement {
+    /// A template is missing or unusable: nothing is done.
+    Disabled,
+    /// A MachineHealthCheck covers a selected node: no new remediation, those under way go on.
+    Conflict(String),
+    Enabled,
+}
+
+/// Whether the check may act, with its `Disabled` condition and the events when that changes.
+fn enablement(input: &Input<'_>, selected: &[&NodeFacts], decision: &mut Decision) -> Enablement {
+    let conflict = conflict::conflicting(input.machine_health_checks, input.machines, selected);
+    let problem = template_problem(input);
+    let disabled = problem
+        .clone()
+        .or_else(|| conflict.clone().map(|why| (CONFLICTING_MHC, why)));
+    let Some((reason, message)) = disabled else {
+        if input.memory.disabled == Some(true) {
+            decision.notice(
+                None,
+                Severity::Normal,
+                "Enabled",
+                "No issues found, NodeHealthCheck is enabled.".into(),
+            );
+        }
+        decision.status.disabled = Some((
+            false,
+            "NodeHealthCheckEnabled",
+            "No issues found, NodeHealthCheck is enabled.".into(),
+        ));
+        return Enablement::Enabled;
+    };
+    if input.memory.disabled != Some(true) {
+        decision.notice(None, Severity::Warning, "Disabled", message.clone());
+    }
+    decision.status.phase = Phase::Disabled;
+    decision.status.reason = format!("NHC is disabled: {reason}: {message}");
+    decision.status.disabled = Some((true, reason, message.clone()));
+    decision.status.remediation_allowed = (false, "Disabled", "the health check is disabled".into());
+    if problem.is_some() {
+        decision.requeue(TEMPLATE_RETRY);
+        return Enablement::Disabled;
+    }
+    Enablement::Conflict(message)
 }
 
 /// A referenced template that is missing or unusable disables the check.
@@ -211,18 +288,20 @@ fn template_problem(input: &Input<'_>) -> Option<(&'static str, String)> {
         }
     }
     // Two steps of one kind would create objects with the same name unless the templates ask for
-    // generated names.
+    // generated names (or their remediator reads the node from the annotation, as nodemedic's
+    // self remediation does).
     let steps = &input.check.steps;
     for (i, a) in steps.iter().enumerate() {
         for b in &steps[i + 1..] {
             let multiple = |t: &TemplateRef| {
-                matches!(
-                    input.templates.get(t),
-                    Some(TemplateState::Ready {
-                        multiple_templates: true,
-                        ..
-                    })
-                )
+                ESCALATION_CAPABLE.contains(&t.kind.as_str())
+                    || matches!(
+                        input.templates.get(t),
+                        Some(TemplateState::Ready {
+                            multiple_templates: true,
+                            ..
+                        })
+                    )
             };
             if a.template.kind == b.template.kind && !(multiple(&a.template) && multiple(&b.template)) {
                 return Some((

@@ -135,6 +135,10 @@ pub struct NodeFacts {
     pub conditions: Vec<ConditionFacts>,
     /// Annotated `remediation.medik8s.io/manually-confirmed-healthy`.
     pub confirmed_healthy: bool,
+    /// What its annotations say of an upgrade under way on it ([`super::upgrade::node_upgrading`]).
+    pub upgrading: Option<String>,
+    /// Its Machine, from the annotations its machine controller sets.
+    pub machine: Option<super::conflict::MachineKey>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,6 +181,8 @@ pub struct RemediationFacts {
     pub permanent_node_deletion_expected: bool,
     pub control_plane: bool,
     pub deleting: bool,
+    /// Annotated `nodehealthcheck.medik8s.io/old-remediation-cr-flag` ([`super::old`]).
+    pub flagged_old: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -214,6 +220,8 @@ pub struct Memory {
     pub storm_since: Option<Timestamp>,
     pub cooldown_since: Option<Timestamp>,
     pub remediation_allowed: Option<bool>,
+    /// The reason the `RemediationAllowed` condition gave.
+    pub remediation_allowed_reason: Option<String>,
     pub disabled: Option<bool>,
     pub nodes_selected: Option<bool>,
 }
@@ -238,6 +246,24 @@ pub struct Input<'a> {
     /// Each node's last kubelet lease renewal (the API server's clock): a node that renewed
     /// after an outage is not excused by it (see [`super::outage::Window::for_node`]).
     pub kubelet_renewals: &'a BTreeMap<String, Timestamp>,
+    /// Upgrades under way, as [`super::upgrade::upgrading`] reads them.
+    pub upgrades: &'a [super::upgrade::Upgrade],
+    pub machine_health_checks: &'a [super::conflict::MachineHealthCheckFacts],
+    /// Every Machine's labels.
+    pub machines: &'a BTreeMap<super::conflict::MachineKey, BTreeMap<String, String>>,
+    /// The etcd members the cluster shows, when they were read (only for a decision that would
+    /// remediate a control-plane node).
+    pub etcd: EtcdView<'a>,
+}
+
+/// What the decision knows of etcd's members.
+#[derive(Clone, Copy, Debug)]
+pub enum EtcdView<'a> {
+    /// Not read: no control-plane node would be remediated.
+    NotRead,
+    Members(&'a [nodemedic_kube::etcd::Member]),
+    /// The read failed (why): a control-plane node waits, the rest of the decision goes on.
+    Unreadable(&'a str),
 }
 
 /// A remediation object to create.
@@ -319,6 +345,8 @@ pub struct Decision {
     pub delete: Vec<RemediationId>,
     pub mark_timed_out: Vec<RemediationId>,
     pub mark_healthy_since: Vec<RemediationId>,
+    /// Remediations to flag as old ([`super::old`]).
+    pub flag_old: Vec<RemediationId>,
     /// Nodes whose manually-confirmed-healthy annotation has done its job.
     pub clear_confirmation: Vec<String>,
     pub leases: Vec<LeaseAction>,

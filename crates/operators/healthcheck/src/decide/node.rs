@@ -221,7 +221,7 @@ fn create(input: &Input<'_>, node: &NodeFacts, step: &Step, control_plane_busy: 
         api_version: template.api_version.clone(),
         kind: template.remediation_kind().to_owned(),
         namespace: template.namespace.clone().unwrap_or_default(),
-        name: (!multiple_templates).then(|| name.to_owned()),
+        name: (!multiple_templates && !shares_its_kind(input, template)).then(|| name.to_owned()),
         spec: spec.clone(),
         control_plane,
     });
@@ -242,6 +242,18 @@ fn create(input: &Input<'_>, node: &NodeFacts, step: &Step, control_plane_busy: 
         "RemediationCreated",
         format!("Created remediation object for node {name} from {template}"),
     );
+}
+
+/// Another step of the check uses the template's kind: fixed names would collide (only
+/// escalation-capable kinds get this far, see `template_problem`).
+pub(super) fn shares_its_kind(input: &Input<'_>, template: &super::TemplateRef) -> bool {
+    input
+        .check
+        .steps
+        .iter()
+        .filter(|s| s.template.kind == template.kind)
+        .count()
+        > 1
 }
 
 /// Objects of nodes that no longer exist go, unless their remediator said the node is meant to

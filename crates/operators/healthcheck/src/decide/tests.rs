@@ -80,6 +80,8 @@ pub(super) fn node(name: &str, ready: &str, since: i64) -> NodeFacts {
             since: at(since),
         }],
         confirmed_healthy: false,
+        upgrading: None,
+        machine: None,
     }
 }
 
@@ -107,6 +109,7 @@ pub(super) fn cr(node: &str, kind: &str, created: i64) -> RemediationFacts {
         permanent_node_deletion_expected: false,
         control_plane: false,
         deleting: false,
+        flagged_old: false,
     }
 }
 
@@ -121,6 +124,10 @@ pub(super) struct World {
     pub(super) alive: BTreeMap<String, liveness::Alive>,
     pub(super) outage: Option<outage::Window>,
     pub(super) kubelet_renewals: BTreeMap<String, Timestamp>,
+    pub(super) upgrades: Vec<upgrade::Upgrade>,
+    pub(super) machine_health_checks: Vec<conflict::MachineHealthCheckFacts>,
+    pub(super) machines: BTreeMap<conflict::MachineKey, BTreeMap<String, String>>,
+    pub(super) etcd: Option<Vec<nodemedic_kube::etcd::Member>>,
     pub(super) now: Timestamp,
 }
 
@@ -149,6 +156,10 @@ impl World {
             alive: BTreeMap::new(),
             outage: None,
             kubelet_renewals: BTreeMap::new(),
+            upgrades: vec![],
+            machine_health_checks: vec![],
+            machines: BTreeMap::new(),
+            etcd: None,
             now: at(NOW),
         }
     }
@@ -172,6 +183,10 @@ impl World {
             alive: &self.alive,
             outage: self.outage,
             kubelet_renewals: &self.kubelet_renewals,
+            upgrades: &self.upgrades,
+            machine_health_checks: &self.machine_health_checks,
+            machines: &self.machines,
+            etcd: self.etcd.as_deref().map_or(EtcdView::NotRead, EtcdView::Members),
         }
     }
 }
@@ -502,6 +517,273 @@ fn paused_stops_new_remediation_not_running_ones() {
     assert_eq!(d.status.phase, Phase::Paused);
 }
 
+/// a: newly unhealthy; b: its self remediation timed out (escalates); c: healthy again with
+/// its remediation left; d..g healthy. An upgrade under way.
+fn upgrading_world() -> World {
+    let mut w = World::new(
+        escalating(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "Unknown", NOW - 900),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+            node("f", "True", 0),
+            node("g", "True", 0),
+        ],
+    );
+    w.remediations.push(cr("b", "SelfNodeRemediation", NOW - 200));
+    w.remediations.push(cr("c", "SelfNodeRemediation", NOW - 200));
+    w.upgrades = vec![upgrade::Upgrade::everywhere(
+        "ClusterVersion version is progressing towards 4.16.3",
+    )];
+    w
+}
+
+#[test]
+fn an_upgrade_postpones_new_remediations_and_lets_those_under_way_go_on() {
+    let w = upgrading_world();
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["b"], "only b's escalation");
+    assert_eq!(d.create[0].kind, "FenceAgentsRemediation");
+    assert_eq!(d.delete.len(), 1, "c's remediation removed: c is healthy");
+    let (allowed, reason, message) = &d.status.remediation_allowed;
+    assert!(!allowed && *reason == UPGRADING);
+    assert!(message.contains("progressing towards 4.16.3"), "{message}");
+    let postponing: Vec<&Notice> = d.notices.iter().filter(|n| n.reason == "RemediationSkipped").collect();
+    assert_eq!(postponing.len(), 2, "the check's and node a's: {postponing:?}");
+    assert!(
+        postponing
+            .iter()
+            .any(|n| n.node.is_none() && n.message.starts_with("Postponing potential remediations"))
+    );
+    assert!(
+        postponing
+            .iter()
+            .any(|n| n.node.as_deref() == Some("a") && n.message.contains("cluster upgrade"))
+    );
+    assert!(
+        d.status.reason.contains("wait for the cluster upgrade"),
+        "{}",
+        d.status.reason
+    );
+
+    let mut told = upgrading_world();
+    told.memory.remediation_allowed = Some(false);
+    told.memory.remediation_allowed_reason = Some(UPGRADING.into());
+    told.memory.unhealthy = [("a".to_owned(), None), ("b".to_owned(), None)].into();
+    let d = told.decide();
+    assert!(
+        !reasons(&d).contains(&"RemediationSkipped"),
+        "said once: {:?}",
+        d.notices
+    );
+
+    let over = World {
+        upgrades: vec![],
+        ..upgrading_world()
+    };
+    assert_eq!(
+        created_for(&over.decide()),
+        ["a", "b"],
+        "the upgrade over, a is remediated"
+    );
+}
+
+#[test]
+fn a_node_unhealthy_since_before_the_upgrade_began_is_remediated_during_it() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("early", "Unknown", NOW - 900),
+            node("late", "Unknown", NOW - 400),
+            node("c", "True", 0),
+            node("d", "True", 0),
+            node("e", "True", 0),
+        ],
+    );
+    w.upgrades = vec![upgrade::Upgrade {
+        since: Some(at(NOW - 600)),
+        ..upgrade::Upgrade::everywhere("ClusterVersion version is progressing towards 4.16.3")
+    }];
+    assert_eq!(
+        created_for(&w.decide()),
+        ["early"],
+        "late turned unhealthy during the upgrade"
+    );
+    w.upgrades[0].since = None;
+    assert!(
+        w.decide().create.is_empty(),
+        "an upgrade that cannot say when it began holds both"
+    );
+}
+
+#[test]
+fn a_node_s_own_upgrade_postpones_only_the_checks_that_select_it() {
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "True", 0),
+            node("c", "True", 0),
+            node("d", "True", 0),
+        ],
+    );
+    w.nodes[1].upgrading = Some("it is annotated nodemedic.medik8s.io/upgrade-in-progress=\"kured\"".into());
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    assert!(
+        d.status.remediation_allowed.2.contains("node b: it is annotated"),
+        "{:?}",
+        d.status.remediation_allowed
+    );
+
+    w.nodes[1].labels.remove(labels::ROLE_WORKER);
+    assert_eq!(
+        created_for(&w.decide()),
+        ["a"],
+        "b is not selected: its upgrade is not this check's"
+    );
+}
+
+#[test]
+fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_goes() {
+    use nodemedic_api::machines::MachineApi;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - 400),
+            node("b", "True", 0),
+            node("c", "True", 0),
+        ],
+    );
+    w.nodes[0].machine = Some((MachineApi::ClusterApi, "default".into(), "m-a".into()));
+    w.machines.insert(
+        (MachineApi::ClusterApi, "default".into(), "m-a".into()),
+        [("pool".to_owned(), "workers".to_owned())].into(),
+    );
+    let mhc = serde_json::json!({"metadata": {"namespace": "default", "name": "workers"},
+        "spec": {"selector": {"matchLabels": {"pool": "workers"}},
+            "checks": {"unhealthyNodeConditions": [{"type": "Ready", "status": "Unknown", "timeoutSeconds": 300}]}}});
+    w.machine_health_checks = vec![conflict::machine_health_check(MachineApi::ClusterApi, &mhc).expect("readable")];
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    assert_eq!(d.status.phase, Phase::Disabled);
+    let (disabled, reason, message) = d.status.disabled.clone().expect("condition");
+    assert!(disabled && reason == CONFLICTING_MHC, "{reason}");
+    assert!(
+        message.contains("MachineHealthCheck default/workers") && message.contains("node a"),
+        "{message}"
+    );
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.reason == "Disabled" && n.severity == Severity::Warning)
+    );
+
+    // A remediation already under way goes on (its lease kept), and nothing new starts.
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - 100));
+    let d = w.decide();
+    assert!(d.create.is_empty() && d.delete.is_empty());
+    assert!(
+        d.leases
+            .iter()
+            .any(|l| matches!(l, LeaseAction::Request { node, .. } if node == "a")),
+        "{:?}",
+        d.leases
+    );
+    assert_eq!(d.status.phase, Phase::Disabled);
+    w.remediations.clear();
+
+    w.machine_health_checks.clear();
+    w.memory.disabled = Some(true);
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["a"]);
+    assert!(reasons(&d).contains(&"Enabled"));
+}
+
+#[test]
+fn a_remediation_still_there_after_48_hours_is_flagged_once() {
+    let hours = |h: i64| h * 3600;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", NOW - hours(50)),
+            node("b", "True", 0),
+            node("c", "True", 0),
+        ],
+    );
+    w.remediations.push(cr("a", "SelfNodeRemediation", NOW - hours(47)));
+    let d = w.decide();
+    assert!(d.flag_old.is_empty());
+    assert!(
+        d.requeue_after
+            .is_some_and(|r| r <= std::time::Duration::from_secs(3600)),
+        "looks again when it comes of age: {:?}",
+        d.requeue_after
+    );
+
+    w.remediations[0].created = test_time::at(NOW - hours(49));
+    let d = w.decide();
+    assert_eq!(d.flag_old, [w.remediations[0].id.clone()]);
+    assert!(reasons(&d).contains(&"OldRemediation"));
+
+    w.remediations[0].flagged_old = true;
+    let d = w.decide();
+    assert!(
+        d.flag_old.is_empty() && !reasons(&d).contains(&"OldRemediation"),
+        "flagged once"
+    );
+}
+
+#[test]
+fn a_control_plane_node_is_remediated_only_if_etcd_keeps_its_quorum() {
+    use nodemedic_kube::etcd::Member;
+    // a is Unknown: its member's pod reads not ready whatever runs there.
+    let member = |node: &str, ready: bool| Member {
+        node: node.into(),
+        ready: ready && node != "a",
+        node_ready: node != "a",
+    };
+    let mut w = World::new(
+        classic(),
+        vec![
+            control_plane(node("a", "Unknown", NOW - 400)),
+            control_plane(node("b", "True", 0)),
+            control_plane(node("c", "True", 0)),
+        ],
+    );
+    // c's member is down: a's may still run, and taking it away would leave one of three.
+    w.etcd = Some(vec![member("a", true), member("b", true), member("c", false)]);
+    let d = w.decide();
+    assert!(d.create.is_empty());
+    let skipped = d
+        .notices
+        .iter()
+        .find(|n| n.reason == "RemediationSkipped")
+        .expect("said");
+    assert!(
+        skipped.message.contains("etcd would keep 1 of its 3 members ready"),
+        "{}",
+        skipped.message
+    );
+    assert!(d.requeue_after.is_some_and(|r| r <= std::time::Duration::from_secs(15)));
+
+    w.etcd = Some(vec![member("a", true), member("b", true), member("c", true)]);
+    assert_eq!(created_for(&w.decide()), ["a"], "two of three stay");
+    let refs: Vec<&NodeFacts> = w.nodes.iter().collect();
+    let unreadable = Input {
+        etcd: EtcdView::Unreadable("etcd pods: connection refused"),
+        ..w.input(&refs)
+    };
+    assert!(
+        decide(&unreadable).create.is_empty(),
+        "not without knowing etcd can spare it"
+    );
+    w.etcd = Some(vec![]);
+    assert_eq!(created_for(&w.decide()), ["a"], "etcd outside the cluster");
+}
+
 #[test]
 fn excluded_and_maintenance_leased_nodes_are_left_alone() {
     let mut w = World::new(
@@ -633,16 +915,31 @@ fn a_missing_template_disables_the_check_naming_it_and_it_recovers() {
     );
     let d = w.decide();
     assert!(reasons(&d).contains(&"Enabled"));
-    assert_eq!(d.status.disabled.map(|c| c.0), Some(false));
+    assert_eq!(d.status.disabled.as_ref().map(|c| c.0), Some(false));
 }
 
 #[test]
-fn the_same_kind_twice_needs_generated_names() {
+fn the_same_kind_twice_needs_generated_names_and_self_remediation_templates_have_them() {
     let mut spec = escalating();
-    spec.steps[1].template = template("SelfNodeRemediationTemplate", "snr-2");
+    spec.steps[0].template = template("FenceAgentsRemediationTemplate", "far-1");
     let w = World::new(spec, vec![node("a", "Unknown", 0)]);
     let d = w.decide();
     assert_eq!(d.status.disabled.map(|c| c.1), Some("RemediationTemplateInvalid"));
+
+    // A user's own self-remediation template escalating beside the default one, unannotated.
+    let mut spec = escalating();
+    spec.steps[1].template = template("SelfNodeRemediationTemplate", "snr-2");
+    let w = World::new(
+        spec,
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    let d = w.decide();
+    assert_eq!(d.status.disabled.as_ref().map(|c| c.0), Some(false));
+    assert_eq!(created_for(&d), ["a"]);
+    assert_eq!(
+        d.create[0].name, None,
+        "a generated name: the next step's object must not collide"
+    );
 }
 
 #[test]
@@ -794,6 +1091,40 @@ proptest! {
         for new in &deferred.create {
             let held = steady.create.iter().any(|c| c.node == new.node) || new.control_plane;
             prop_assert!(held, "{} created only because the outage deferred another node", new.node);
+        }
+    }
+
+    #[test]
+    fn an_upgrade_starts_no_first_remediation_and_changes_nothing_else(w in arb_world()) {
+        let steady = w.decide();
+        let upgrading = World { upgrades: vec![upgrade::Upgrade::everywhere("ClusterVersion version is progressing")], ..w };
+        let d = upgrading.decide();
+        for new in &d.create {
+            let escalation = upgrading.remediations.iter().any(|r| r.owned && r.node == new.node);
+            prop_assert!(escalation, "a first remediation of {} during an upgrade", new.node);
+        }
+        prop_assert_eq!(d.delete, steady.delete);
+        prop_assert_eq!(d.mark_timed_out, steady.mark_timed_out);
+        prop_assert_eq!(d.status.unhealthy.keys().collect::<Vec<_>>(), steady.status.unhealthy.keys().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn never_remediates_a_control_plane_node_etcd_cannot_spare(w in arb_world(), ready in proptest::collection::vec(any::<bool>(), 9)) {
+        let members: Vec<nodemedic_kube::etcd::Member> = w
+            .nodes
+            .iter()
+            .filter(|n| node::is_control_plane(n))
+            .zip(&ready)
+            .map(|(n, r)| {
+                let node_ready = n.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                nodemedic_kube::etcd::Member { node: n.name.clone(), ready: *r && node_ready, node_ready }
+            })
+            .collect();
+        let busy: BTreeSet<String> = w.remediations.iter().filter(|r| r.control_plane && !r.deleting).map(|r| r.node.clone()).collect();
+        let w = World { etcd: Some(members.clone()), ..w };
+        for new in w.decide().create.iter().filter(|c| c.control_plane) {
+            let verdict = nodemedic_kube::etcd::check(&members, &busy, &new.node);
+            prop_assert!(!matches!(verdict, nodemedic_kube::etcd::Verdict::Refused { .. }), "{} remediated: {verdict:?}", new.node);
         }
     }
 

@@ -30,10 +30,19 @@ pub struct Context {
     pub leases: NodeLeases,
     /// Consecutive drain passes a budget blocked, per NodeMaintenance (for the backoff).
     pub blocked_passes: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// etcd members configured outside any pod (external etcd), asked for their health.
+    pub etcd: Option<nodemedic_kube::etcd::External>,
 }
 
 /// Runs the reconciler until it stops.
-pub async fn run(client: Client, evictions: Client, metrics: Metrics, events: Events) -> Result<()> {
+/// `etcd`: members configured outside any pod, for the quorum guard.
+pub async fn run(
+    client: Client,
+    evictions: Client,
+    metrics: Metrics,
+    events: Events,
+    etcd: Option<nodemedic_kube::etcd::External>,
+) -> Result<()> {
     let leases = NodeLeases::new(client.clone());
     leases.ensure_namespace().await?;
     let ctx = Arc::new(Context {
@@ -43,6 +52,7 @@ pub async fn run(client: Client, evictions: Client, metrics: Metrics, events: Ev
         metrics,
         leases,
         blocked_passes: Default::default(),
+        etcd,
     });
     tracing::info!("node maintenance running");
     Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())

@@ -17,7 +17,7 @@ use crate::{
     Result,
     decide::{
         drain::{self, PodFacts},
-        quorum::{self, Member},
+        quorum,
         steps::{Facts, Lease, Phase},
     },
 };
@@ -120,7 +120,11 @@ pub(super) async fn observe(ctx: &Context, current: NodeMaintenance) -> Result<O
             .filter(|o| phase(o) != Phase::NotStarted || key(o) < key(nm))
             .map(|o| o.spec.node_name.clone())
             .collect();
-        quorum::check(&etcd_members(ctx).await?, &busy, node_name)
+        nodemedic_kube::etcd::check(
+            &nodemedic_kube::etcd::members(&ctx.client, ctx.etcd.as_ref()).await?,
+            &busy,
+            node_name,
+        )
     } else {
         quorum::Verdict::NotAMember
     };
@@ -193,25 +197,4 @@ fn drain_timed_out(nm: &NodeMaintenance) -> bool {
     conditions::find(list, types::DRAINED)
         .filter(|c| c.status == "False")
         .is_some_and(|c| nodemedic_kube::time::since(&c.last_transition_time.0, &Timestamp::now()) >= timeout)
-}
-
-/// kubeadm-style etcd: one mirror pod `component=etcd` in kube-system per member.
-async fn etcd_members(ctx: &Context) -> Result<Vec<Member>> {
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), "kube-system")
-        .list(&ListParams::default().labels("component=etcd"))
-        .await
-        .context("listing the etcd pods in kube-system")?;
-    Ok(pods
-        .items
-        .iter()
-        .filter_map(|p| {
-            let node = p.spec.as_ref()?.node_name.clone()?;
-            let ready = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Some(Member { node, ready })
-        })
-        .collect())
 }

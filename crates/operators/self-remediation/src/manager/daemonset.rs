@@ -8,13 +8,13 @@ use k8s_openapi::api::{
     apps::v1::{DaemonSet, DaemonSetSpec},
     core::v1::{
         Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, NodeAffinity, NodeSelector,
-        NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
-        Toleration, Volume, VolumeMount,
+        NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSpec, PodTemplateSpec, ResourceRequirements,
+        SecurityContext, Toleration, Volume, VolumeMount,
     },
 };
 use k8s_openapi::apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::LabelSelector};
 use kube::api::ObjectMeta;
-use nodemedic_api::self_remediation::SelfNodeRemediationConfigSpec;
+use nodemedic_api::{names::labels, self_remediation::SelfNodeRemediationConfigSpec};
 use sha2::{Digest, Sha256};
 
 use crate::{Error, Result, protocol::LicenceSettings};
@@ -173,6 +173,22 @@ impl Install {
     }
 }
 
+/// Where agents run: not on a node labelled exclude-from-remediation=true (as medik8s's
+/// DaemonSet): such a node is never remediated, so an agent there could only fence it on its own
+/// (an isolated agent resets its node), and a node in maintenance carries the label. The
+/// DaemonSet controller stops an agent when its node gets the label; the agent closes its
+/// watchdog only if no remediation of its node exists (`agent::shutdown`).
+fn node_requirements(spec: &SelfNodeRemediationConfigSpec) -> Vec<NodeSelectorRequirement> {
+    let excluded = NodeSelectorRequirement {
+        key: labels::EXCLUDE_FROM_REMEDIATION.into(),
+        operator: "NotIn".into(),
+        values: Some(vec!["true".into()]),
+    };
+    std::iter::once(excluded)
+        .chain(spec.custom_ds_node_selector_requirements.clone().unwrap_or_default())
+        .collect()
+}
+
 /// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &Install) -> DaemonSet {
     let labels = BTreeMap::from([
@@ -200,22 +216,18 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &I
         ..Default::default()
     }];
     tolerations.extend(spec.custom_ds_tolerations.clone().unwrap_or_default());
-    let affinity = spec
-        .custom_ds_node_selector_requirements
-        .clone()
-        .filter(|r| !r.is_empty())
-        .map(|requirements| Affinity {
-            node_affinity: Some(NodeAffinity {
-                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                    node_selector_terms: vec![NodeSelectorTerm {
-                        match_expressions: Some(requirements),
-                        ..Default::default()
-                    }],
-                }),
-                ..Default::default()
+    let affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(node_requirements(spec)),
+                    ..Default::default()
+                }],
             }),
             ..Default::default()
-        });
+        }),
+        ..Default::default()
+    });
     let state = Volume {
         name: "state".into(),
         host_path: Some(HostPathVolumeSource {
@@ -362,6 +374,39 @@ mod tests {
         };
         assert_ne!(hash(&a), hash(&b));
         assert!(agent_flags(&spec).contains(&"--api-check-interval=15s".to_owned()));
+    }
+
+    #[test]
+    fn no_agent_runs_on_an_excluded_node_and_custom_requirements_come_after_that_rule() {
+        let terms = |d: &DaemonSet| {
+            let spec = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .expect("pod spec");
+            let affinity = spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+            let required = affinity.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+            let terms = &required.expect("required node affinity").node_selector_terms;
+            assert_eq!(terms.len(), 1, "one term: its requirements are all ANDed");
+            terms[0].match_expressions.clone().unwrap_or_default()
+        };
+        let excluded = NodeSelectorRequirement {
+            key: labels::EXCLUDE_FROM_REMEDIATION.into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["true".into()]),
+        };
+        let mut spec = SelfNodeRemediationConfigSpec::default();
+        assert_eq!(
+            terms(&render(&spec, "ns", &Install::new("img"))),
+            std::slice::from_ref(&excluded)
+        );
+        let workers = NodeSelectorRequirement {
+            key: "node-role.kubernetes.io/worker".into(),
+            operator: "Exists".into(),
+            values: None,
+        };
+        spec.custom_ds_node_selector_requirements = Some(vec![workers.clone()]);
+        assert_eq!(terms(&render(&spec, "ns", &Install::new("img"))), [excluded, workers]);
     }
 
     #[test]

@@ -160,17 +160,26 @@ async fn remediations(ctx: Arc<remediation::Context>) {
     )
     .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let store = controller.store();
+    let every = move || {
+        store
+            .state()
+            .iter()
+            .map(|snr| ObjectRef::from_obj(snr.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    let also_every = every.clone();
+    // The configuration's deletion disables every remediation, its return enables them.
+    let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_NAME}"));
     controller
         .watches(
-            Api::<Lease>::namespaced(client, &namespace),
+            Api::<Lease>::namespaced(client.clone(), &namespace),
             registrations(),
-            move |_| {
-                store
-                    .state()
-                    .iter()
-                    .map(|snr| ObjectRef::from_obj(snr.as_ref()))
-                    .collect::<Vec<_>>()
-            },
+            move |_| every(),
+        )
+        .watches(
+            Api::<SelfNodeRemediationConfig>::namespaced(client, &namespace),
+            config,
+            move |_| also_every(),
         )
         .run(steps::reconcile, steps::error_policy, ctx)
         .for_each(|_| async {})

@@ -37,6 +37,13 @@ const DISK_AFTERMATH_MS: u64 = 30_000;
 /// How long an agent or the control plane is starved, and how long after the trial watches.
 const STARVED_HOLD_MS: (u64, u64) = (30_000, 90_000);
 const STARVED_AFTERMATH_MS: u64 = 30_000;
+/// A rolling upgrade's reboots: each node down longer than the lab's health check waits (25 s at
+/// most), then up this long before the next goes down (its kubelet Ready, its agent licensed).
+const REBOOT_DOWN_MS: (u64, u64) = (30_000, 45_000);
+const REBOOT_UP_MS: (u64, u64) = (20_000, 30_000);
+/// Watched after an upgrade is withdrawn: a node left unremediated by the upgrade, or remediated
+/// once it is over though healthy, would show by then.
+const UPGRADE_AFTERMATH_MS: u64 = 30_000;
 /// How often the first episode of a self-remediation trial is membership churn.
 const CHURN: f64 = 0.3;
 
@@ -100,7 +107,8 @@ impl Builder {
         let kinds = match self.version {
             1 => 19,
             2 => 21,
-            _ => 27,
+            3 => 27,
+            _ => 29,
         };
         let kind = self.rng.random_range(0..kinds);
         let kind = if self.shape.real_nodes {
@@ -132,7 +140,8 @@ impl Builder {
             17..=18 => (Vec::new(), self.restart_loop(start)),
             19..=20 => (Vec::new(), self.disk_full(start)),
             21..=23 => (Vec::new(), self.starved_agent(start)),
-            _ => (Vec::new(), self.slow_control_plane(start)),
+            24..=26 => (Vec::new(), self.slow_control_plane(start)),
+            _ => (Vec::new(), self.rolling_upgrade(start)),
         };
         if !targets.is_empty() && end - start >= LONG_HOLD_MS.0 {
             self.disturb(start, end, &targets);
@@ -385,6 +394,26 @@ impl Builder {
             }
             None => back,
         }
+    }
+
+    /// A cluster upgrade as an upgrade tool runs one: announced on every node, then each node
+    /// rebooted in turn (down longer than the health check waits), the next once it is back, and
+    /// the announcement withdrawn. Nothing may be remediated meanwhile, nor fenced.
+    fn rolling_upgrade(&mut self, start: u64) -> u64 {
+        let mut order: Vec<Slot> = (0..self.shape.nodes).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, self.rng.random_range(0..=i));
+        }
+        self.push(start, Action::Upgrade { announced: true });
+        let mut t = start + 2_000;
+        for node in order {
+            self.push(t, Action::Fault(Fault::Crash { node }));
+            t += self.rng.random_range(REBOOT_DOWN_MS.0..=REBOOT_DOWN_MS.1);
+            self.push(t, Action::Fault(Fault::PowerOn { node }));
+            t += self.rng.random_range(REBOOT_UP_MS.0..=REBOOT_UP_MS.1);
+        }
+        self.push(t, Action::Upgrade { announced: false });
+        t + UPGRADE_AFTERMATH_MS
     }
 
     /// Control-plane, process and BMC faults while the node fault holds, in disjoint windows.

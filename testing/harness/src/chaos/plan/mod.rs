@@ -96,6 +96,11 @@ pub enum Action {
     AddNode {
         node: Slot,
     },
+    /// An upgrade tool announces a cluster upgrade on every node (the annotation
+    /// `nodemedic.medik8s.io/upgrade-in-progress`), or withdraws it.
+    Upgrade {
+        announced: bool,
+    },
     /// Spelled as the lab spells it (`{"action": "crash", "node": 0}`).
     #[serde(untagged)]
     Fault(Fault<Slot>),
@@ -133,8 +138,9 @@ pub struct TrialPlan {
 /// 1. node, network, control-plane, process, BMC and membership faults;
 /// 2. and a node's disk filling up (`fill-disk`), drawn among them (issue 44);
 /// 3. and starvation: a node's agent short of CPU or memory, etcd or the API server slowed
-///    (issue 46).
-pub const PLAN_VERSION: u32 = 3;
+///    (issue 46);
+/// 4. and rolling upgrades: announced, every node rebooted in turn (issue 48).
+pub const PLAN_VERSION: u32 = 4;
 
 /// Restrictions from the command line; part of what a plan is drawn from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

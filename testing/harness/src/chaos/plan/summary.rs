@@ -17,6 +17,7 @@ pub const STARVED_AGENT_CPU: &str = "an agent starved of CPU";
 pub const STARVED_AGENT_MEMORY: &str = "an agent under memory pressure";
 pub const SLOW_ETCD: &str = "slow etcd";
 pub const SLOW_APISERVER: &str = "slow API server";
+pub const ROLLING_UPGRADE: &str = "rolling upgrade (every node rebooted in turn)";
 
 /// The action's kebab-case name, as in the JSON plan.
 pub fn kind(action: &Action) -> String {
@@ -61,6 +62,7 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
             Action::Fault(Fault::SqueezeAgent { .. }) => out.push(STARVED_AGENT_MEMORY),
             Action::Fault(Fault::SlowEtcd { .. }) => out.push(SLOW_ETCD),
             Action::Fault(Fault::SlowApiserver { .. }) => out.push(SLOW_APISERVER),
+            Action::Upgrade { announced: true } => out.push(ROLLING_UPGRADE),
             _ => {}
         }
         if matches!(step.action, Action::AddNode { .. } | Action::RemoveNode { .. }) {

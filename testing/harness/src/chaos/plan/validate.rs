@@ -61,6 +61,7 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
         looping_until: None,
         slow: false,
         control_plane_slow: false,
+        upgrading: false,
     };
     state.nodes[plan.shape.extra_slot()].gone = true;
     if plan.steps.windows(2).any(|w| w[0].at_ms > w[1].at_ms) {
@@ -83,6 +84,9 @@ pub fn validate(plan: &TrialPlan) -> Result<(), String> {
     if state.control_plane_slow {
         return Err("the control plane is left slow at the end".into());
     }
+    if state.upgrading {
+        return Err("the upgrade is left announced at the end".into());
+    }
     if state.nodes[..n].iter().any(|s| *s != NodeState::default()) || !state.nodes[n].gone {
         return Err("a fault is left in place, or the lab's nodes changed, at the end".into());
     }
@@ -99,6 +103,8 @@ struct State {
     slow: bool,
     /// etcd or the API server is starved of CPU.
     control_plane_slow: bool,
+    /// A cluster upgrade is announced.
+    upgrading: bool,
 }
 
 impl State {
@@ -231,6 +237,7 @@ impl State {
             {
                 self.control_plane_slow = false
             }
+            Action::Upgrade { announced } if up && *announced != self.upgrading => self.upgrading = *announced,
             _ => return Err("does not apply to the state before it".into()),
         }
         let removed = nodes[..n].iter().filter(|s| s.gone).count();

@@ -117,6 +117,31 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
             add_node(ctx, &n).await?;
             Ok(format!("add-node {n}"))
         }
+        Action::Upgrade { announced } => announce_upgrade(lab, *announced),
+    }
+}
+
+/// The annotation an upgrade tool sets on every node (README, "Cluster upgrades"); the note
+/// after it is set and before it is removed, so the verdict never blames a remediation on an
+/// announcement the health check could not have seen.
+fn announce_upgrade(lab: &Lab, announced: bool) -> anyhow::Result<String> {
+    const ANNOTATION: &str = nodemedic_healthcheck::decide::upgrade::UPGRADE_ANNOTATION;
+    if announced {
+        lab.kubectl(&[
+            "annotate",
+            "nodes",
+            "--all",
+            "--overwrite",
+            &format!("{ANNOTATION}=chaos: rolling reboots"),
+        ])
+        .context("announcing the upgrade")?;
+        lab.timeline().note(verdict::UPGRADE_ANNOUNCED);
+        Ok("announce-upgrade (every node annotated)".into())
+    } else {
+        lab.timeline().note(verdict::UPGRADE_WITHDRAWN);
+        lab.kubectl(&["annotate", "nodes", "--all", &format!("{ANNOTATION}-")])
+            .context("withdrawing the upgrade")?;
+        Ok("end-upgrade (the annotation removed)".into())
     }
 }
 

@@ -91,6 +91,9 @@ impl Script {
             },
         )
     }
+    fn note(&mut self, s: i64, text: &str) -> &mut Self {
+        self.at(s, Event::Note { text: text.into() })
+    }
     /// The node taken out of the cluster, as `Lab::remove_node` records it.
     fn removed(&mut self, s: i64, node: &str) -> &mut Self {
         self.power_off(s, node, "node-removed")

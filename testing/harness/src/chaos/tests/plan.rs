@@ -7,7 +7,7 @@ use crate::chaos::plan::{
     self, AFTERMATH_MS, Action, LONG_OUTAGE_MS, Options, PathKind, Shape, Step, Strategy, TrialPlan,
     summary::{
         self, CHURN_DURING_CRASH, CONTROLLER_RESTART_LOOP, EXTRA_NODE, FULL_DISK, LONG_APISERVER_OUTAGE,
-        LONG_ETCD_OUTAGE, NODE_REJOINS, SLOW_APISERVER, SLOW_ETCD, SLOW_NETWORK, STARVED_AGENT_CPU,
+        LONG_ETCD_OUTAGE, NODE_REJOINS, ROLLING_UPGRADE, SLOW_APISERVER, SLOW_ETCD, SLOW_NETWORK, STARVED_AGENT_CPU,
         STARVED_AGENT_MEMORY,
     },
 };
@@ -484,14 +484,15 @@ fn controller_restart_loops_are_checked() {
     }
 }
 
-/// The campaigns the membership, peer-detection and defaults work asked for: `make chaos SEED=49
-/// TRIALS=50` has long API server and etcd outages, nodes leaving and joining (also during a
-/// crash), controller restart loops, slow lossy networks, full disks, starved agents and a slow
-/// control plane, several of each. (Seed 1, then seed 2, until the slow network and then the
-/// starvations joined the draw, each of which changed every seed's plans.)
+/// The campaigns the membership, peer-detection, defaults and safety-net work asked for: `make
+/// chaos SEED=180 TRIALS=50` has long API server and etcd outages, nodes leaving and joining
+/// (also during a crash), controller restart loops, slow lossy networks, full disks, starved
+/// agents, a slow control plane and rolling upgrades, several of each. (Seed 1, 2, then 49,
+/// until the slow network, the starvations and then the upgrades joined the draw, each of which
+/// changed every seed's plans.)
 #[test]
-fn fifty_trials_of_seed_forty_nine_have_several_of_each_episode() {
-    let plans: Vec<TrialPlan> = (0..50).map(|i| plan::plan(49, i)).collect();
+fn fifty_trials_of_seed_one_hundred_and_eighty_have_several_of_each_episode() {
+    let plans: Vec<TrialPlan> = (0..50).map(|i| plan::plan(180, i)).collect();
     let counts = summary::counts(&plans);
     for episode in [
         LONG_APISERVER_OUTAGE,
@@ -506,9 +507,10 @@ fn fifty_trials_of_seed_forty_nine_have_several_of_each_episode() {
         STARVED_AGENT_MEMORY,
         SLOW_ETCD,
         SLOW_APISERVER,
+        ROLLING_UPGRADE,
     ] {
         let n = counts.episodes.get(episode).copied().unwrap_or(0);
-        assert!(n >= 3, "{episode}: {n} in 50 trials of seed 49 ({counts})");
+        assert!(n >= 3, "{episode}: {n} in 50 trials of seed 180 ({counts})");
     }
 }
 
@@ -524,7 +526,7 @@ fn every_kind_of_fault_occurs_often_enough() {
             per_campaign(*n)
         );
     }
-    assert_eq!(counts.episodes.len(), 12, "{counts}");
+    assert_eq!(counts.episodes.len(), 13, "{counts}");
     // The faults there were before stay in the mix.
     for action in [
         "crash",
@@ -757,5 +759,65 @@ fn full_disks_are_checked() {
     ];
     for (why, steps) in refused {
         assert!(check(SNR3, steps).is_err(), "{why}");
+    }
+}
+
+/// Version 4's rolling upgrades: announced, then every node down once in turn, one at a time,
+/// each longer than the health check waits, then withdrawn; sound, and only in version 4.
+#[test]
+fn only_version_four_upgrades_and_each_upgrade_reboots_every_node_once_in_turn() {
+    let upgrading = |version: u32| {
+        (0..300)
+            .map(move |i| {
+                plan::plan_with(
+                    13,
+                    i,
+                    Options {
+                        version,
+                        ..Options::default()
+                    },
+                )
+            })
+            .filter(|p| p.steps.iter().any(|s| matches!(s.action, Action::Upgrade { .. })))
+            .collect::<Vec<_>>()
+    };
+    assert!(upgrading(3).is_empty());
+    let plans = upgrading(4);
+    assert!(plans.len() >= 10, "{} plans with an upgrade", plans.len());
+    for p in &plans {
+        assert_eq!(plan::validate(p), Ok(()), "{p:?}");
+        let begin = p
+            .steps
+            .iter()
+            .position(|s| s.action == Action::Upgrade { announced: true });
+        let end = p
+            .steps
+            .iter()
+            .position(|s| s.action == Action::Upgrade { announced: false });
+        let (Some(begin), Some(end)) = (begin, end) else {
+            panic!("announced and withdrawn: {p:?}")
+        };
+        let mut crashed = Vec::new();
+        let mut down_since = None;
+        for step in &p.steps[begin..end] {
+            match step.action {
+                Action::Fault(Fault::Crash { node }) => {
+                    assert!(down_since.is_none(), "one node at a time: {p:?}");
+                    down_since = Some(step.at_ms);
+                    crashed.push(node);
+                }
+                Action::Fault(Fault::PowerOn { .. }) => {
+                    let since = down_since.take().expect("powered on after its crash");
+                    assert!(step.at_ms - since >= 30_000, "down longer than the health check waits");
+                }
+                _ => {}
+            }
+        }
+        crashed.sort_unstable();
+        assert_eq!(
+            crashed,
+            (0..p.shape.nodes).collect::<Vec<_>>(),
+            "every node once: {p:?}"
+        );
     }
 }

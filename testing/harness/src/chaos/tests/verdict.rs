@@ -359,3 +359,48 @@ fn the_budget_follows_nodes_joining_and_leaving() {
         [ViolationKind::Unremediated]
     );
 }
+
+#[test]
+fn a_first_remediation_during_an_announced_upgrade_is_flagged_and_an_escalation_is_not() {
+    use crate::chaos::verdict::{UPGRADE_ANNOUNCED, UPGRADE_WITHDRAWN};
+    let mut s = Script::default();
+    s.remediation(0, "b", "created")
+        .note(10, UPGRADE_ANNOUNCED)
+        // Decided before the annotation could be seen.
+        .remediation(11, "c", "created")
+        .cond(20, "a", false, false)
+        .remediation(50, "a", "created")
+        // b's escalation: its first remediation is still in flight.
+        .at(
+            55,
+            Event::Remediation {
+                kind: "FenceAgentsRemediation".into(),
+                name: "b".into(),
+                node: "b".into(),
+                change: "created".into(),
+            },
+        )
+        .note(90, UPGRADE_WITHDRAWN)
+        .remediation(95, "a", "created");
+    let v = verdict::remediated_during_upgrade(&s.0, t(0));
+    assert_eq!(kinds(&v), [ViolationKind::RemediatedDuringUpgrade]);
+    assert_eq!(v[0].node.as_deref(), Some("a"));
+    assert_eq!(v[0].at, Some(t(50)));
+}
+
+#[test]
+fn a_node_rebooted_during_an_upgrade_is_owed_no_remediation_until_it_is_withdrawn() {
+    use crate::chaos::verdict::{UPGRADE_ANNOUNCED, UPGRADE_WITHDRAWN};
+    let mut s = Script::default();
+    s.note(0, UPGRADE_ANNOUNCED)
+        .cond(2, "a", false, false)
+        .cond(40, "a", true, false)
+        .cond(42, "b", false, false)
+        .note(50, UPGRADE_WITHDRAWN);
+    // a came back during the upgrade; b is still down at 70, 20 s after the upgrade: owed nothing yet.
+    assert_eq!(verdict::unremediated(&s.0, t(0), t(70), &params()), vec![]);
+    // At 90 b has been down 40 s since the upgrade ended: owed a remediation.
+    let v = verdict::unremediated(&s.0, t(0), t(90), &params());
+    assert_eq!(kinds(&v), [ViolationKind::Unremediated]);
+    assert_eq!(v[0].node.as_deref(), Some("b"));
+}

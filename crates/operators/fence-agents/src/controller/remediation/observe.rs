@@ -16,7 +16,10 @@ use super::{
 };
 use crate::{
     Result,
-    decide::fencing::{Facts, Step},
+    decide::{
+        fencing::{Facts, Step},
+        parameters::Unusable,
+    },
 };
 
 pub struct Observed {
@@ -24,7 +27,7 @@ pub struct Observed {
     pub node: String,
     pub uid: String,
     /// The agent's options and metadata, or why they cannot be used; only while live.
-    pub checked: std::result::Result<options::Checked, String>,
+    pub checked: std::result::Result<options::Checked, Unusable>,
     pub pods: Vec<Pod>,
     pub attachments: Vec<VolumeAttachment>,
     pub facts: Facts,
@@ -56,7 +59,7 @@ pub(super) async fn observe(current: FenceAgentsRemediation, ctx: &Context) -> R
     let checked = if live {
         options::for_node(&ctx.client, &ctx.agents, &namespace, &current.spec, &node).await?
     } else {
-        Err("not needed".into())
+        Err(Unusable::Invalid("not needed".into()))
     };
     let (pods, attachments) = if live && step == Step::RecoveringWorkloads {
         (

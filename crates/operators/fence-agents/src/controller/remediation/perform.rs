@@ -38,6 +38,7 @@ pub(super) async fn perform<'a>(
     let nodes = Api::<Node>::all(ctx.client.clone());
     Ok(match decision {
         Decision::Idle => Outcome::await_change(),
+        Decision::WaitForSecret(why) => wait_for_secret(why, seen),
         Decision::AwaitRun => Outcome::requeue(Duration::from_secs(10)),
         Decision::Cleanup => cleanup(seen, api, ctx).await?,
         Decision::AddFinalizer => {
@@ -86,6 +87,32 @@ pub(super) async fn perform<'a>(
                 .event(note)
         }
     })
+}
+
+/// How often a remediation waiting for its Secret looks again (Secrets are not watched).
+const SECRET_RETRY: Duration = Duration::from_secs(10);
+const WAITING_FOR_SECRET: &str = "WaitingForSecret";
+
+/// Says once (the condition's reason changes, an event) that the remediation waits for a
+/// Secret, and looks again.
+fn wait_for_secret<'a>(why: String, seen: &Observed) -> Outcome<'a, Context> {
+    let message = format!("{why}; nothing is done to the node until it exists");
+    let told = seen
+        .current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .and_then(|c| nodemedic_kube::conditions::find(c, nodemedic_api::names::conditions::PROCESSING))
+        .is_some_and(|c| c.reason == WAITING_FOR_SECRET && c.message == message);
+    let step = seen.facts.step;
+    let outcome = Outcome::requeue(SECRET_RETRY);
+    if told {
+        return outcome;
+    }
+    let note = Note::warning("SecretMissing", message.clone());
+    outcome
+        .status(move |s, now| set_step(s, now, step, WAITING_FOR_SECRET, &message))
+        .event(note)
 }
 
 /// Undoes what the remediation did to the node, then lets it go.

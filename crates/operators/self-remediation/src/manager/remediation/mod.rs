@@ -47,6 +47,8 @@ fn step_name(step: &Step) -> &'static str {
         Step::Stop => "stop",
         Step::NodeNotFound => "node_not_found",
         Step::Excluded => "excluded",
+        Step::Disabled => "disabled",
+        Step::Enabled => "enabled",
         Step::CannotFence(_) => "cannot_fence",
         Step::AddFinalizer => "add_finalizer",
         Step::AddNoScheduleTaint => "add_no_schedule_taint",

@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
 use nodemedic_api::{
-    names::{annotations, finalizers, labels, taints as keys},
+    names::{annotations, conditions, finalizers, labels, taints as keys},
     self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
 use nodemedic_kube::{CallContext, taints, workloads};
@@ -55,8 +55,9 @@ pub(super) async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<
         .get_opt(CONFIG_NAME)
         .await
         .with_context(|| format!("reading SelfNodeRemediationConfig {}/{CONFIG_NAME}", ctx.namespace))?
-        .map(|c| c.spec)
-        .unwrap_or_default();
+        .filter(|c| c.metadata.deletion_timestamp.is_none());
+    let has_config = config.is_some();
+    let config = config.map(|c| c.spec).unwrap_or_default();
     let settings = daemonset::licence_settings(&config)?;
     // How long the wait has run is measured before the membership is read: a wait counts only
     // up to a moment at which the membership is known unchanged.
@@ -128,6 +129,13 @@ pub(super) async fn observe(snr: &SelfNodeRemediation, ctx: &Context) -> Result<
     let facts = Facts {
         deleting: snr.metadata.deletion_timestamp.is_some(),
         has_finalizer: snr.finalizers().iter().any(|f| f == finalizers::SNR),
+        configured: has_config,
+        disabled_reported: snr
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .and_then(|c| nodemedic_kube::conditions::find(c, conditions::DISABLED))
+            .is_some_and(|c| c.status == "True"),
         timed_out: snr.annotations().contains_key(annotations::NHC_TIMED_OUT),
         node_exists: node.is_some(),
         excluded: node.as_ref().is_some_and(|n| {

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Api, ResourceExt};
 use nodemedic_api::{
     names::{conditions as types, finalizers, labels, taints as keys},
-    self_remediation::{RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationStatus},
+    self_remediation::{CONFIG_NAME, RemediationStrategy, SelfNodeRemediation, SelfNodeRemediationStatus},
 };
 use nodemedic_kube::{events::Note, steps::Outcome, taints, workloads};
 
@@ -81,6 +81,27 @@ pub(super) async fn perform<'a>(
                 .status(move |s, now| finished(s, now, false, "RemediationSkippedNodeNotFound", &why))
                 .event_if_changed(note)
         }
+        Step::Disabled => {
+            let why = format!(
+                "SelfNodeRemediationConfig {CONFIG_NAME} does not exist in namespace {}: self remediation is disabled; create it again (or restart the controller, which creates it with the release's defaults)",
+                ctx.namespace
+            );
+            let note = Note::warning("RemediationDisabled", why.clone());
+            // The configuration's watch wakes this remediation when it is back.
+            Outcome::await_change()
+                .status(move |s, now| condition(s, now, types::DISABLED, true, "ConfigurationNotFound", why))
+                .event_if_changed(note)
+        }
+        Step::Enabled => Outcome::again().status(|s, now| {
+            condition(
+                s,
+                now,
+                types::DISABLED,
+                false,
+                "ConfigurationFound",
+                format!("SelfNodeRemediationConfig {CONFIG_NAME} exists"),
+            )
+        }),
         Step::Excluded => Outcome::requeue(Duration::from_secs(30)).event(Note::normal(
             "RemediationSkipped",
             format!("node {node} is labelled {}=true", labels::EXCLUDE_FROM_REMEDIATION),
