@@ -386,26 +386,35 @@ async fn a_node_without_an_agent_or_a_config_is_not_self_remediated_and_says_so(
 }
 
 /// Seed 004: deleting the SelfNodeRemediationConfig disables self remediation. The agent
-/// DaemonSet it owns goes with it, a new remediation says why and touches nothing, and the
+/// DaemonSet it owns goes with it (the garbage collector's doing), a new remediation says why and
+/// touches nothing, and the
 /// configuration's return lets it go on (here to say its node has no agent).
 async fn config_deletion_disables_self_remediation(client: &Client, lab: &Lab) {
     use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
     let configs = Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS);
-    let spec = configs.get(CONFIG_NAME).await.expect("the config").spec;
+    let config = configs.get(CONFIG_NAME).await.expect("the config");
+    let spec = config.spec.clone();
+    // The DaemonSet goes with its config: its controller owner is the config. (Waiting for the
+    // garbage collector would wait for its discovery resync, up to 30 s, since the config's CRD
+    // is new to this lab.)
+    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS);
+    let daemonset = daemonsets.get("nodemedic-agent").await.expect("the agent DaemonSet");
+    let owner = daemonset
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .find(|o| o.controller == Some(true))
+        .expect("the DaemonSet's controller owner");
+    assert_eq!(
+        (owner.kind.as_str(), Some(owner.uid.as_str())),
+        ("SelfNodeRemediationConfig", config.metadata.uid.as_deref()),
+        "owned by the config"
+    );
     configs
         .delete(CONFIG_NAME, &Default::default())
         .await
         .expect("deleting the config");
-    let daemonsets = Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), NS);
-    eventually("the agent DaemonSet collected with its config", LONG, || async {
-        daemonsets
-            .get_opt("nodemedic-agent")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
     let remediation = json!({
         "apiVersion": "self-node-remediation.medik8s.io/v1alpha1", "kind": "SelfNodeRemediation",
         "metadata": {"name": "node-2", "namespace": NS, "annotations": {"remediation.medik8s.io/node-name": "node-2"}},
