@@ -50,6 +50,11 @@ if [ "$caches" = empty ]; then
   export PIP_NO_CACHE_DIR=1
 fi
 
+# The record says what the caches held: a machine whose caches were never filled runs from empty
+# ones without the flag (and fills them).
+if [ "$caches" = warm ] && [ ! -d "${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin" ]; then
+  caches=empty
+fi
 log=$logs/$command-$stamp.log
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 start_seconds=$SECONDS
