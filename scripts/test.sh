@@ -215,7 +215,9 @@ for target in $LAB_TEST_TARGETS; do
   [ -n "$executable" ] || { echo "cargo built no executable for $target" >&2; exit 1; }
 done
 e2e=$(built_test "$build_json" e2e)
-log=$(mktemp)
+# Every lab test's whole output, kept (scripts/lab-tests.py --logs), the outage test's too.
+mkdir -p "$report_dir/logs"
+log=$report_dir/logs/$OUTAGE_TEST.log
 # Run from the package's folder, as cargo runs its tests.
 in_background "the outage test (background)" "$log" \
   bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$e2e" "$OUTAGE_TEST"
@@ -274,7 +276,7 @@ for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
   fi
 done
 lab_status=0
-python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
+python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
   --skip "$OUTAGE_TEST" --after "$later_ready" "$later_modules" \
   --after "$images_ready" bundle,images,on_real_nodes "${lanes[@]}" || lab_status=$?
 

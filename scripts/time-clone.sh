@@ -14,7 +14,8 @@
 # Records bench/results/<ci|demo>-<UTC time>.json (command, commit, started, ended, seconds, caches,
 # result) in this repository; for `ci` also the run's phases and slowest tests
 # (ci-<UTC time>.summary.txt) and every test's time (ci-<UTC time>.test-times.tsv, the form
-# scripts/lab-test-seconds.tsv takes). The whole output goes to target/ci/<ci|demo>-<UTC time>.log.
+# scripts/lab-test-seconds.tsv takes). The whole output goes to target/ci/<ci|demo>-<UTC time>.log,
+# each test's own to target/ci/ci-<UTC time>.logs/.
 # A fresh clone always starts with an empty cargo target directory. Exits with the run's status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,8 @@ ended=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 for kept in summary.txt test-times.tsv; do
   if [ -f "$scratch/report/$kept" ]; then cp "$scratch/report/$kept" "$results/$command-$stamp.$kept"; fi
 done
+# Every test's output, passing or not, beside the run's log (not committed).
+if [ -d "$scratch/report/logs" ]; then cp -r "$scratch/report/logs" "$logs/$command-$stamp.logs"; fi
 result=$([ "$status" -eq 0 ] && echo green || echo red)
 python3 - "$results/$command-$stamp.json" <<EOF
 import json, sys
