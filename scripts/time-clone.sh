@@ -18,6 +18,9 @@
 # scripts/lab-test-seconds.tsv takes). The whole output goes to target/ci/<ci|demo>-<UTC time>.log,
 # each test's own to target/ci/ci-<UTC time>.logs/.
 # A fresh clone always starts with an empty cargo target directory. Exits with the run's status.
+# The whole script is one block, which bash reads before running any of it: the script runs for
+# half an hour, and an edit to it meanwhile (a checkout, a commit) must not change what it runs.
+{
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,3 +115,4 @@ EOF
 printf '%s on %s (%s caches): %s in %d min %d s; bench/results/%s-%s.json, %s\n' \
   "$command" "$commit" "$caches" "$result" $((seconds / 60)) $((seconds % 60)) "$command" "$stamp" "$log"
 exit "$status"
+}
