@@ -723,8 +723,11 @@ const LARGER: &[Bounds] = &[
     Bounds::new("a leave with stalls and failover", LEAVE, 17_867_886).with_stalls_and_failover(),
     Bounds::new("a swap with stalls and failover", SWAP, 19_289_245).with_stalls_and_failover(),
     Bounds::new("three nodes, the earlier model's timings", FIXED, 156_303).slow(),
-    Bounds::unmeasured("two changes in a row over four nodes", &[&[0, 1, 2], &[0, 1, 2, 3], &[0, 1, 3]])
-        .without_faults(),
+    Bounds::unmeasured(
+        "two changes in a row over four nodes",
+        &[&[0, 1, 2], &[0, 1, 2, 3], &[0, 1, 3]],
+    )
+    .without_faults(),
     Bounds::unmeasured("four nodes", &[&[0, 1, 2, 3]])
         .without_faults()
         .with_stalls_and_failover(),
