@@ -136,7 +136,11 @@ async fn follow(client: Client, tx: watch::Sender<Seen>) {
                 });
             }
             // A watch that failed resumes where it was, or lists again: nothing goes unseen.
-            Err(error @ (watcher::Error::WatchStartFailed(_) | watcher::Error::WatchError(_) | watcher::Error::WatchFailed(_))) => {
+            Err(
+                error @ (watcher::Error::WatchStartFailed(_)
+                | watcher::Error::WatchError(_)
+                | watcher::Error::WatchFailed(_)),
+            ) => {
                 tracing::debug!(%error, "CustomResourceDefinition watch error; retrying");
             }
             Err(error) => {

@@ -133,7 +133,13 @@ pub async fn run(
     let (definitions, definitions_task) = definitions::Definitions::spawn(client.clone());
     tasks.push(definitions_task);
     tasks.extend(upgrades::spawn(&client, &index, &triggers, &definitions, &settled));
-    tasks.extend(machine_checks::spawn(&client, &index, &triggers, &definitions, &settled));
+    tasks.extend(machine_checks::spawn(
+        &client,
+        &index,
+        &triggers,
+        &definitions,
+        &settled,
+    ));
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;

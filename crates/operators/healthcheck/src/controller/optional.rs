@@ -212,7 +212,10 @@ async fn watch(
             Err(error) => {
                 tracing::debug!(kind, %error, "watch error; retrying");
                 if !lookout.still_served(client).await {
-                    tracing::info!(kind, "no longer served; looking for it again when its definitions change");
+                    tracing::info!(
+                        kind,
+                        "no longer served; looking for it again when its definitions change"
+                    );
                     return;
                 }
             }
