@@ -226,6 +226,9 @@ async fn trial(
         scenario::agents_settled(lab).await?;
     }
     cluster::apply_template(lab, plan.shape.path, plan.strategy)?;
+    // The configuration the verdict judges fences by, read while the cluster is healthy.
+    let agents = cluster::agent_timings(lab).await?;
+    let peer_detection = cluster::peer_detection_after(lab).await?;
     let pod = scenario::running_pod(&lab.client(), &[], RECOVERY).await?;
     let first = scenario::node_of(&pod);
     result.nodes = std::iter::once(first.clone())
@@ -310,12 +313,18 @@ async fn trial(
         }
     }
     let entries = lab.timeline().entries();
-    let params = Params::new(
+    let mut params = Params::new(
         plan.shape.nodes,
         BUDGET,
         &lab.config().timings,
         cluster::ready_duration(lab).await.unwrap_or(UNHEALTHY_FOR),
     );
+    if let Some(agents) = agents {
+        params = params.with_agents(agents);
+    }
+    if let Some(after) = peer_detection {
+        params = params.with_peer_detection(after);
+    }
     result
         .violations
         .extend(verdict::judge(&entries, since, until, &params));
