@@ -137,7 +137,11 @@ impl Runner {
         // A lab is reused only after a trial that ran and recovered cleanly; the logs of one that
         // did not are kept, to find out why (a replay is a race run again, and may pass).
         if result.error.is_some() || !result.violations.is_empty() {
-            result.logs = self.lab.as_ref().map(|kept| kept.lab.keep_logs());
+            result.logs = self.lab.as_ref().map(|kept| {
+                let logs = kept.lab.keep_logs();
+                keep_timeline(&kept.lab, &logs);
+                logs
+            });
             self.lab = None;
         }
         result
@@ -175,6 +179,20 @@ impl Runner {
             done = trial(lab, &exe, plan, result, witness) => done,
             never = kubelet(lab, plan.shape.real_nodes) => match never {},
         }
+    }
+}
+
+/// Writes the lab's timeline, one entry a line with its time, beside the logs kept: what a
+/// violation is judged from.
+fn keep_timeline(lab: &Lab, logs: &Path) {
+    let lines: String = lab
+        .timeline()
+        .entries()
+        .iter()
+        .map(|e| format!("{}  {}\n", e.at, nodemedic_lab::timeline::describe(&e.event)))
+        .collect();
+    if let Err(error) = std::fs::write(logs.join("timeline.txt"), lines) {
+        tracing::warn!(%error, "the timeline was not kept");
     }
 }
 
@@ -328,6 +346,13 @@ async fn trial(
     result
         .violations
         .extend(verdict::judge(&entries, since, until, &params));
+    // Every fence the trial saw, with what excused it: the false-fence check's evidence.
+    result.log.extend(
+        verdict::fences::judge_fences(&entries, since, &params)
+            .iter()
+            .filter(|j| j.excuse.is_some())
+            .map(|j| j.line(since)),
+    );
     result.workload_back_seconds =
         verdict::last_running(&entries, since, POD).map(|t| t.duration_since(since).as_secs_f64());
     result.log.extend(revivals(&entries, since));

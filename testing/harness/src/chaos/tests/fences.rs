@@ -497,3 +497,28 @@ proptest! {
         prop_assert_eq!(v.len(), majority.len());
     }
 }
+
+#[test]
+fn every_fence_is_judged_with_its_excuse_for_the_trials_log() {
+    let mut s = Script::default();
+    s.partition(0, &["a"])
+        .power_off(6, "a", "watchdog")
+        .cond(9, "a", true, false)
+        .power_off(40, "a", "watchdog");
+    let judged = crate::chaos::verdict::fences::judge_fences(&s.0, t(0), &params());
+    assert_eq!(judged.len(), 2);
+    assert_eq!(judged[0].excuse, Some(fences::Excuse::CutOff(t(0))));
+    assert!(
+        judged[0]
+            .line(t(0))
+            .contains("cut off from the API server and a majority of its peers (or frozen) since 6.0s before"),
+        "{}",
+        judged[0].line(t(0))
+    );
+    assert_eq!(judged[1].excuse, None);
+    assert!(
+        judged[1].detail.contains("no remediation of it"),
+        "{}",
+        judged[1].detail
+    );
+}

@@ -272,8 +272,44 @@ fn explain(history: &NodeHistory, at: Timestamp, params: &Params) -> String {
     format!("{dark}{needs}")
 }
 
-/// Every fencing power-off from `since` on that neither rule of the module excuses.
-pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Violation> {
+/// A fence and what excused it (None: nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged {
+    pub node: String,
+    pub at: Timestamp,
+    pub cause: String,
+    pub excuse: Option<Excuse>,
+    /// Why nothing excused it (empty when something did).
+    pub detail: String,
+}
+
+impl Judged {
+    /// One line of a trial's log for an excused fence, times from `since`.
+    pub fn line(&self, since: Timestamp) -> String {
+        let ago = |t: Timestamp| self.at.duration_since(t).as_secs_f64();
+        let why = match self.excuse {
+            Some(Excuse::CutOff(from)) => format!(
+                "cut off from the API server and a majority of its peers (or frozen) since {:.1}s before",
+                ago(from)
+            ),
+            Some(Excuse::Booted(at)) => format!("booted {:.1}s before, with no licence since", ago(at)),
+            Some(Excuse::Frozen(from)) => format!("frozen since {:.1}s before", ago(from)),
+            Some(Excuse::Remediation(created)) => {
+                format!("its remediation from an outage, created {:.1}s before", ago(created))
+            }
+            None => format!("not excused: {}", self.detail),
+        };
+        format!(
+            "{:>6.1}s fence: {} powered off ({}); {why}",
+            self.at.duration_since(since).as_secs_f64(),
+            self.node,
+            self.cause
+        )
+    }
+}
+
+/// Every fencing power-off from `since` on, with what excused it.
+pub fn judge_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Judged> {
     let histories = reach::histories(entries, params.nodes);
     let remediations = remediations(entries);
     let none = NodeHistory::default();
@@ -291,24 +327,35 @@ pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec
             .filter(|_| cause != "bmc")
             .and_then(|timings| lapse(history, e.at, &timings));
         let mine = remediations.get(node.as_str()).map_or(&[][..], Vec::as_slice);
-        if own
-            .or_else(|| remediation_excuse(mine, history, e.at, params))
-            .is_none()
-        {
+        let excuse = own.or_else(|| remediation_excuse(mine, history, e.at, params));
+        let detail = if excuse.is_some() {
+            String::new()
+        } else {
             let remediated = match mine.iter().filter(|r| r.created <= e.at).count() {
                 0 => "no remediation of it".to_owned(),
                 n => format!("{n} remediation(s) of it, none from an outage a health check could see"),
             };
-            out.push(Violation::new(
-                ViolationKind::FalseFence,
-                Some(node),
-                Some(e.at),
-                format!(
-                    "{node} powered off ({cause}): {}; {remediated}",
-                    explain(history, e.at, params)
-                ),
-            ));
-        }
+            format!("{}; {remediated}", explain(history, e.at, params))
+        };
+        out.push(Judged {
+            node: node.clone(),
+            at: e.at,
+            cause: cause.clone(),
+            excuse,
+            detail,
+        });
     }
     out
+}
+
+/// Every fencing power-off from `since` on that neither rule of the module excuses.
+pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Violation> {
+    judge_fences(entries, since, params)
+        .into_iter()
+        .filter(|j| j.excuse.is_none())
+        .map(|j| {
+            let detail = format!("{} powered off ({}): {}", j.node, j.cause, j.detail);
+            Violation::new(ViolationKind::FalseFence, Some(&j.node), Some(j.at), detail)
+        })
+        .collect()
 }
