@@ -331,8 +331,27 @@ async fn trial(
         }
     }
     let entries = lab.timeline().entries();
+    let params = verdict_params(lab, plan.shape.nodes, agents, peer_detection).await;
+    judge(&entries, (since, until), &params, result);
+    result.workload_back_seconds =
+        verdict::last_running(&entries, since, POD).map(|t| t.duration_since(since).as_secs_f64());
+    result.log.extend(revivals(&entries, since));
+    match failed {
+        Some(e) => anyhow::bail!(e),
+        None => Ok(()),
+    }
+}
+
+/// What the verdict judges a trial by: the lab's timings, and the agents' configuration and
+/// peer detection as read before the trial.
+async fn verdict_params(
+    lab: &Lab,
+    nodes: usize,
+    agents: Option<verdict::AgentTimings>,
+    peer_detection: Option<Duration>,
+) -> Params {
     let mut params = Params::new(
-        plan.shape.nodes,
+        nodes,
         BUDGET,
         &lab.config().timings,
         cluster::ready_duration(lab).await.unwrap_or(UNHEALTHY_FOR),
@@ -343,23 +362,24 @@ async fn trial(
     if let Some(after) = peer_detection {
         params = params.with_peer_detection(after);
     }
-    result
-        .violations
-        .extend(verdict::judge(&entries, since, until, &params));
-    // Every fence the trial saw, with what excused it: the false-fence check's evidence.
+    params
+}
+
+/// The verdict's violations, and every fence the trial saw with what excused it (the false-fence
+/// check's evidence) in the trial's log.
+fn judge(
+    entries: &[nodemedic_lab::timeline::Entry],
+    (since, until): (jiff::Timestamp, jiff::Timestamp),
+    params: &Params,
+    result: &mut TrialResult,
+) {
+    result.violations.extend(verdict::judge(entries, since, until, params));
     result.log.extend(
-        verdict::fences::judge_fences(&entries, since, &params)
+        verdict::fences::judge_fences(entries, since, params)
             .iter()
             .filter(|j| j.excuse.is_some())
             .map(|j| j.line(since)),
     );
-    result.workload_back_seconds =
-        verdict::last_running(&entries, since, POD).map(|t| t.duration_since(since).as_secs_f64());
-    result.log.extend(revivals(&entries, since));
-    match failed {
-        Some(e) => anyhow::bail!(e),
-        None => Ok(()),
-    }
 }
 
 /// The data witness's verdict on the writer's volume, and how many records it holds: once the

@@ -434,7 +434,7 @@ proptest! {
         let mut longer = history.clone();
         let i = which.index(longer.dark.len());
         let s = &mut longer.dark[i];
-        s.from = s.from - jiff::SignedDuration::from_millis(earlier as i64);
+        s.from -= jiff::SignedDuration::from_millis(earlier as i64);
         s.to = match later {
             None => None,
             Some(more) => s.to.map(|to| to + jiff::SignedDuration::from_millis(more as i64)),

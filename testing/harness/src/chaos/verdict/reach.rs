@@ -195,12 +195,12 @@ impl<'a> World<'a> {
             let silent = self
                 .conditions
                 .iter()
-                .filter(|(m, c)| **m != node && !votes(**m, *c))
+                .filter(|(m, c)| **m != node && !votes(m, c))
                 .count()
                 + self.leaving.len();
             members.saturating_sub(1 + silent)
         } else {
-            self.conditions.iter().filter(|(m, c)| votes(**m, *c)).count()
+            self.conditions.iter().filter(|(m, c)| votes(m, c)).count()
         };
         voters + 1 > members / 2
     }
@@ -216,10 +216,11 @@ fn track(spans: &mut Vec<Span>, on: bool, at: Timestamp) {
     let open = spans.last().is_some_and(|s| s.to.is_none());
     if on && !open {
         spans.push(Span { from: at, to: None });
-    } else if !on && open {
-        if let Some(last) = spans.last_mut() {
-            last.to = Some(at);
-        }
+    } else if !on
+        && open
+        && let Some(last) = spans.last_mut()
+    {
+        last.to = Some(at);
     }
 }
 
