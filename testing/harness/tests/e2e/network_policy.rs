@@ -8,14 +8,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Pod},
+};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, PostParams},
 };
 use nodemedic_api::maintenance::{NodeMaintenance, NodeMaintenanceSpec};
 use nodemedic_harness::real_nodes;
-use nodemedic_lab::Lab;
+use nodemedic_lab::{Error, Lab, Result, wait};
 
 use crate::support::{NS, eventually};
 
@@ -70,33 +73,101 @@ pub(crate) async fn start_clients(lab: &Lab) {
     .expect("the client pods");
 }
 
-/// Tries every `ip:port` of `targets` at once from `pod` (namespace and name), two seconds each.
-fn connect_from(lab: &Lab, pod: (&str, &str), targets: &[(Ipv4Addr, u16)]) -> Option<Vec<Outcome>> {
-    let attempts: String = targets
-        .iter()
-        .map(|(ip, port)| {
-            format!("(timeout 2 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' 2>/dev/null; echo {ip}:{port} $?) & ")
-        })
-        .collect();
-    let said = lab
-        .kubectl(&["exec", "-n", pod.0, pod.1, "--", "bash", "-c", &format!("{attempts}wait")])
-        .ok()?;
-    targets
-        .iter()
-        .map(|(ip, port)| {
-            let code: i32 = said
-                .lines()
-                .find_map(|line| line.strip_prefix(&format!("{ip}:{port} ")))?
-                .trim()
-                .parse()
-                .ok()?;
-            Some(match code {
-                0 => Outcome::Connected,
-                124 => Outcome::Dropped,
-                other => Outcome::Failed(other),
+/// Connections tried from a pod (namespace, name), each to be `expected`.
+struct Probe<'a> {
+    from: (&'a str, &'a str),
+    targets: Vec<(Ipv4Addr, u16, Outcome)>,
+}
+
+impl<'a> Probe<'a> {
+    fn from(pod: (&'a str, &'a str), targets: &[(Ipv4Addr, u16, Outcome)]) -> Self {
+        Self {
+            from: pod,
+            targets: targets.to_vec(),
+        }
+    }
+
+    /// Tries every target at once, two seconds each; what became of each.
+    fn run(&self, lab: &Lab) -> Result<Vec<Outcome>> {
+        let attempts: String = self
+            .targets
+            .iter()
+            .map(|(ip, port, _)| {
+                format!("(timeout 2 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' 2>/dev/null; echo {ip}:{port} $?) & ")
             })
+            .collect();
+        let (namespace, pod) = self.from;
+        let said = lab.kubectl(&[
+            "exec",
+            "-n",
+            namespace,
+            pod,
+            "--",
+            "bash",
+            "-c",
+            &format!("{attempts}wait"),
+        ])?;
+        self.targets
+            .iter()
+            .map(|(ip, port, _)| {
+                let code = said
+                    .lines()
+                    .find_map(|line| line.strip_prefix(&format!("{ip}:{port} ")))
+                    .and_then(|code| code.trim().parse::<i32>().ok())
+                    .ok_or_else(|| Error::Invalid(format!("{namespace}/{pod} said {said:?}")))?;
+                Ok(match code {
+                    0 => Outcome::Connected,
+                    124 => Outcome::Dropped,
+                    other => Outcome::Failed(other),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Waits until every probe's connections (run side by side) end as expected.
+async fn until(lab: &Lab, what: &str, probes: &[Probe<'_>]) {
+    wait::until(what, LONG, || async {
+        let seen: Vec<Result<Vec<Outcome>>> = std::thread::scope(|scope| {
+            let running: Vec<_> = probes.iter().map(|p| scope.spawn(|| p.run(lab))).collect();
+            running
+                .into_iter()
+                .map(|r| {
+                    r.join()
+                        .unwrap_or_else(|_| Err(Error::Invalid("a probe panicked".into())))
+                })
+                .collect()
+        });
+        let mut unexpected = Vec::new();
+        for (probe, outcomes) in probes.iter().zip(seen) {
+            for ((ip, port, expected), outcome) in probe.targets.iter().zip(outcomes?) {
+                if outcome != *expected {
+                    unexpected.push(format!("{}/{} to {ip}:{port}: {outcome:?}", probe.from.0, probe.from.1));
+                }
+            }
+        }
+        if unexpected.is_empty() {
+            Ok(Some(()))
+        } else {
+            Err(Error::Invalid(unexpected.join("; ")))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The leading controller's address, where the agents send their peer reports.
+async fn peer_reports_address(lab: &Lab) -> Ipv4Addr {
+    let configmaps = Api::<ConfigMap>::namespaced(lab.client(), NS);
+    eventually("the leader publishing its peer-report address", LONG, || async {
+        let published = configmaps.get_opt("nodemedic-peer-ca").await.ok()??;
+        let address = published.data?.get("peer-reports")?.clone();
+        address.parse::<std::net::SocketAddr>().ok().and_then(|a| match a.ip() {
+            std::net::IpAddr::V4(ip) => Some(ip),
+            std::net::IpAddr::V6(_) => None,
         })
-        .collect()
+    })
+    .await
 }
 
 fn pod_ip(pod: &Pod) -> Ipv4Addr {
@@ -108,10 +179,7 @@ fn pod_ip(pod: &Pod) -> Ipv4Addr {
 }
 
 fn node_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .expect("a node")
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).expect("a node")
 }
 
 /// With the policy off (the chart's default), a pod of an unlabelled namespace reaches the
@@ -126,56 +194,65 @@ pub(crate) async fn check(lab: &Lab) {
         .await
         .expect("the controller's pods")
         .items;
-    let controller_name = controllers[0].name_any();
-    let controller = (NS, controller_name.as_str());
-    let controller_node = node_of(&controllers[0]);
+    // The leader serves the peer reports, at the address it publishes.
+    let leader_ip = peer_reports_address(lab).await;
+    let leader = controllers
+        .iter()
+        .find(|c| pod_ip(c) == leader_ip)
+        .expect("the leader among the controller's pods");
+    let leader_name = leader.name_any();
+    let controller = (NS, leader_name.as_str());
+    let leader_node = node_of(leader);
     let other_node = lab
         .nodes()
         .into_iter()
-        .find(|n| *n != controller_node)
+        .find(|n| *n != leader_node)
         .expect("another node");
     let other_node_ip = lab.node_ip(&other_node).expect("its address");
-    // Every replica: the policy is in force on each one's node once all are dropped.
-    let refused_ports: Vec<(Ipv4Addr, u16)> = controllers
-        .iter()
-        .flat_map(|c| [(pod_ip(c), METRICS), (pod_ip(c), PEER_REPORTS)])
-        .collect();
     let stranger = (STRANGERS, "client");
-    let all = |outcome: Outcome, n: usize| vec![outcome; n];
+    // Every replica's metrics: the policy is in force on each one's node once all are dropped.
+    let stranger_to = |outcome| -> Vec<(Ipv4Addr, u16, Outcome)> {
+        controllers
+            .iter()
+            .map(|c| (pod_ip(c), METRICS, outcome))
+            .chain([(leader_ip, PEER_REPORTS, outcome)])
+            .collect()
+    };
+    use Outcome::{Connected, Dropped};
 
-    eventually("with the policy off, the stranger and the controller connect", LONG, || async {
-        let from_stranger = connect_from(lab, stranger, &refused_ports)?;
-        let from_controller = connect_from(lab, controller, &[(other_node_ip, KUBELET)])?;
-        (from_stranger == all(Outcome::Connected, refused_ports.len())
-            && from_controller == [Outcome::Connected])
-            .then_some(())
-    })
+    until(
+        lab,
+        "with the policy off, the stranger and the controller connect",
+        &[
+            Probe::from(stranger, &stranger_to(Connected)),
+            Probe::from(controller, &[(other_node_ip, KUBELET, Connected)]),
+        ],
+    )
     .await;
 
     let [a, b, c, _] = other_node_ip.octets();
-    let nodes = format!("[\"{a}.{b}.{c}.0/24\"]");
     real_nodes::helm_upgrade(
         lab,
         &[
             "networkPolicy.enabled=true".into(),
-            format!("networkPolicy.nodeCidrs={nodes}"),
+            format!("networkPolicy.nodeCidrs=[\"{a}.{b}.{c}.0/24\"]"),
         ],
     )
     .expect("helm upgrade: the policy on");
-    eventually("with the policy on, the stranger's and the controller's connections dropped", LONG, || async {
-        let from_stranger = connect_from(lab, stranger, &refused_ports)?;
-        let from_controller = connect_from(lab, controller, &[(other_node_ip, KUBELET), (other_node_ip, AGENT)])?;
-        (from_stranger == all(Outcome::Dropped, refused_ports.len())
-            && from_controller == [Outcome::Dropped, Outcome::Connected])
-            .then_some(())
-    })
+    let target = leader_ip;
+    until(
+        lab,
+        "with the policy on, only what it allows connects",
+        &[
+            Probe::from(stranger, &stranger_to(Dropped)),
+            Probe::from(
+                controller,
+                &[(other_node_ip, KUBELET, Dropped), (other_node_ip, AGENT, Connected)],
+            ),
+            Probe::from((SCRAPERS, "client"), &[(target, METRICS, Connected)]),
+        ],
+    )
     .await;
-    let target = pod_ip(&controllers[0]);
-    assert_eq!(
-        connect_from(lab, (SCRAPERS, "client"), &[(target, METRICS)]),
-        Some(vec![Outcome::Connected]),
-        "a labelled namespace's pod reaches the metrics"
-    );
     assert!(
         lab.node_can_reach(&other_node, target, PEER_REPORTS)
             .expect("a connection from the node"),
@@ -184,10 +261,11 @@ pub(crate) async fn check(lab: &Lab) {
     the_webhook_answers(lab).await;
 
     real_nodes::helm_upgrade(lab, &["networkPolicy.enabled=false".into()]).expect("helm upgrade: the policy off");
-    eventually("with the policy off again, the stranger connects", LONG, || async {
-        let from_stranger = connect_from(lab, stranger, &refused_ports)?;
-        (from_stranger == all(Outcome::Connected, refused_ports.len())).then_some(())
-    })
+    until(
+        lab,
+        "with the policy off again, the stranger connects",
+        &[Probe::from(stranger, &stranger_to(Connected))],
+    )
     .await;
     println!(
         "the NetworkPolicy's checks took {:.1} s",
