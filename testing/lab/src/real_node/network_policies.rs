@@ -99,3 +99,39 @@ pub(super) fn args(node: &RealNode<'_>) -> String {
     ]
     .join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_s_instance_judges_its_own_pods_with_its_own_credentials_and_fails_open() {
+        let lab_dir = Path::new("/labs/x");
+        let node = RealNode {
+            lab: "x",
+            name: "node-2",
+            pod_cidr: "10.64.0.64/26".into(),
+            ip: std::net::Ipv4Addr::new(10, 213, 1, 12),
+            netns: "nmx-node-2",
+            lab_dir,
+            server: "https://10.213.1.1:6443",
+            lease_seconds: 10,
+            watchdog_device: Path::new("/labs/x/nodes/node-2-dev/watchdog"),
+        };
+        let args: Vec<String> = args(&node).split(' ').map(str::to_owned).collect();
+        for expected in [
+            "--kubeconfig=/labs/x/nodes/node-2/network-policies.kubeconfig",
+            "--hostname-override=node-2",
+            "--fail-open",
+            "--nfqueue-id=65000",
+        ] {
+            assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+        }
+        assert!(
+            executable(Path::new("/bin"))
+                .display()
+                .to_string()
+                .starts_with("/bin/kube-network-policies-v")
+        );
+    }
+}
