@@ -12,6 +12,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
+# shellcheck source=go-env.sh
+. "$here/go-env.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/machine-layer-capi-v$CLUSTER_API_VERSION-openshift-api-$OPENSHIFT_API_VERSION"

@@ -17,6 +17,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
+# shellcheck source=go-env.sh
+. "$here/go-env.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/node-containerd-v$CONTAINERD_VERSION-cni-v$CNI_PLUGINS_VERSION"

@@ -11,6 +11,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
+# shellcheck source=go-env.sh
+. "$here/go-env.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/tools-helm-v$HELM_VERSION-prometheus-operator-v$PROMETHEUS_OPERATOR_VERSION"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
 
-    lab-tests.py --lanes N --times TIMES_FILE [--expected EXPECTED_FILE] [--skip NAME]...
+    lab-tests.py --lanes N --times TIMES_FILE [--logs DIR] [--expected EXPECTED_FILE] [--skip NAME]...
                  [--after READY_FILE MODULES] --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
@@ -12,7 +12,8 @@ interleaved with another's. How many labs run at once is the lab's to decide (it
 The queue is ordered by EXPECTED_FILE (a times file of an earlier run), longest first, so the
 long tests do not end the run on one lane while the other idles; a test it does not name goes
 first, as if long. Each finished test appends `<seconds>\t<label>\t<name>\t<result>` to
-TIMES_FILE. Exits non-zero when any test failed, after every test has run.
+TIMES_FILE, and with `--logs DIR` its whole output (`--nocapture`, passing or not) to
+`DIR/<name>.log`: a test that was slow in a run that passed can be read afterwards. Exits non-zero when any test failed, after every test has run.
 
 `--after READY_FILE MODULES` holds back the tests of the comma-separated MODULES (`chart,machines`)
 until READY_FILE exists, holding the exit status of what they need (tools still being built):
@@ -79,9 +80,10 @@ def expected_seconds(path: str | None) -> dict[tuple[str, str], float]:
 
 
 class Run:
-    def __init__(self, queue: list[Test], times_file: str):
+    def __init__(self, queue: list[Test], times_file: str, logs: str | None):
         self.queue = queue
         self.times_file = times_file
+        self.logs = logs
         self.lock = threading.Lock()
         self.failed: list[str] = []
         self.started = time.monotonic()
@@ -110,7 +112,8 @@ class Run:
         began = time.monotonic()
         with tempfile.TemporaryFile() as output:
             status = subprocess.run(
-                [test.executable, "--exact", test.name, "--test-threads=1"],
+                [test.executable, "--exact", test.name, "--test-threads=1"]
+                + (["--nocapture"] if self.logs else []),
                 cwd=test.folder,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -119,6 +122,9 @@ class Run:
             took = time.monotonic() - began
             output.seek(0)
             text = output.read().decode(errors="replace")
+        if self.logs:
+            with open(os.path.join(self.logs, f"{test.name}.log"), "w", encoding="utf-8") as log:
+                log.write(text)
         self.record(lane, test, began, took, status, text)
 
     def record(self, lane: int, test: Test, began: float, took: float, status: int, text: str) -> None:
@@ -141,6 +147,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int, required=True)
     parser.add_argument("--times", required=True)
+    parser.add_argument("--logs")
     parser.add_argument("--expected")
     parser.add_argument("--skip", action="append", default=[])
     parser.add_argument("--after", nargs=2, action="append", default=[], metavar=("READY_FILE", "MODULES"))
@@ -154,7 +161,9 @@ def main() -> int:
                 test.after.append(ready_file)
     expected = expected_seconds(args.expected)
     tests.sort(key=lambda t: expected.get((t.label, t.name), float("inf")), reverse=True)
-    run = Run(list(tests), args.times)
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
+    run = Run(list(tests), args.times, args.logs)
     print(f"{len(tests)} tests in {args.lanes} lanes, longest first", flush=True)
     lanes = [threading.Thread(target=run.lane, args=(n + 1,)) for n in range(args.lanes)]
     for lane in lanes:

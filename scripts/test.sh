@@ -77,6 +77,24 @@ collect() {
   cat "$output" >&2
   [ "$status" -eq 0 ] || { echo "$what failed (exit $status)" >&2; exit "$status"; }
 }
+vmstat_pid=""
+# The budget this run is held to (DEVELOPERS: 30 minutes with warm caches, 40 with empty ones):
+# the caches are empty when the control plane has not been built yet.
+# shellcheck source=versions.env
+. scripts/versions.env
+if [ -x "${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}/bin/k8s-v$KUBERNETES_VERSION-etcd-v$ETCD_VERSION-kwok-v$KWOK_VERSION/kube-apiserver" ]; then
+  caches=warm budget_minutes=30
+else
+  caches=empty budget_minutes=40
+fi
+against_budget() {
+  local seconds=$1 budget=$((budget_minutes * 60))
+  if [ "$seconds" -le "$budget" ]; then
+    printf 'under the %s-minute budget (%s caches) by %ss' "$budget_minutes" "$caches" $((budget - seconds))
+  else
+    printf 'OVER the %s-minute budget (%s caches) by %ss' "$budget_minutes" "$caches" $((seconds - budget))
+  fi
+}
 later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready
 rm -f "$later_ready" "$images_ready"
 background_jobs=""
@@ -85,18 +103,23 @@ report() {
   set +e
   end_step
   # shellcheck disable=SC2086 # one pid per word
-  kill $background_jobs 2>/dev/null
+  kill $background_jobs $vmstat_pid 2>/dev/null
   {
     printf '\nphases (started at, seconds; "meanwhile" phases and background phases overlap):\n'
     sort -n "$phases" | while IFS=$'\t' read -r started ended name; do
       printf '%6ss %6ss  %s\n' "$(seconds_since_start "$started")" "$(seconds_between "$started" "$ended")" "$name"
     done
-    printf 'in all: %ss\n\n' "$(seconds_since_start "$EPOCHREALTIME")"
+    total=$(seconds_since_start "$EPOCHREALTIME")
+    printf 'in all: %ss (%s min), %s\n\n' "$total" "$(awk -v s="$total" 'BEGIN { printf "%.1f", s / 60 }')" "$(against_budget "$total")"
     if [ -s "$test_times" ]; then python3 "$repo/scripts/test-times.py" --report "$test_times" 15; fi
   } | tee "$report_dir/summary.txt" >&2
   exit "$status"
 }
 trap report EXIT
+# The machine's CPU use every 10 s (vmstat's us, sy, id, wa columns), kept beside the phases: how
+# busy the machine was while the lab tests ran says whether more of them fit side by side.
+vmstat -n -t 10 >"$report_dir/vmstat.log" 2>&1 &
+vmstat_pid=$!
 OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
 # Every integration-test target and where it runs below; a new one must be added here. The lab's
 # own tests and the end-to-end tests run in lanes side by side, beside the outage test.
@@ -215,7 +238,9 @@ for target in $LAB_TEST_TARGETS; do
   [ -n "$executable" ] || { echo "cargo built no executable for $target" >&2; exit 1; }
 done
 e2e=$(built_test "$build_json" e2e)
-log=$(mktemp)
+# Every lab test's whole output, kept (scripts/lab-tests.py --logs), the outage test's too.
+mkdir -p "$report_dir/logs"
+log=$report_dir/logs/$OUTAGE_TEST.log
 # Run from the package's folder, as cargo runs its tests.
 in_background "the outage test (background)" "$log" \
   bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$e2e" "$OUTAGE_TEST"
@@ -274,7 +299,7 @@ for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
   fi
 done
 lab_status=0
-python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --expected scripts/lab-test-seconds.tsv \
+python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
   --skip "$OUTAGE_TEST" --after "$later_ready" "$later_modules" \
   --after "$images_ready" bundle,images,on_real_nodes "${lanes[@]}" || lab_status=$?
 

@@ -81,6 +81,12 @@ impl Error {
         }
     }
 
+    /// Whether the API server refused a write as conflicting (409): typically one locked to a
+    /// resourceVersion the object no longer has, computed from an outdated read.
+    pub fn is_conflict(&self) -> bool {
+        self.api_status() == Some(409)
+    }
+
     /// The status code of the API server's answer, when it answered with an error.
     pub fn api_status(&self) -> Option<u16> {
         match self.kube()? {

@@ -87,10 +87,14 @@ async fn try_clear_volumes_in_use(client: &Client, node: &str) -> Result<()> {
         return Ok(());
     }
     let patch = json!({"status": {"volumesInUse": null}});
-    nodes
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "one field of the kubelet's Node status, cleared by name: a merge patch of it alone cannot overwrite another writer's fields, and a resourceVersion lock would only make this best-effort clear lose races with the Node's own status writers (kubelet, node lifecycle and attach-detach controllers)"
+    )]
+    let cleared = nodes
         .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("clearing the volumes in use of node {node}"))?;
+        .await;
+    cleared.with_context(|| format!("clearing the volumes in use of node {node}"))?;
     Ok(())
 }
 

@@ -14,6 +14,7 @@ use nodemedic_harness::{
         plan::{kind, summary},
         run::{Runner, TrialResult},
     },
+    provenance::Source,
 };
 use serde_json::json;
 
@@ -116,6 +117,7 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
     let machine = crate::bench_cmd::machine();
+    let source = Source::of_working_directory();
     let planned = indices.len();
     for index in indices {
         let plan = chaos::plan_with(args.seed, index, options);
@@ -143,10 +145,10 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
         }
         results.push(result);
         // Written after every trial, so a campaign cut short still leaves what it found.
-        write_report(&args, &stamp, &machine, planned, &results)?;
+        write_report(&args, &stamp, (&machine, &source), planned, &results)?;
     }
     drop(runner);
-    let (json_path, md_path) = write_report(&args, &stamp, &machine, planned, &results)?;
+    let (json_path, md_path) = write_report(&args, &stamp, (&machine, &source), planned, &results)?;
     let md = std::fs::read_to_string(&md_path)?;
     println!("{md}\nwrote {} and {}", json_path.display(), md_path.display());
     let failed = results
@@ -159,15 +161,17 @@ async fn campaign(args: ChaosArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the campaign's reports so far; `ran_on` is the machine and the source it ran from.
 fn write_report(
     args: &ChaosArgs,
     stamp: &str,
-    machine: &str,
+    ran_on: (&str, &Source),
     planned: usize,
     results: &[TrialResult],
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let (machine, source) = ran_on;
     let json_path = args.out.join(format!("chaos-{stamp}.json"));
-    let report = json!({
+    let mut report = json!({
         "seed": args.seed,
         "planVersion": args.plan_version,
         "nodes": args.nodes,
@@ -178,9 +182,12 @@ fn write_report(
         "planned": planned,
         "trials": results,
     });
+    if let Some(fields) = report.as_object_mut() {
+        fields.extend(source.json_fields());
+    }
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     let md_path = args.out.join(format!("chaos-{stamp}.md"));
-    let mut md = markdown(args.seed, args.plan_version, machine, results);
+    let mut md = markdown(args.seed, args.plan_version, ran_on, results);
     if args.real_nodes {
         md.push_str(
             "\nOn real nodes: a kubelet, containerd and real pods each; nodemedic installed by `helm install` from its images; the workload the writer StatefulSet, whose volume the data witness also reads after every trial (two writers, a synced record lost, a sequence skipped).\n",
@@ -206,7 +213,7 @@ fn write_report(
     Ok((json_path, md_path))
 }
 
-fn markdown(seed: u64, plan_version: u32, machine: &str, results: &[TrialResult]) -> String {
+fn markdown(seed: u64, plan_version: u32, (machine, source): (&str, &Source), results: &[TrialResult]) -> String {
     let faults = summary::counts(results.iter().map(|r| &r.plan));
     let violations: usize = results.iter().map(|r| r.violations.len()).sum();
     let errors = results.iter().filter(|r| r.error.is_some()).count();
@@ -215,7 +222,7 @@ fn markdown(seed: u64, plan_version: u32, machine: &str, results: &[TrialResult]
         bench::summary(&v).map_or("-".into(), |s| format!("{:.1} / {:.1} / {:.1}", s.p50, s.p90, s.p99))
     };
     let mut out = format!(
-        "# Fault campaign\n\nSeed {seed} (plan version {plan_version}), {} on {machine}. Violations: {violations}; trials that could not run: {errors}.\n\n\
+        "# Fault campaign\n\nSeed {seed} (plan version {plan_version}), {} on {machine}. Commit: {}.\n\nViolations: {violations}; trials that could not run: {errors}.\n\n\
          Recovery, seconds from the first fault (p50 / p90 / p99): workload Running again {}; every node healthy and nothing left behind {}.\n\n\
          Faults injected: {}.\n\n\
          | trial | nodes | path | strategy | faults | violations | workload back (s) | all healthy (s) |\n|---|---|---|---|---|---|---|---|\n",
@@ -223,6 +230,7 @@ fn markdown(seed: u64, plan_version: u32, machine: &str, results: &[TrialResult]
             1 => "1 trial".to_owned(),
             n => format!("{n} trials"),
         },
+        source.describe(),
         pct(|r| r.workload_back_seconds),
         pct(|r| r.all_healthy_seconds),
         faults,

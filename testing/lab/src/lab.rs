@@ -217,6 +217,10 @@ fn unused_id() -> (String, PathBuf) {
 }
 
 impl Lab {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the lab's boot in the order it must happen: each step uses what the steps before it started, under the locks taken first"
+    )]
     pub async fn start(config: LabConfig) -> Result<Self> {
         let bins = preflight()?;
         if config.bmcs.is_some() {

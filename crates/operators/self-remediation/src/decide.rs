@@ -114,7 +114,10 @@ pub(crate) enum Step {
 /// or timed out, agents no longer honour it, so no workload may be deleted on its behalf.
 pub(crate) fn next(f: &Facts) -> Step {
     if f.deleting || f.timed_out {
-        if f.out_of_service_taint {
+        // The taint has no owner: short of the proof this remediation never added it, and
+        // another remediation of the node (fence agents after an escalation) may rely on it
+        // for the volumes' forced detach.
+        if f.out_of_service_taint && f.phase >= Phase::RebootCompleted {
             return Step::RemoveOutOfServiceTaint;
         }
         if f.no_schedule_taint {
@@ -265,6 +268,24 @@ mod tests {
         assert_eq!(next(&f), Step::RemoveFinalizer);
         f.has_finalizer = false;
         assert_eq!(next(&f), Step::Idle);
+    }
+
+    /// Escalation: a self remediation that could not fence is timed out while fence agents
+    /// fence the node and taint it out of service; that taint is not the stopped one's to take.
+    #[test]
+    fn a_stopped_remediation_short_of_the_proof_leaves_the_out_of_service_taint_alone() {
+        let mut f = Facts {
+            timed_out: true,
+            has_finalizer: true,
+            out_of_service_taint: true,
+            cannot_fence: Some("no watchdog".into()),
+            ..fresh()
+        };
+        assert_eq!(next(&f), Step::Stop);
+        f.deleting = true;
+        assert_eq!(next(&f), Step::RemoveFinalizer);
+        f.phase = Phase::RebootCompleted;
+        assert_eq!(next(&f), Step::RemoveOutOfServiceTaint);
     }
 
     #[test]
@@ -462,7 +483,8 @@ mod tests {
             if f.deleting {
                 prop_assert!(matches!(step, Step::RemoveOutOfServiceTaint | Step::RemoveNoScheduleTaint | Step::RemoveFinalizer | Step::Idle));
                 if step == Step::RemoveFinalizer {
-                    prop_assert!(!f.out_of_service_taint && !f.no_schedule_taint);
+                    prop_assert!(!f.no_schedule_taint);
+                    prop_assert!(!f.out_of_service_taint || f.phase < Phase::RebootCompleted);
                 }
             }
         }

@@ -9,8 +9,8 @@ use nodemedic_lab::timeline::{Entry, Event};
 
 #[derive(Debug, Default, PartialEq)]
 pub struct Decisions {
-    /// Seconds, one per node that got its remediation.
-    pub latencies: Vec<f64>,
+    /// Seconds, for each node that got its remediation.
+    pub latencies: BTreeMap<String, f64>,
     /// Nodes that went unhealthy but got no remediation in the timeline.
     pub missing: Vec<String>,
 }
@@ -44,7 +44,7 @@ pub fn latencies(entries: &[Entry], nodes: &BTreeSet<String>, since: Timestamp, 
         match (unhealthy.get(node.as_str()), created.get(node.as_str())) {
             (Some(from), Some(to)) => {
                 let gap = (*to - *from).total(jiff::Unit::Second).unwrap_or(0.0);
-                out.latencies.push(gap - duration);
+                out.latencies.insert(node.clone(), gap - duration);
             }
             _ => out.missing.push(node.clone()),
         }
@@ -96,7 +96,10 @@ mod tests {
         ];
         let nodes: BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
         let d = latencies(&entries, &nodes, at(0), 10.0);
-        assert_eq!(d.latencies, vec![0.25, 0.5]);
+        assert_eq!(
+            d.latencies,
+            BTreeMap::from([("a".to_owned(), 0.25), ("b".to_owned(), 0.5)])
+        );
         assert_eq!(d.missing, vec!["c".to_owned()], "c never went unhealthy");
     }
 
@@ -110,7 +113,7 @@ mod tests {
         let nodes: BTreeSet<String> = ["a"].map(String::from).into();
         let d = latencies(&entries, &nodes, at(0), 10.0);
         assert_eq!(d.latencies.len(), 1);
-        assert!((d.latencies[0] - 0.1).abs() < 1e-9);
+        assert!((d.latencies["a"] - 0.1).abs() < 1e-9);
     }
 
     #[test]

@@ -28,6 +28,8 @@ struct User {
 struct ObjectRef {
     #[serde(default)]
     resource: String,
+    #[serde(default)]
+    subresource: String,
 }
 
 /// Requests by kind in one window.
@@ -35,6 +37,9 @@ struct ObjectRef {
 pub struct Requests {
     /// Every request by verb (`list`, `watch`, `patch`, ...).
     pub by_verb: BTreeMap<String, u64>,
+    /// Every request by `verb resource` (`list selfnoderemediations`, `update leases`,
+    /// `patch nodes/status`: a subresource after a slash).
+    pub by_verb_and_resource: BTreeMap<String, u64>,
     /// Leases read or written one by one (leader election, renewals); a list of leases is not
     /// renewal and counts as other.
     pub lease: u64,
@@ -63,7 +68,18 @@ pub fn count(lines: &str, user: &str, from: Timestamp, to: Timestamp) -> Request
             continue;
         }
         *out.by_verb.entry(event.verb.clone()).or_default() += 1;
-        let resource = event.object_ref.map(|o| o.resource).unwrap_or_default();
+        let (resource, subresource) = event
+            .object_ref
+            .map(|o| (o.resource, o.subresource))
+            .unwrap_or_default();
+        let full_resource = if subresource.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}/{subresource}")
+        };
+        *out.by_verb_and_resource
+            .entry(format!("{} {full_resource}", event.verb))
+            .or_default() += 1;
         if resource == "leases" && event.verb != "list" {
             out.lease += 1;
         } else if event.verb != "watch" {
@@ -118,6 +134,22 @@ mod tests {
         );
         assert_eq!(r.other_by_kind.get("patch nodes"), Some(&1));
         assert_eq!(r.other_by_kind.get("list leases"), Some(&1));
+        assert_eq!(r.by_verb_and_resource.get("watch nodes"), Some(&1));
+        assert_eq!(r.by_verb_and_resource.get("update leases"), Some(&1));
+        assert_eq!(r.by_verb_and_resource.values().sum::<u64>(), r.total());
         assert_eq!(r.total(), 5);
+    }
+
+    #[test]
+    fn a_subresource_follows_its_resource() {
+        let me = "system:node:node-1";
+        let mut event: serde_json::Value =
+            serde_json::from_str(&line(me, "patch", "ResponseComplete", "nodes", 10)).expect("json");
+        event["objectRef"]["subresource"] = "status".into();
+        let from = Timestamp::from_second(0).expect("time");
+        let to = Timestamp::from_second(20).expect("time");
+        let r = count(&event.to_string(), me, from, to);
+        assert_eq!(r.by_verb_and_resource.get("patch nodes/status"), Some(&1));
+        assert_eq!(r.other_by_kind.get("patch nodes"), Some(&1));
     }
 }

@@ -1,12 +1,18 @@
 //! The agent's footprint: memory and CPU of every agent of an 8-node lab at rest, and during a
 //! peer storm: the API server stopped, so every agent loses it at once and asks all its peers;
-//! then, in a lab of its own, at rest with the peer failure detector on.
+//! then, in a lab of its own, at rest with the peer failure detector on; then, in a third, at
+//! rest with the chart's default values, with every request the agents made to the API server
+//! (by verb and resource, from its audit log) against the budget per agent per second.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::Context;
+use nodemedic_api::self_remediation::SelfNodeRemediationConfig;
 use nodemedic_harness::{
-    bench::usage::{self, Usage},
+    bench::{
+        requests,
+        usage::{self, Usage},
+    },
     scenario::{self, NS},
 };
 use nodemedic_lab::{Event, Lab, LabConfig};
@@ -74,10 +80,10 @@ pub(super) async fn run() -> anyhow::Result<Section> {
     let detector = window(&pids, REST).await?;
     drop(lab);
     println!("==> footprint: {NODES} agents with the chart's defaults");
-    let (lab, pids) = agents_with_chart_defaults().await?;
+    let (lab, pids, config) = agents_with_chart_defaults().await?;
     let from = jiff::Timestamp::now();
     let defaults = window(&pids, REST).await?;
-    let requests = agent_requests(&lab, from, jiff::Timestamp::now()).await;
+    let requests = agent_requests(&lab, &config, from, jiff::Timestamp::now()).await;
     drop(lab);
     let markdown = markdown(&executable, &rest, &storm, &detector, fenced) + &requests_markdown(&defaults, &requests);
     Ok(Section {
@@ -96,52 +102,89 @@ const FLEET: f64 = 5_000.0;
 /// read the API server answers from its watch cache.
 const BUDGET_PER_AGENT_PER_SECOND: f64 = 0.3;
 
+/// Requests of one kind in the window.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Rate {
+    requests: u64,
+    per_agent_per_second: f64,
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct AgentRequests {
     seconds: f64,
-    /// Every agent's requests in the window, by `verb resource` (watches once, when opened).
-    by_kind: std::collections::BTreeMap<String, u64>,
+    agents: usize,
+    /// The configuration the agents ran with (the chart's defaults): how often each reads its
+    /// licence, and whether the peer detector ran.
+    api_check_interval: String,
+    peer_detection: bool,
+    /// Every agent's requests in the window by `verb resource` (a watch once, when opened).
+    by_verb_and_resource: BTreeMap<String, Rate>,
+    requests: u64,
     per_agent_per_second: f64,
     at_five_thousand_per_second: f64,
+    budget_per_agent_per_second: f64,
+    met: bool,
 }
 
 /// Every agent's requests in `[from, to)`, from the API server's audit log: the lab's agents
 /// authenticate as their nodes.
-async fn agent_requests(lab: &Lab, from: jiff::Timestamp, to: jiff::Timestamp) -> AgentRequests {
+async fn agent_requests(
+    lab: &Lab,
+    config: &SelfNodeRemediationConfig,
+    from: jiff::Timestamp,
+    to: jiff::Timestamp,
+) -> AgentRequests {
     // The audit log is written as requests complete: give the last ones a moment to land.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let log = std::fs::read_to_string(lab.audit_log()).unwrap_or_default();
-    let mut by_kind = std::collections::BTreeMap::new();
-    let mut total = 0;
-    for node in lab.nodes() {
-        let counted = nodemedic_harness::bench::requests::count(&log, &format!("system:node:{node}"), from, to);
-        total += counted.total();
-        for (kind, n) in counted.other_by_kind {
-            *by_kind.entry(kind).or_insert(0) += n;
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    let agents = lab.nodes();
+    for node in &agents {
+        let counted = requests::count(&log, &format!("system:node:{node}"), from, to);
+        for (kind, n) in counted.by_verb_and_resource {
+            *counts.entry(kind).or_insert(0) += n;
         }
-        for (verb, n) in counted.by_verb.iter().filter(|(v, _)| *v == "watch") {
-            *by_kind.entry(verb.clone()).or_insert(0) += n;
-        }
-        *by_kind.entry("lease reads and writes".into()).or_insert(0) += counted.lease;
     }
     let seconds = to.duration_since(from).as_secs_f64();
-    let per_agent_per_second = total as f64 / NODES as f64 / seconds.max(1.0);
+    let rate = |n: u64| n as f64 / agents.len().max(1) as f64 / seconds.max(1.0);
+    let total: u64 = counts.values().sum();
+    let per_agent_per_second = rate(total);
     AgentRequests {
         seconds,
-        by_kind,
+        agents: agents.len(),
+        api_check_interval: config.spec.api_check_interval.to_string(),
+        peer_detection: config.spec.peer_detection.is_some(),
+        by_verb_and_resource: counts
+            .into_iter()
+            .map(|(kind, n)| {
+                let per_agent_per_second = rate(n);
+                (
+                    kind,
+                    Rate {
+                        requests: n,
+                        per_agent_per_second,
+                    },
+                )
+            })
+            .collect(),
+        requests: total,
         per_agent_per_second,
         at_five_thousand_per_second: per_agent_per_second * FLEET,
+        budget_per_agent_per_second: BUDGET_PER_AGENT_PER_SECOND,
+        met: per_agent_per_second <= BUDGET_PER_AGENT_PER_SECOND,
     }
 }
 
-/// [`agents`], with nodemedic installed from the chart's default values.
-async fn agents_with_chart_defaults() -> anyhow::Result<(Lab, Vec<u32>)> {
+/// [`agents`], with nodemedic installed from the chart's default values; with the configuration
+/// the controller created from them.
+async fn agents_with_chart_defaults() -> anyhow::Result<(Lab, Vec<u32>, SelfNodeRemediationConfig)> {
     let exe = nodemedic_harness::product::nodemedic()?;
     let lab = Lab::start(LabConfig::workers(NODES).alone())
         .await
         .context("starting the lab")?;
-    nodemedic_harness::chart_defaults::install(&lab, &exe, &[], scenario::free_port()?).await?;
+    let config = nodemedic_harness::chart_defaults::install(&lab, &exe, &[], scenario::free_port()?).await?;
     scenario::agents_settled(&lab).await?;
     let pids: Vec<u32> = lab
         .nodes()
@@ -149,23 +192,38 @@ async fn agents_with_chart_defaults() -> anyhow::Result<(Lab, Vec<u32>)> {
         .filter_map(|n| lab.process_pid(&format!("{n}/agent")))
         .collect();
     anyhow::ensure!(pids.len() == NODES, "only {} of {NODES} agents run", pids.len());
-    Ok((lab, pids))
+    Ok((lab, pids, config))
 }
 
 fn requests_markdown(defaults: &Window, requests: &AgentRequests) -> String {
-    let kinds: Vec<String> = requests.by_kind.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+    let rows: String = requests
+        .by_verb_and_resource
+        .iter()
+        .map(|(kind, rate)| {
+            let (verb, resource) = kind.split_once(' ').unwrap_or((kind, ""));
+            format!(
+                "| {verb} | {resource} | {} | {:.4} |\n",
+                rate.requests, rate.per_agent_per_second
+            )
+        })
+        .collect();
     format!(
-        "\n*Chart defaults*: another lab, nodemedic installed from the chart's default values (read from the rendered chart): \
-         at rest RSS {:.1} MiB, CPU {:.1} mCPU (the busiest agent). Its agents' requests to the API server in {:.0} s at rest, from the audit log: {}.\n\n\
-         - API requests at rest: {:.3} per agent per second, {:.0} a second at {FLEET} nodes <= {:.0} (the budget, {BUDGET_PER_AGENT_PER_SECOND} per agent per second): {}\n",
+        "\n*Chart defaults*: another lab, nodemedic installed from the chart's default values (read from the rendered chart; apiCheckInterval {}, peer detector {}): \
+         at rest RSS {:.1} MiB, CPU {:.1} mCPU (the busiest agent). Its {} agents' requests to the API server in {:.0} s at rest, from the audit log (a watch counts once, when opened):\n\n\
+         | verb | resource | requests | per agent per second |\n|---|---|---|---|\n{rows}| all | | {} | {:.4} |\n\n\
+         - API requests at rest: {:.3} per agent per second <= {BUDGET_PER_AGENT_PER_SECOND} (the budget; {:.0} a second at {FLEET} nodes <= {:.0}): {}\n",
+        requests.api_check_interval,
+        if requests.peer_detection { "on" } else { "off" },
         defaults.max_rss_mib,
         defaults.max_millicores,
+        requests.agents,
         requests.seconds,
-        kinds.join(", "),
+        requests.requests,
+        requests.per_agent_per_second,
         requests.per_agent_per_second,
         requests.at_five_thousand_per_second,
         BUDGET_PER_AGENT_PER_SECOND * FLEET,
-        verdict(requests.per_agent_per_second <= BUDGET_PER_AGENT_PER_SECOND),
+        verdict(requests.met),
     )
 }
 

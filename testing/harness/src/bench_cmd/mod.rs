@@ -10,7 +10,9 @@ mod scale;
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, ValueEnum};
+use nodemedic_harness::provenance::Source;
 use serde_json::json;
 
 pub(crate) use recovery::{Path, Profile, Strategy};
@@ -95,6 +97,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         args.suites.clone()
     };
+    // Read before the first lab: the tree as the run found it.
+    let source = Source::of_working_directory();
     let started = std::time::Instant::now();
     let mut sections = Vec::new();
     for suite in suites {
@@ -114,10 +118,13 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = sections.iter().map(|s| s.name).collect();
     let base = format!("{}-{stamp}", names.join("-"));
     let machine = machine();
-    let commit = commit();
-    let mut json = json!({"machine": machine, "commit": commit, "minutes": minutes});
+    let mut json = json!({"machine": machine, "minutes": minutes});
+    json.as_object_mut()
+        .context("the report is an object")?
+        .extend(source.json_fields());
     let mut markdown = format!(
-        "# nodemedic benchmarks\n\nMachine: {machine}. Commit: {commit}. The whole run took {minutes:.1} minutes.\n"
+        "# nodemedic benchmarks\n\nMachine: {machine}. Commit: {}. The whole run took {minutes:.1} minutes.\n",
+        source.describe()
     );
     for s in sections {
         json[s.name] = s.json;
@@ -157,17 +164,6 @@ pub(crate) fn machine() -> String {
         "{cpus} CPUs ({model}), {mem} GiB RAM, nodemedic {}",
         env!("CARGO_PKG_VERSION")
     )
-}
-
-/// The commit the binary was run from, when run inside a checkout.
-fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// "met" or "MISSED", for target lines.

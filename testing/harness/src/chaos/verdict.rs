@@ -448,6 +448,19 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
         down.into_iter()
             .map(|(node, d)| ended(node, d, until, paused(control_plane_down, upgrading))),
     );
+    never_remediated(outages, &remediations, since, params)
+}
+
+/// The outages from `since` on that were owed a remediation (within the budget, and down for
+/// `remediate_after` from their deadline's base) and got none: no remediation of their node
+/// created by their end and not removed before their start.
+fn never_remediated(
+    outages: Vec<Outage<'_>>,
+    remediations: &[(&str, Timestamp, Option<Timestamp>)],
+    since: Timestamp,
+    params: &Params,
+) -> Vec<Violation> {
+    // The observer's lag: a remediation seen just after the outage ended still covers it.
     let lag = SignedDuration::from_secs(5);
     outages
         .into_iter()

@@ -295,6 +295,10 @@ fn remediation(name: &str, node: &str, spec: Value) -> FenceAgentsRemediation {
 
 /// An unanswering BMC and every configuration mistake, on one lab.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_are_reported_without_a_run() {
     let (lab, a, port, history) = cluster().await;
     let client = lab.client();

@@ -91,6 +91,10 @@ fn within<T>(seconds: u64, what: &str, mut probe: impl FnMut() -> Option<T>) -> 
 /// crash, the workload elsewhere, the logs and the timeline, down. One playground for all of it:
 /// each `up` costs a lab start.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 fn try_it_a_playground_with_bmcs_remediates_a_crashed_node_and_shows_its_logs_and_timeline() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let up = nodemedic_lab(&["up", "--bmcs", "--nodes", "3"]);

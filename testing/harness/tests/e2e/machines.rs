@@ -207,6 +207,10 @@ async fn stranded_pod(client: &Client, name: &str, node: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 async fn machine_deletion_refuses_what_nothing_would_replace_and_replaces_machines_of_both_apis() {
     let lab = lab(LabConfig::seed()).await;
     lab.install_machine_crds().await.expect("machine CRDs");

@@ -259,6 +259,10 @@ fn status_text(nm: &NodeMaintenance) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 async fn maintenance_drains_at_the_budgets_pace_gives_the_node_back_and_guards_etcd() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();

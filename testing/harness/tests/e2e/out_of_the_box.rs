@@ -91,6 +91,10 @@ async fn recovered(lab: &Lab, node: &str) {
 /// Then seed 001's manifest, written for Poison Pill, remediates a crashed worker through a
 /// PoisonPillRemediation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_through_poison_pill() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();

@@ -94,6 +94,10 @@ async fn snr_for(client: &Client, node: &str) -> Option<SelfNodeRemediation> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a scenario on one lab, read whole in the order it happens: its steps share the lab, its clients and its objects"
+)]
 async fn the_webhook_refuses_what_medik8s_refuses_and_a_down_controller_blocks_nothing() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();

@@ -7,6 +7,7 @@ mod bmc;
 mod membership;
 mod nodes;
 mod real_nodes;
+mod status_writer;
 mod storage;
 mod sysrq;
 mod teardown;

@@ -33,6 +33,7 @@ fn far(name: &str, spec: &str) -> String {
 const CONFIG: &str = "self-node-remediation-config";
 
 /// (what is wrong, manifest, every fragment the rejection must contain)
+#[expect(clippy::too_many_lines, reason = "a table: one entry per schema rule of the CRDs")]
 fn invalid_variants() -> Vec<(&'static str, String, Vec<&'static str>)> {
     let both_budgets = format!("{SELECTOR}{TEMPLATE}  minHealthy: 1\n  maxUnhealthy: 1\n");
     let escalation = |order: i32, timeout: &str| {

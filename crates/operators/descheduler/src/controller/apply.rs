@@ -169,30 +169,26 @@ pub(super) async fn remove_soft_taints(ctx: &Context) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn status(api: &Api<KubeDescheduler>, kd: &KubeDescheduler, outcome: &Outcome) -> Result<()> {
-    let mut status = kd.status.clone().unwrap_or_default();
-    let mut conditions = status.conditions.clone().unwrap_or_default();
-    let now = nodemedic_kube::time::now();
-    let mut changed = decide::status::merge(&mut conditions, decide::status::conditions(outcome), &now);
+/// The controller's part of the status: the conditions, the observed generation and the ready
+/// replicas (cleared when nothing runs). The tainter owns softTaintedNodes; the write, locked to
+/// the version read, never carries it back over a newer report.
+pub(super) async fn status(
+    api: &Api<KubeDescheduler>,
+    kd: &KubeDescheduler,
+    outcome: &Outcome,
+) -> nodemedic_kube::Result<bool> {
     let ready = match outcome {
         Outcome::Running { ready_replicas, .. } => Some(*ready_replicas),
         _ => None,
     };
-    changed |= status.ready_replicas != ready || status.observed_generation != kd.metadata.generation;
-    if !changed {
-        return Ok(());
-    }
-    status.conditions = Some(conditions);
-    status.ready_replicas = ready;
-    status.observed_generation = kd.metadata.generation;
-    // The tainter owns softTaintedNodes; readyReplicas is cleared (null) when nothing runs.
-    let patch = json!({ "status": {
-        "observedGeneration": status.observed_generation,
-        "conditions": status.conditions,
-        "readyReplicas": status.ready_replicas,
-    }});
-    api.patch_status(&kd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .context("writing the KubeDescheduler's status")?;
-    Ok(())
+    nodemedic_kube::status::write(api, kd, |status, now| {
+        let mut conditions = status.conditions.take().unwrap_or_default();
+        let mut changed = decide::status::merge(&mut conditions, decide::status::conditions(outcome), now);
+        status.conditions = Some(conditions);
+        changed |= status.ready_replicas != ready || status.observed_generation != kd.metadata.generation;
+        status.ready_replicas = ready;
+        status.observed_generation = kd.metadata.generation;
+        changed
+    })
+    .await
 }

@@ -101,9 +101,12 @@ async fn reconcile(kd: Arc<KubeDescheduler>, ctx: Arc<Context>) -> Result<Action
         }
         return Ok(Action::await_change());
     }
-    if !finalizers::has(kd.as_ref(), FINALIZER) {
-        finalizers::add(&api, kd.as_ref(), FINALIZER).await?;
-    }
+    // Go on with the version the finalizer was added to: the status write is locked to it.
+    let kd = if finalizers::has(kd.as_ref(), FINALIZER) {
+        kd
+    } else {
+        Arc::new(finalizers::add(&api, kd.as_ref(), FINALIZER).await?)
+    };
 
     let outcome = match observe::first_in_charge(&ctx.client, &kd).await? {
         Some(first) => Outcome::Superseded { by: first },
@@ -125,8 +128,10 @@ async fn reconcile(kd: Arc<KubeDescheduler>, ctx: Arc<Context>) -> Result<Action
             )
             .await;
     }
-    apply::status(&api, &kd, &outcome).await?;
-    Ok(Action::requeue(RECHECK))
+    match apply::status(&api, &kd, &outcome).await {
+        Ok(_) => Ok(Action::requeue(RECHECK)),
+        Err(error) => nodemedic_kube::status::requeue_on_conflict(kd.as_ref(), error),
+    }
 }
 
 async fn run_descheduler(kd: &KubeDescheduler, namespace: &str, ctx: &Context) -> Result<Outcome> {

@@ -13,12 +13,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::ListParams,
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use nodemedic_api::descheduler::{KubeDescheduler, Mode, SoftTaintedNode};
 use nodemedic_kube::{CallContext, paged, taints};
-use serde_json::json;
 
 use super::{Context, observe, prometheus::Prometheus};
 use crate::{
@@ -301,16 +300,16 @@ async fn report(
             .iter_mut()
             .for_each(|n| n.taints.iter_mut().for_each(|t| t.insert_str(0, "would be: ")));
     }
-    if kd.status.as_ref().and_then(|s| s.soft_tainted_nodes.as_ref()) == Some(&tainted) {
-        return Ok(());
-    }
+    // Edited on the watch's copy first (nothing to write, no request at all), and on a conflict
+    // on fresh reads: the list is this round's, whatever else the status says.
     let api = Api::<KubeDescheduler>::namespaced(ctx.client.clone(), &kd.namespace().unwrap_or_default());
-    api.patch_status(
-        &kd.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"softTaintedNodes": tainted}})),
-    )
-    .await
-    .context("reporting the soft-tainted nodes")?;
+    nodemedic_kube::status::update(&api, kd, |status, _| {
+        if status.soft_tainted_nodes.as_ref() == Some(&tainted) {
+            return false;
+        }
+        status.soft_tainted_nodes = Some(tainted.clone());
+        true
+    })
+    .await?;
     Ok(())
 }

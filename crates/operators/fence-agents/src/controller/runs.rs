@@ -8,12 +8,9 @@ use std::{
     time::Duration,
 };
 
-use kube::{
-    Api,
-    api::{Patch, PatchParams},
-};
+use kube::Api;
 use nodemedic_api::fence_agents::{FenceAgentsRemediation, FenceAttempt};
-use serde_json::json;
+use nodemedic_kube::CallContext;
 use tokio::task::AbortHandle;
 
 use super::metrics::{ActionLabels, AttemptLabels, Metrics};
@@ -184,21 +181,28 @@ fn observe(metrics: &Metrics, job: &Job, a: &Attempt, ok: bool) {
         .observe(a.duration.as_secs_f64());
 }
 
-/// Writes the attempt count and the last attempt (exit code and the agent's scrubbed verdict).
-async fn record(job: &Job, a: &Attempt, count: i32) -> kube::Result<()> {
+/// Writes the attempt count and the last attempt (exit code and the agent's scrubbed verdict),
+/// over whatever else the status holds now: read afresh, and again on a conflict with the
+/// reconciler's writes.
+async fn record(job: &Job, a: &Attempt, count: i32) -> nodemedic_kube::Result<()> {
     let last = FenceAttempt {
         action: job.action.into(),
         exit_code: a.exit_code,
         message: a.message.clone(),
         finished: Some(nodemedic_kube::time::now()),
     };
-    let status = json!({ "attempts": count, "lastAttempt": last });
-    job.api
-        .patch_status(
-            &job.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
-        )
+    let current = job
+        .api
+        .get_opt(&job.name)
         .await
-        .map(|_| ())
+        .with_context(|| format!("reading FenceAgentsRemediation {} to record an attempt", job.name))?;
+    let Some(current) = current else { return Ok(()) };
+    nodemedic_kube::status::update(&job.api, &current, |status, _| {
+        let changed = status.attempts != Some(count) || status.last_attempt.as_ref() != Some(&last);
+        status.attempts = Some(count);
+        status.last_attempt = Some(last.clone());
+        changed
+    })
+    .await?;
+    Ok(())
 }

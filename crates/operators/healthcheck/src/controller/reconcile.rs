@@ -9,14 +9,9 @@ use std::{
 use futures::{StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
-use kube::{
-    Api, Client, Resource,
-    api::{ApiResource, Patch, PatchParams},
-    runtime::controller::Action,
-};
+use kube::{Api, Client, Resource, api::ApiResource, runtime::controller::Action};
 use nodemedic_api::{healthcheck::NodeHealthCheck, names::leases};
 use nodemedic_kube::{CallContext, events::Events, node_lease::NodeLeases};
-use serde_json::json;
 
 use super::{
     apply::{self, Apply},
@@ -124,7 +119,11 @@ pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> R
     for r in owned.iter_mut().filter(|r| decision.mark_timed_out.contains(&r.id)) {
         r.timed_out = Some(now);
     }
-    write_status(&ctx, &nhc, &name, &check, &decision, &owned).await?;
+    // A conflict: the status was computed from the watch's copy of an older version. The check's
+    // own status writes do not wake it, so the requeue is what brings it back to compute it again.
+    if let Err(error) = write_status(&ctx, &nhc, &check, &decision, &owned).await {
+        return nodemedic_kube::status::requeue_on_conflict(nhc.as_ref(), error);
+    }
     record_metrics(&ctx, &name, &decision, &owned, now);
     ctx.metrics.decision_seconds.observe(started.elapsed().as_secs_f64());
     Ok(decision
@@ -302,8 +301,10 @@ async fn invalid(ctx: &Context, nhc: &NodeHealthCheck, name: &str, why: String) 
     );
     new.observed_nodes = Some(0);
     new.healthy_nodes = Some(0);
-    patch_status_if_changed(&api, name, nhc, new, now).await?;
-    Ok(Action::await_change())
+    match write_if_changed(&api, nhc, new, now).await {
+        Ok(_) => Ok(Action::await_change()),
+        Err(error) => nodemedic_kube::status::requeue_on_conflict(nhc, error),
+    }
 }
 
 /// Whether a consistent read of every node the decision creates a remediation for shows what
@@ -378,11 +379,10 @@ fn living(
 async fn write_status(
     ctx: &Context,
     nhc: &NodeHealthCheck,
-    name: &str,
     check: &decide::CheckSpec,
     decision: &Decision,
     owned: &[RemediationFacts],
-) -> Result<()> {
+) -> nodemedic_kube::Result<bool> {
     let api = Api::<NodeHealthCheck>::all(ctx.client.clone());
     let now = nodemedic_kube::time::now();
     let new = status::build(
@@ -393,25 +393,26 @@ async fn write_status(
         nhc.metadata.generation,
         &now,
     );
-    patch_status_if_changed(&api, name, nhc, new, now).await
+    write_if_changed(&api, nhc, new, now).await
 }
 
-/// Patches only a real change, so status writes never trigger reconciles of their own.
-async fn patch_status_if_changed(
+/// Writes only a real change (stamped with its time), so status writes never trigger reconciles
+/// of their own; locked to the version `new` was computed from, as every status write.
+async fn write_if_changed(
     api: &Api<NodeHealthCheck>,
-    name: &str,
     nhc: &NodeHealthCheck,
-    mut new: nodemedic_api::healthcheck::NodeHealthCheckStatus,
+    new: nodemedic_api::healthcheck::NodeHealthCheckStatus,
     now: Time,
-) -> Result<()> {
-    if nhc.status.as_ref() == Some(&new) {
-        return Ok(());
-    }
-    new.last_update_time = Some(now);
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({ "status": new })))
-        .await
-        .with_context(|| format!("writing the status of NodeHealthCheck {name}"))?;
-    Ok(())
+) -> nodemedic_kube::Result<bool> {
+    nodemedic_kube::status::write(api, nhc, |current, _| {
+        if *current == new {
+            return false;
+        }
+        *current = new;
+        current.last_update_time = Some(now);
+        true
+    })
+    .await
 }
 
 fn record_metrics(ctx: &Context, name: &str, decision: &Decision, owned: &[RemediationFacts], now: Timestamp) {

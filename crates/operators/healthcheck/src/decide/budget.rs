@@ -1,10 +1,128 @@
 //! Whether new remediation is allowed: the healthy-node budget, and storm protection.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
 
-use super::model::{Decision, Memory, Severity};
+use super::{
+    CONFLICTING_MHC, Health, UPGRADING,
+    model::{Budget, Decision, Input, Memory, NodeFacts, RemediationFacts, Severity},
+    node::Gate,
+    upgrade,
+};
+
+/// The selected nodes the budget counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Count {
+    pub observed: usize,
+    /// No unhealthy condition at all (not even a pending one) and no remediation object left.
+    pub healthy: usize,
+    pub unhealthy: usize,
+    /// The fewest healthy nodes that still allow remediation.
+    pub min_healthy: usize,
+    budget: Budget,
+}
+
+impl Count {
+    pub(super) fn of(
+        budget: Budget,
+        selected: &[&NodeFacts],
+        health: &BTreeMap<&str, Health>,
+        owned: &[&RemediationFacts],
+    ) -> Self {
+        let observed = selected.len();
+        let healthy = selected
+            .iter()
+            .filter(|n| health[n.name.as_str()] == Health::Healthy && !owned.iter().any(|r| r.node == n.name))
+            .count();
+        let unhealthy = selected
+            .iter()
+            .filter(|n| matches!(health[n.name.as_str()], Health::Unhealthy { .. }))
+            .count();
+        Self {
+            observed,
+            healthy,
+            unhealthy,
+            min_healthy: budget.min_healthy(observed),
+            budget,
+        }
+    }
+
+    pub(super) fn within_budget(&self) -> bool {
+        self.healthy >= self.min_healthy
+    }
+
+    fn describe(&self) -> String {
+        let Self {
+            observed,
+            healthy,
+            unhealthy,
+            min_healthy,
+            budget,
+        } = self;
+        format!(
+            "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
+            budget.describe()
+        )
+    }
+}
+
+/// The `RemediationAllowed` condition (the first of a conflict, an upgrade, the budget and a
+/// storm that holds new remediation back), and the events when the budget or an upgrade starts
+/// to.
+pub(super) fn allowance(input: &Input<'_>, count: &Count, gate: &Gate, storm: Storm, decision: &mut Decision) {
+    let budget_text = count.describe();
+    decision.status.remediation_allowed = if let Some(why) = &gate.conflict {
+        (
+            false,
+            CONFLICTING_MHC,
+            format!("No new remediation: {why}; remediations under way go on"),
+        )
+    } else if let Some(upgrade::Hold { why, .. }) = &gate.upgrade {
+        (
+            false,
+            UPGRADING,
+            format!(
+                "No new remediation while the cluster upgrades ({why}); remediations under way go on. {budget_text}"
+            ),
+        )
+    } else if !count.within_budget() {
+        (
+            false,
+            "TooFewHealthyNodes",
+            format!("No new remediation: {budget_text}"),
+        )
+    } else if storm.blocks {
+        (
+            false,
+            "StormRecovery",
+            format!("No new remediation until the storm cooldown ends: {budget_text}"),
+        )
+    } else {
+        (true, "WithinBudget", format!("Remediation allowed: {budget_text}"))
+    };
+    if !count.within_budget() && input.memory.remediation_allowed != Some(false) {
+        let Count {
+            healthy, min_healthy, ..
+        } = count;
+        decision.notice(
+            None,
+            Severity::Warning,
+            "RemediationSkipped",
+            format!("Skipped remediation because the number of healthy nodes selected by the selector is {healthy} and should equal or exceed {min_healthy} ({budget_text})"),
+        );
+    }
+    if let Some(upgrade::Hold { why, .. }) = &gate.upgrade
+        && input.memory.remediation_allowed_reason.as_deref() != Some(UPGRADING)
+    {
+        decision.notice(
+            None,
+            Severity::Normal,
+            "RemediationSkipped",
+            format!("Postponing potential remediations because of ongoing cluster upgrade: {why}"),
+        );
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Storm {

@@ -43,15 +43,12 @@ pub(crate) const UPGRADING: &str = "ClusterUpgrading";
 /// nothing to watch).
 pub(crate) const TEMPLATE_RETRY: Duration = Duration::from_secs(15);
 
+/// The health check's decision, step by step: which nodes it selects, whether it may act, how
+/// healthy each is, whether the budget allows new remediation, what each node needs, then the
+/// objects nothing selects any more and the status.
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut decision = Decision::default();
-    let check = input.check;
-    let selected: Vec<&NodeFacts> = input
-        .nodes
-        .iter()
-        .copied()
-        .filter(|n| check.selector.matches(&n.labels))
-        .collect();
+    let selected = selected_nodes(input);
     // Said even when a template is missing too: a seed manifest applied unchanged has both.
     selection::report(input, selected.len(), &mut decision);
     // Also while disabled: the observed-nodes gauge an alert reads must not say 0 for a check
@@ -63,104 +60,80 @@ pub fn decide(input: &Input<'_>) -> Decision {
         Enablement::Enabled => None,
     };
 
-    let health: BTreeMap<&str, Health> = selected
-        .iter()
-        .map(|n| (n.name.as_str(), health::classify(n, &check.rules, input.now, None)))
-        .collect();
+    let health = classify(input, &selected);
     let owned: Vec<&RemediationFacts> = input.remediations.iter().filter(|r| r.owned).collect();
-    let owned_by_node = |node: &str| owned.iter().copied().filter(|r| r.node == node).collect::<Vec<_>>();
-
-    // Budget: healthy means no unhealthy condition at all (not even a pending one) and no
-    // remediation object left.
-    let observed = selected.len();
-    let healthy = selected
-        .iter()
-        .filter(|n| health[n.name.as_str()] == Health::Healthy && owned_by_node(&n.name).is_empty())
-        .count();
-    let unhealthy = selected
-        .iter()
-        .filter(|n| matches!(health[n.name.as_str()], Health::Unhealthy { .. }))
-        .count();
-    let min_healthy = check.budget.min_healthy(observed);
-    let within_budget = healthy >= min_healthy;
+    let count = budget::Count::of(input.check.budget, &selected, &health, &owned);
     let storm = budget::storm(
-        check.storm_cooldown,
-        within_budget,
+        input.check.storm_cooldown,
+        count.within_budget(),
         input.memory,
         input.now,
         &mut decision,
     );
-    let budget_text = format!(
-        "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
-        check.budget.describe()
-    );
-    let upgrade = upgrade::in_progress(input.upgrades, &selected, input.machines);
-    decision.status.remediation_allowed = if let Some(why) = &conflict {
-        (
-            false,
-            CONFLICTING_MHC,
-            format!("No new remediation: {why}; remediations under way go on"),
-        )
-    } else if let Some(upgrade::Hold { why, .. }) = &upgrade {
-        (
-            false,
-            UPGRADING,
-            format!(
-                "No new remediation while the cluster upgrades ({why}); remediations under way go on. {budget_text}"
-            ),
-        )
-    } else if !within_budget {
-        (
-            false,
-            "TooFewHealthyNodes",
-            format!("No new remediation: {budget_text}"),
-        )
-    } else if storm.blocks {
-        (
-            false,
-            "StormRecovery",
-            format!("No new remediation until the storm cooldown ends: {budget_text}"),
-        )
-    } else {
-        (true, "WithinBudget", format!("Remediation allowed: {budget_text}"))
-    };
-    if !within_budget && input.memory.remediation_allowed != Some(false) {
-        decision.notice(
-            None,
-            Severity::Warning,
-            "RemediationSkipped",
-            format!("Skipped remediation because the number of healthy nodes selected by the selector is {healthy} and should equal or exceed {min_healthy} ({budget_text})"),
-        );
-    }
-
-    if let Some(upgrade::Hold { why, .. }) = &upgrade
-        && input.memory.remediation_allowed_reason.as_deref() != Some(UPGRADING)
-    {
-        decision.notice(
-            None,
-            Severity::Normal,
-            "RemediationSkipped",
-            format!("Postponing potential remediations because of ongoing cluster upgrade: {why}"),
-        );
-    }
-
     let gate = node::Gate {
-        conflict: conflict.clone(),
-        paused: !check.pause_requests.is_empty(),
-        upgrade: upgrade.clone(),
-        over_budget: !within_budget || storm.blocks,
+        conflict,
+        paused: !input.check.pause_requests.is_empty(),
+        upgrade: upgrade::in_progress(input.upgrades, &selected, input.machines),
+        over_budget: !count.within_budget() || storm.blocks,
     };
+    budget::allowance(input, &count, &gate, storm, &mut decision);
+
+    each_node(input, &selected, &health, &owned, &gate, &mut decision);
+    node::orphans(input, &owned, &mut decision);
+    old::flag(&owned, input.now, &mut decision);
+    summarise(input, &count, storm, &owned, &gate, &mut decision);
+    decision
+}
+
+/// The nodes the check's selector matches.
+fn selected_nodes<'a>(input: &Input<'a>) -> Vec<&'a NodeFacts> {
+    input
+        .nodes
+        .iter()
+        .copied()
+        .filter(|n| input.check.selector.matches(&n.labels))
+        .collect()
+}
+
+/// Each selected node's health, by name.
+fn classify<'a>(input: &Input<'_>, selected: &[&'a NodeFacts]) -> BTreeMap<&'a str, Health> {
+    selected
+        .iter()
+        .map(|n| {
+            (
+                n.name.as_str(),
+                health::classify(n, &input.check.rules, input.now, None),
+            )
+        })
+        .collect()
+}
+
+/// The check's remediation objects for `node`.
+fn of_node<'a>(owned: &[&'a RemediationFacts], node: &str) -> Vec<&'a RemediationFacts> {
+    owned.iter().copied().filter(|r| r.node == node).collect()
+}
+
+/// What each selected node needs, by its health: its remediation removed, kept, or started,
+/// continued or escalated.
+fn each_node(
+    input: &Input<'_>,
+    selected: &[&NodeFacts],
+    health: &BTreeMap<&str, Health>,
+    owned: &[&RemediationFacts],
+    gate: &node::Gate,
+    decision: &mut Decision,
+) {
     let mut control_plane_busy: Vec<String> = input
         .remediations
         .iter()
         .filter(|r| r.control_plane && !r.deleting)
         .map(|r| r.node.clone())
         .collect();
-    for n in &selected {
-        let crs = owned_by_node(&n.name);
+    for n in selected {
+        let crs = of_node(owned, &n.name);
         match &health[n.name.as_str()] {
-            Health::Healthy => node::healthy(input, n, &crs, &mut decision),
-            Health::Soon { at } => node::soon(input, n, &crs, *at, &mut decision),
+            Health::Healthy => node::healthy(input, n, &crs, decision),
+            Health::Soon { at } => node::soon(input, n, &crs, *at, decision),
             Health::Unhealthy { type_, status, since } => {
                 let newly = !input.memory.unhealthy.contains_key(&n.name);
                 if newly {
@@ -171,47 +144,61 @@ pub fn decide(input: &Input<'_>) -> Decision {
                         format!("Node matches unhealthy condition. Node {:?}, condition type {type_:?}, condition status {status:?} since {since}", n.name),
                     );
                 }
-                node::unhealthy(input, n, &crs, &gate, newly, &mut control_plane_busy, &mut decision);
+                node::unhealthy(input, n, &crs, gate, newly, &mut control_plane_busy, decision);
             }
         }
     }
-    node::orphans(input, &owned, &mut decision);
-    old::flag(&owned, input.now, &mut decision);
+}
 
+/// The status once every node is decided: the budget's counts, the storm, the nodes still
+/// remediated, and the phase with its reason.
+fn summarise(
+    input: &Input<'_>,
+    count: &budget::Count,
+    storm: budget::Storm,
+    owned: &[&RemediationFacts],
+    gate: &node::Gate,
+    decision: &mut Decision,
+) {
     let status = &mut decision.status;
-    status.observed = observed;
-    status.healthy = healthy;
-    status.min_healthy = min_healthy;
+    status.observed = count.observed;
+    status.healthy = count.healthy;
+    status.min_healthy = count.min_healthy;
     status.storm_since = storm.since;
     status.cooldown_since = storm.cooldown_since;
     // Objects of nodes that are no longer selected still show until they are gone.
-    for cr in &owned {
+    for cr in owned {
         status.unhealthy.entry(cr.node.clone()).or_default();
     }
-    let remediating = status
+    let remediating = decision
+        .status
         .unhealthy
         .keys()
-        .filter(|n| !owned_by_node(n).is_empty() || decision.create.iter().any(|c| &&c.node == n))
+        .filter(|n| !of_node(owned, n).is_empty() || decision.create.iter().any(|c| &&c.node == n))
         .count();
-    let status = &mut decision.status;
-    (status.phase, status.reason) = if conflict.is_some() {
-        (status.phase, std::mem::take(&mut status.reason))
-    } else if gate.paused {
-        (
-            Phase::Paused,
-            format!("NHC is paused: {}", check.pause_requests.join(",")),
-        )
-    } else if remediating > 0 {
-        (Phase::Remediating, format!("NHC is remediating {remediating} nodes"))
-    } else {
-        (Phase::Enabled, "NHC is enabled, no ongoing remediation".into())
-    };
-    if upgrade.is_some() && status.phase != Phase::Paused {
+    phase(input.check, gate, remediating, &mut decision.status);
+}
+
+/// The phase and its reason. A conflict's (said by [`enablement`]) stands; otherwise paused,
+/// remediating or enabled, and a cluster upgrade under way said too.
+fn phase(check: &CheckSpec, gate: &node::Gate, remediating: usize, status: &mut StatusPlan) {
+    if gate.conflict.is_none() {
+        (status.phase, status.reason) = if gate.paused {
+            (
+                Phase::Paused,
+                format!("NHC is paused: {}", check.pause_requests.join(",")),
+            )
+        } else if remediating > 0 {
+            (Phase::Remediating, format!("NHC is remediating {remediating} nodes"))
+        } else {
+            (Phase::Enabled, "NHC is enabled, no ongoing remediation".into())
+        };
+    }
+    if gate.upgrade.is_some() && status.phase != Phase::Paused {
         status
             .reason
             .push_str("; new remediations wait for the cluster upgrade to end");
     }
-    decision
 }
 
 enum Enablement {

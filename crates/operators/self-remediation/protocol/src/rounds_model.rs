@@ -294,12 +294,26 @@ fn explore(broken: Broken) -> Result<usize, String> {
     crate::explore::explore(initial(broken), check, successors)
 }
 
+/// How many states the documentation says the agent loop's check explores
+/// (docs/self-remediation-protocol.md, "Model check"): asserted, so a model that silently stops
+/// exploring fails.
+const DOCUMENTED_STATES: usize = 306_371;
+
 #[test]
 fn no_interleaving_of_the_agent_loop_breaks_what_its_registration_says() {
     let started = std::time::Instant::now();
     let explored = explore(Broken::Nothing).unwrap_or_else(|violation| panic!("{violation}"));
     eprintln!("agent loop: {explored} states in {:?}", started.elapsed());
-    assert!(explored > 1_000, "the model explored only {explored} states");
+    crate::explore::assert_coverage("the agent loop", explored, DOCUMENTED_STATES);
+}
+
+#[test]
+fn the_agent_loops_state_count_is_the_documented_one() {
+    let figure = crate::explore::with_commas(DOCUMENTED_STATES);
+    assert!(
+        crate::explore::PROTOCOL_DOC.contains(&format!("{figure} states")),
+        "docs/self-remediation-protocol.md does not state the agent loop's {figure} states"
+    );
 }
 
 #[test]

@@ -9,12 +9,11 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, PostParams},
     runtime::controller::Action,
 };
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig, SelfNodeRemediationConfigStatus};
 use nodemedic_kube::{CallContext, conditions, events::Events};
-use serde_json::json;
 
 use super::{Metrics, daemonset, membership};
 use crate::{
@@ -62,8 +61,9 @@ pub(super) async fn reconcile(config: Arc<SelfNodeRemediationConfig>, ctx: Arc<C
         &now,
     );
     count_agents(&ctx.metrics, &regs, status.minimum_safe_time_seconds);
-    if Some(&status) != config.status.as_ref() {
-        write_status(&ctx, &config, &status, &regs).await?;
+    let api = Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace);
+    if let Err(error) = nodemedic_kube::status::replace(&api, config.as_ref(), status).await {
+        return nodemedic_kube::status::requeue_on_conflict(config.as_ref(), error);
     }
     // Everything read here is watched (the config, its DaemonSet, the registrations, the
     // membership, the remediations): a change wakes this reconcile. No periodic pass: at rest
@@ -149,44 +149,6 @@ fn count_agents(metrics: &Metrics, regs: &[rules::Registration], minimum_safe_se
     }
     metrics.registered_agents.set(regs.len() as i64);
     metrics.minimum_safe_seconds.set(minimum_safe_seconds.unwrap_or(0));
-}
-
-async fn write_status(
-    ctx: &Context,
-    config: &SelfNodeRemediationConfig,
-    status: &SelfNodeRemediationConfigStatus,
-    regs: &[rules::Registration],
-) -> Result<()> {
-    // A merge patch keeps a field it does not mention: what is gone must be written as null.
-    let mut patch = json!({"status": status});
-    for field in [
-        "proposedMembers",
-        "minimumSafeTimeSeconds",
-        "membershipEpoch",
-        "members",
-    ] {
-        if patch["status"].get(field).is_none() {
-            patch["status"][field] = serde_json::Value::Null;
-        }
-    }
-    let before = config
-        .status
-        .as_ref()
-        .and_then(|s| s.fencing_means.clone())
-        .unwrap_or_default();
-    for gone in before.keys().filter(|n| !regs.iter().any(|r| &r.node == *n)) {
-        patch["status"]["fencingMeans"][gone] = serde_json::Value::Null;
-    }
-    Api::<SelfNodeRemediationConfig>::namespaced(ctx.client.clone(), &ctx.namespace)
-        .patch_status(CONFIG_NAME, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            format!(
-                "writing the status of SelfNodeRemediationConfig {}/{CONFIG_NAME}",
-                ctx.namespace
-            )
-        })?;
-    Ok(())
 }
 
 const MEMBERSHIP_SETTLED: &str = "MembershipSettled";

@@ -149,6 +149,9 @@ fn env(name: &str, path: &str) -> EnvVar {
 pub(crate) const AGENT_CPU_REQUEST: &str = "10m";
 pub(crate) const AGENT_MEMORY_REQUEST: &str = "32Mi";
 
+/// Where the agent keeps its state (its `--state-dir` default), on its node and in its container.
+const STATE: &str = "/var/lib/nodemedic";
+
 /// Where a node keeps its kernel modules.
 const MODULES: &str = "/lib/modules";
 
@@ -173,144 +176,9 @@ impl Install {
     }
 }
 
-/// Where agents run: not on a node labelled exclude-from-remediation=true (as medik8s's
-/// DaemonSet): such a node is never remediated, so an agent there could only fence it on its own
-/// (an isolated agent resets its node), and a node in maintenance carries the label. The
-/// DaemonSet controller stops an agent when its node gets the label; the agent closes its
-/// watchdog only if no remediation of its node exists (`agent::shutdown`).
-fn node_requirements(spec: &SelfNodeRemediationConfigSpec) -> Vec<NodeSelectorRequirement> {
-    let excluded = NodeSelectorRequirement {
-        key: labels::EXCLUDE_FROM_REMEDIATION.into(),
-        operator: "NotIn".into(),
-        values: Some(vec!["true".into()]),
-    };
-    std::iter::once(excluded)
-        .chain(spec.custom_ds_node_selector_requirements.clone().unwrap_or_default())
-        .collect()
-}
-
 /// The DaemonSet for `spec`, labelled with a hash of itself so a change is noticed.
 pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &Install) -> DaemonSet {
-    let labels = BTreeMap::from([
-        ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
-        ("app.kubernetes.io/component".to_owned(), NAME.to_owned()),
-    ]);
-    let mut args = vec![format!("--watchdog={}", spec.watchdog_file_path)];
-    args.extend(agent_flags(spec));
-    let mut ports = vec![ContainerPort {
-        name: Some("peers".into()),
-        container_port: spec.host_port,
-        ..Default::default()
-    }];
-    if let Some(port) = install.metrics_port {
-        args.extend([format!("--metrics-bind=0.0.0.0:{port}"), "--metrics-secure".into()]);
-        ports.push(ContainerPort {
-            name: Some("metrics".into()),
-            container_port: i32::from(port),
-            ..Default::default()
-        });
-    }
-    let mut tolerations = vec![Toleration {
-        operator: Some("Exists".into()),
-        effect: Some("NoSchedule".into()),
-        ..Default::default()
-    }];
-    tolerations.extend(spec.custom_ds_tolerations.clone().unwrap_or_default());
-    let affinity = Some(Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(node_requirements(spec)),
-                    ..Default::default()
-                }],
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    let state = Volume {
-        name: "state".into(),
-        host_path: Some(HostPathVolumeSource {
-            path: "/var/lib/nodemedic".into(),
-            type_: Some("DirectoryOrCreate".into()),
-        }),
-        ..Default::default()
-    };
-    // The node's devices, as medik8s's agent mounts them: a privileged container gets the
-    // device nodes the runtime copies, and this makes the watchdog the node has at
-    // watchdogFilePath the one the agent opens, whatever kind of file it is.
-    let devices = Volume {
-        name: "dev".into(),
-        host_path: Some(HostPathVolumeSource {
-            path: "/dev".into(),
-            type_: Some("Directory".into()),
-        }),
-        ..Default::default()
-    };
-    // The node's kernel modules, read-only, for the agent's `modprobe softdog` on a node
-    // without a watchdog device (as medik8s's agent loads it).
-    let modules = Volume {
-        name: "modules".into(),
-        host_path: Some(HostPathVolumeSource {
-            path: MODULES.into(),
-            type_: Some("DirectoryOrCreate".into()),
-        }),
-        ..Default::default()
-    };
-    let container = Container {
-        name: "agent".into(),
-        image: Some(install.image.clone()),
-        // The agent-only executable of the image: a fraction of the all-in-one binary's memory.
-        command: Some(vec![AGENT_EXECUTABLE.into()]),
-        args: Some(args),
-        env: Some(vec![
-            env("MY_NODE_NAME", "spec.nodeName"),
-            env("MY_POD_IP", "status.podIP"),
-            env("DEPLOYMENT_NAMESPACE", "metadata.namespace"),
-        ]),
-        // On the node's network the container's ports are the node's: no hostPort mapping (the
-        // API server fills it in as equal, which is what it is).
-        ports: Some(ports),
-        // Requests only, measured (docs/defaults.md): at rest an agent uses about 4 mCPU and
-        // 12 MiB. No CPU limit: a throttled agent could miss its watchdog and reset a healthy
-        // node. No memory limit: an OOM kill would do the same; as a system-node-critical pod
-        // under its request it is the last the kubelet evicts and the OOM killer spares it.
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), Quantity(AGENT_CPU_REQUEST.into())),
-                ("memory".to_owned(), Quantity(AGENT_MEMORY_REQUEST.into())),
-            ])),
-            limits: None,
-            ..Default::default()
-        }),
-        // Root and privileged: the agent opens /dev/watchdog (the image's default user is not
-        // root, for the controller). It writes only its state directory, a host path.
-        security_context: Some(SecurityContext {
-            privileged: Some(true),
-            run_as_user: Some(0),
-            read_only_root_filesystem: Some(true),
-            ..Default::default()
-        }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "state".into(),
-                mount_path: "/var/lib/nodemedic".into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "dev".into(),
-                mount_path: "/dev".into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "modules".into(),
-                mount_path: MODULES.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-        ]),
-        ..Default::default()
-    };
+    let labels = agent_labels();
     let mut ds = DaemonSet {
         metadata: ObjectMeta {
             name: Some(NAME.into()),
@@ -328,16 +196,7 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &I
                     labels: Some(labels),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(SERVICE_ACCOUNT.into()),
-                    host_network: Some(true),
-                    priority_class_name: Some("system-node-critical".into()),
-                    tolerations: Some(tolerations),
-                    affinity,
-                    containers: vec![container],
-                    volumes: Some(vec![state, devices, modules]),
-                    ..Default::default()
-                }),
+                spec: Some(pod(spec, install)),
             },
             ..Default::default()
         }),
@@ -348,6 +207,187 @@ pub fn render(spec: &SelfNodeRemediationConfigSpec, namespace: &str, install: &I
         .unwrap_or_default();
     ds.metadata.annotations = Some(BTreeMap::from([(CONFIG_HASH.to_owned(), hash)]));
     ds
+}
+
+/// The agents' labels, which the DaemonSet also selects its pods by.
+fn agent_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "nodemedic".to_owned()),
+        ("app.kubernetes.io/component".to_owned(), NAME.to_owned()),
+    ])
+}
+
+/// An agent's pod: on its node's network, as critical as a node's own pods, on every node but
+/// the excluded ones.
+fn pod(spec: &SelfNodeRemediationConfigSpec, install: &Install) -> PodSpec {
+    PodSpec {
+        service_account_name: Some(SERVICE_ACCOUNT.into()),
+        host_network: Some(true),
+        priority_class_name: Some("system-node-critical".into()),
+        tolerations: Some(tolerations(spec)),
+        affinity: Some(affinity(spec)),
+        containers: vec![container(spec, install)],
+        volumes: Some(volumes()),
+        ..Default::default()
+    }
+}
+
+/// Every NoSchedule taint, and the configuration's own tolerations.
+fn tolerations(spec: &SelfNodeRemediationConfigSpec) -> Vec<Toleration> {
+    let mut tolerations = vec![Toleration {
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }];
+    tolerations.extend(spec.custom_ds_tolerations.clone().unwrap_or_default());
+    tolerations
+}
+
+/// [`node_requirements`], as one term: its requirements are all ANDed.
+fn affinity(spec: &SelfNodeRemediationConfigSpec) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(node_requirements(spec)),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Where agents run: not on a node labelled exclude-from-remediation=true (as medik8s's
+/// DaemonSet): such a node is never remediated, so an agent there could only fence it on its own
+/// (an isolated agent resets its node), and a node in maintenance carries the label. The
+/// DaemonSet controller stops an agent when its node gets the label; the agent closes its
+/// watchdog only if no remediation of its node exists (`agent::shutdown`).
+fn node_requirements(spec: &SelfNodeRemediationConfigSpec) -> Vec<NodeSelectorRequirement> {
+    let excluded = NodeSelectorRequirement {
+        key: labels::EXCLUDE_FROM_REMEDIATION.into(),
+        operator: "NotIn".into(),
+        values: Some(vec!["true".into()]),
+    };
+    std::iter::once(excluded)
+        .chain(spec.custom_ds_node_selector_requirements.clone().unwrap_or_default())
+        .collect()
+}
+
+/// The agent's container: its command line, ports, requests, privileges and host paths.
+fn container(spec: &SelfNodeRemediationConfigSpec, install: &Install) -> Container {
+    Container {
+        name: "agent".into(),
+        image: Some(install.image.clone()),
+        // The agent-only executable of the image: a fraction of the all-in-one binary's memory.
+        command: Some(vec![AGENT_EXECUTABLE.into()]),
+        args: Some(args(spec, install)),
+        env: Some(vec![
+            env("MY_NODE_NAME", "spec.nodeName"),
+            env("MY_POD_IP", "status.podIP"),
+            env("DEPLOYMENT_NAMESPACE", "metadata.namespace"),
+        ]),
+        // On the node's network the container's ports are the node's: no hostPort mapping (the
+        // API server fills it in as equal, which is what it is).
+        ports: Some(ports(spec, install)),
+        resources: Some(resources()),
+        // Root and privileged: the agent opens /dev/watchdog (the image's default user is not
+        // root, for the controller). It writes only its state directory, a host path.
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            read_only_root_filesystem: Some(true),
+            ..Default::default()
+        }),
+        volume_mounts: Some(volume_mounts()),
+        ..Default::default()
+    }
+}
+
+/// The agent's flags: its watchdog, what the configuration says ([`agent_flags`]), and its
+/// metrics endpoint when there is one.
+fn args(spec: &SelfNodeRemediationConfigSpec, install: &Install) -> Vec<String> {
+    let mut args = vec![format!("--watchdog={}", spec.watchdog_file_path)];
+    args.extend(agent_flags(spec));
+    if let Some(port) = install.metrics_port {
+        args.extend([format!("--metrics-bind=0.0.0.0:{port}"), "--metrics-secure".into()]);
+    }
+    args
+}
+
+/// The peers' port, and the metrics port when there is one.
+fn ports(spec: &SelfNodeRemediationConfigSpec, install: &Install) -> Vec<ContainerPort> {
+    let peers = ContainerPort {
+        name: Some("peers".into()),
+        container_port: spec.host_port,
+        ..Default::default()
+    };
+    let metrics = install.metrics_port.map(|port| ContainerPort {
+        name: Some("metrics".into()),
+        container_port: i32::from(port),
+        ..Default::default()
+    });
+    std::iter::once(peers).chain(metrics).collect()
+}
+
+/// Requests only, measured (docs/defaults.md): at rest an agent uses about 4 mCPU and 12 MiB.
+/// No CPU limit: a throttled agent could miss its watchdog and reset a healthy node. No memory
+/// limit: an OOM kill would do the same; as a system-node-critical pod under its request it is
+/// the last the kubelet evicts and the OOM killer spares it.
+fn resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(AGENT_CPU_REQUEST.into())),
+            ("memory".to_owned(), Quantity(AGENT_MEMORY_REQUEST.into())),
+        ])),
+        limits: None,
+        ..Default::default()
+    }
+}
+
+/// The host paths the agent uses: its state, the node's devices and the node's kernel modules.
+fn volumes() -> Vec<Volume> {
+    let host_path = |name: &str, path: &str, type_: &str| Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some(type_.into()),
+        }),
+        ..Default::default()
+    };
+    vec![
+        host_path("state", STATE, "DirectoryOrCreate"),
+        // The node's devices, as medik8s's agent mounts them: a privileged container gets the
+        // device nodes the runtime copies, and this makes the watchdog the node has at
+        // watchdogFilePath the one the agent opens, whatever kind of file it is.
+        host_path("dev", "/dev", "Directory"),
+        // The node's kernel modules, read-only, for the agent's `modprobe softdog` on a node
+        // without a watchdog device (as medik8s's agent loads it).
+        host_path("modules", MODULES, "DirectoryOrCreate"),
+    ]
+}
+
+/// Where the container sees [`volumes`]: where the node has them.
+fn volume_mounts() -> Vec<VolumeMount> {
+    vec![
+        VolumeMount {
+            name: "state".into(),
+            mount_path: STATE.into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "dev".into(),
+            mount_path: "/dev".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "modules".into(),
+            mount_path: MODULES.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+    ]
 }
 
 #[cfg(test)]

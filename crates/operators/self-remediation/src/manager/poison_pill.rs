@@ -15,7 +15,6 @@ use nodemedic_api::{
     self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
 use nodemedic_kube::{CallContext, conditions, events::Events, finalizers};
-use serde_json::json;
 
 use crate::{
     Error, Result,
@@ -128,11 +127,7 @@ pub(super) async fn reconcile(ppr: Arc<PoisonPillRemediation>, ctx: Arc<Context>
                 if let Some(phase) = copied.phase.as_deref().filter(|p| before.phase.as_deref() != Some(*p)) {
                     ctx.events.normal(&on, "PhaseChanged", format!("phase {phase}")).await;
                 }
-                nodemedic_kube::status::write(&pprs, ppr.as_ref(), |s, _| {
-                    *s = copied;
-                    true
-                })
-                .await?;
+                nodemedic_kube::status::replace(&pprs, ppr.as_ref(), copied).await?;
             }
         }
     }
@@ -157,35 +152,34 @@ pub(super) async fn reconcile_config(config: Arc<PoisonPillConfig>, ctx: Arc<Con
             format!("applying PoisonPillConfig {POISON_PILL_CONFIG} to SelfNodeRemediationConfig {CONFIG_NAME}")
         })?;
     let api = Api::<PoisonPillConfig>::namespaced(ctx.client.clone(), &ctx.namespace);
-    let mut status = config.status.clone().unwrap_or_default();
-    let changed = conditions::set(
-        status.conditions.get_or_insert_with(Vec::new),
-        conditions::Desired {
-            type_: "Applied",
-            status: true,
-            reason: "AppliedToSelfNodeRemediationConfig",
-            message: format!(
-                "watchdogFilePath, safeTimeToAssumeNodeRebootedSeconds and isSoftwareRebootEnabled set on SelfNodeRemediationConfig {CONFIG_NAME}, which the agents read"
-            ),
-        },
-        config.metadata.generation,
-        &nodemedic_kube::time::now(),
-    );
-    if changed {
-        api.patch_status(
-            POISON_PILL_CONFIG,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
+    let written = nodemedic_kube::status::write(&api, config.as_ref(), |status, now| {
+        conditions::set(
+            status.conditions.get_or_insert_with(Vec::new),
+            conditions::Desired {
+                type_: "Applied",
+                status: true,
+                reason: "AppliedToSelfNodeRemediationConfig",
+                message: format!(
+                    "watchdogFilePath, safeTimeToAssumeNodeRebootedSeconds and isSoftwareRebootEnabled set on SelfNodeRemediationConfig {CONFIG_NAME}, which the agents read"
+                ),
+            },
+            config.metadata.generation,
+            now,
         )
-        .await
-        .with_context(|| format!("writing the status of PoisonPillConfig {POISON_PILL_CONFIG}"))?;
-        ctx.events
-            .normal(
-                &nodemedic_kube::events::reference(config.as_ref()),
-                "Applied",
-                format!("applied to SelfNodeRemediationConfig {CONFIG_NAME}"),
-            )
-            .await;
+    })
+    .await;
+    match written {
+        Ok(true) => {
+            ctx.events
+                .normal(
+                    &nodemedic_kube::events::reference(config.as_ref()),
+                    "Applied",
+                    format!("applied to SelfNodeRemediationConfig {CONFIG_NAME}"),
+                )
+                .await;
+        }
+        Ok(false) => {}
+        Err(error) => return nodemedic_kube::status::requeue_on_conflict(config.as_ref(), error),
     }
     Ok(Action::await_change())
 }

@@ -129,7 +129,7 @@ async fn handle(
         Err(why) => {
             tracing::warn!(csr = %name, %why, "denying a peer certificate request");
             let denial = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "reason": "NotTheRequestingNode", "message": why, "lastUpdateTime": now}]}});
-            api.patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&denial))
+            decide(&api, &name, &denial)
                 .await
                 .with_context(|| format!("denying CertificateSigningRequest {name}"))?;
             metrics.csr(false);
@@ -142,17 +142,14 @@ async fn handle(
     // Each write is conditional on the version this decision read: the watch also delivers the
     // versions our own writes left behind, and acting on one of those would issue a second
     // certificate over the first.
-    let mut version = csr.resource_version();
+    let mut current = csr.clone();
     if !approved {
         let approval = json!({
-            "metadata": {"resourceVersion": version},
+            "metadata": {"resourceVersion": csr.resource_version()},
             "status": {"conditions": [{"type": "Approved", "status": "True", "reason": "NodeVerified", "message": format!("requested by node {node} for itself"), "lastUpdateTime": now}]},
         });
-        match api
-            .patch_subresource("approval", &name, &PatchParams::default(), &Patch::Merge(&approval))
-            .await
-        {
-            Ok(updated) => version = updated.resource_version(),
+        match decide(&api, &name, &approval).await {
+            Ok(updated) => current = updated,
             Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
             Err(e) => {
                 let call = format!("approving CertificateSigningRequest {name}");
@@ -164,24 +161,34 @@ async fn handle(
     let cert = authority
         .sign_request(&request, &node, VALID_DAYS)
         .map_err(|e| crate::Error::Certificate(e.to_string()))?;
-    let status = json!({
-        "metadata": {"resourceVersion": version},
-        "status": {"certificate": ByteString(cert.into_bytes())},
-    });
-    match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-    {
+    let issued = nodemedic_kube::status::write_built_in(&api, &current, current.status.as_ref(), |status, _| {
+        status.certificate = Some(ByteString(cert.into_bytes()));
+        true
+    })
+    .await;
+    match issued {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-        Err(e) => {
-            let call = format!("writing the certificate of CertificateSigningRequest {name}");
-            return Err(nodemedic_kube::Error::call(call, e).into());
-        }
+        Err(e) if e.is_conflict() => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
     metrics.csr(true);
     tracing::info!(csr = %name, %node, "signed a peer certificate");
     Ok(())
+}
+
+/// Approves or denies a request: its Approved or Denied condition, which only the `approval`
+/// subresource takes (with the signer's `approve` permission), not `status`.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "a CSR's approval is written only through its approval subresource, which the status writer cannot reach"
+)]
+async fn decide(
+    api: &Api<CertificateSigningRequest>,
+    name: &str,
+    decision: &serde_json::Value,
+) -> kube::Result<CertificateSigningRequest> {
+    api.patch_subresource("approval", name, &PatchParams::default(), &Patch::Merge(decision))
+        .await
 }
 
 /// Signs requests as they come, until the process ends.

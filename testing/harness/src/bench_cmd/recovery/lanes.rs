@@ -188,6 +188,37 @@ pub(super) async fn start(path: Path, profile: Profile, detector: bool, lanes: &
     Ok(lab)
 }
 
+/// What [`start`] installs for `path`, `profile` and `detector`, in words for the report.
+pub(super) fn configuration(path: Path, profile: Profile, detector: bool) -> String {
+    let durations = if profile == Profile::Fast { "5 s" } else { "10 s" };
+    if detector {
+        return format!(
+            "fence agents (the seed's Redfish template); agents with the seed's SelfNodeRemediationConfig and the peer detector; \
+             the example health check on PeersReachable, Ready durations {durations}"
+        );
+    }
+    match path {
+        Path::SelfRemediation => {
+            let config = if profile == Profile::Fast {
+                "the lab's fast SelfNodeRemediationConfig"
+            } else {
+                "the seed's SelfNodeRemediationConfig"
+            };
+            format!("{config}; the seed's health check nhc-snr-3node, durations {durations}")
+        }
+        Path::FenceRedfish | Path::FenceIpmi => {
+            let template = if path == Path::FenceRedfish {
+                "the seed's Redfish template"
+            } else {
+                "an IPMI template"
+            };
+            format!(
+                "fence agents ({template}), no agents; the seed's health check nhc-far-3node, durations {durations}"
+            )
+        }
+    }
+}
+
 /// The lab's StatefulSet; a shared lane's copy is named after the lane and pinned to its nodes.
 async fn deploy_workloads(lab: &Lab, lanes: &[Lane]) -> anyhow::Result<()> {
     scenario::create_namespace(&lab.client(), "vm").await?;

@@ -67,10 +67,16 @@ struct Series {
     profile: Profile,
     /// The lab's nodes.
     nodes: usize,
+    /// The lab's node timings: how long each node's lease lasts, and how long a node is silent
+    /// before the node controller marks it Ready=Unknown.
+    node_lease_seconds: u32,
+    node_monitor_grace_seconds: f64,
+    /// What nodemedic ran with: its configuration and health check, in words.
+    configuration: String,
     /// Whether another strategy's series ran in the same lab at the same time.
     side_by_side: bool,
-    /// Whether the agents' peer failure detector ran, and the health check acted on its
-    /// condition.
+    /// Whether the agents' peer failure detector ran (read from the configuration the series
+    /// installed), and a health check acted on its condition.
     detector: bool,
     /// Self remediation: the safe time the manager used (seconds).
     safe_time: Option<f64>,
@@ -84,6 +90,14 @@ struct Series {
     variant: Option<Variant>,
     trials: Vec<Breakdown>,
     failures: Vec<String>,
+}
+
+/// What a series' lab ran nodemedic with, beyond its path, strategy and profile.
+pub(super) struct Setup {
+    /// The agents' peer failure detector on, and a health check acting on its condition.
+    pub detector: bool,
+    /// nodemedic's configuration and health check, in words, for the report.
+    pub configuration: String,
 }
 
 /// The chosen ones, each once and in their first order, or all when none is chosen.
@@ -127,9 +141,9 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Section> {
                         args.trials
                     };
                     println!("==> out of the box, {variant:?}: {trials} trials");
-                    let lab = out_of_the_box::start(variant).await?;
+                    let (lab, setup) = out_of_the_box::start(variant).await?;
                     let mut series =
-                        run_trials(&lab, variant.path(), &out_of_the_box::lane(), *profile, true, trials).await?;
+                        run_trials(&lab, variant.path(), &out_of_the_box::lane(), *profile, setup, trials).await?;
                     for s in &mut series {
                         s.variant = Some(variant);
                     }
@@ -207,14 +221,31 @@ fn markdown(all: &[Series]) -> String {
     let mut out = String::from(
         "## Time to safe recovery
 
-Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unknown about 10 s after a node goes silent). \
+Lab: a real control plane; each series' nodes (kwok or real), node timings and nodemedic's configuration are in the first table, as that series' lab ran them. \
          Profiles: *fast* = health-check durations 5 s and the lab's fast SelfNodeRemediationConfig; *seed* = the seed manifests' own (durations 10 s, the seed SelfNodeRemediationConfig); \
-         *defaults* = Kubernetes' default node-monitor timings (node leases 40 s, grace 50 s) and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable (detector: yes) and without (the baseline). \
+         *defaults* = Kubernetes' default node-monitor timings and the seed's durations, fence agents only, with the agents' peer failure detector and the example health check on PeersReachable and without (the baseline). \
          *OutOfTheBox* = the chart's default values exactly (its rendered default-check and configuration ConfigMaps; the controller creates the check and the configuration from them), Kubernetes' default timings, three worker nodes (labelled as OpenShift labels them, so that medik8s's check selects them too): \
-         self remediation alone, with a Redfish template added as the check's first escalation (`--set defaultHealthCheck.fenceAgentsTemplate.name=...`), and `--set medik8sDefaults=true` (medik8s's check and configuration, the baseline); *detector* is whatever the values turn on. \
-         With the detector, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
-         Seconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
-         On *real* nodes (a kubelet, containerd and real pods each; nodemedic installed by Helm from its images; the stateful stand-in a writer on the lab's CSI volumes; the default health check's durations 2 s) \
+         self remediation alone, with a Redfish template added as the check's first escalation (`--set defaultHealthCheck.fenceAgentsTemplate.name=...`), and `--set medik8sDefaults=true` (medik8s's check and configuration, the baseline). \
+         *detector*: whether the series' agents ran the peer failure detector (read from the configuration it installed) and a health check acted on PeersReachable; with it, *detection* ends at PeersReachable=False when that comes before NotReady.\n\n\
+         | nodes | path | strategy | profile | node lease (s) | Unknown after silence (s) | detector | nodemedic's configuration |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in all {
+        out.push_str(&format!(
+            "| {} {} | {:?} | {:?} | {} | {} | {:.0} | {} | {} |\n",
+            s.nodes,
+            if s.real_nodes { "real" } else { "kwok" },
+            s.path,
+            s.strategy,
+            profile_name(s),
+            s.node_lease_seconds,
+            s.node_monitor_grace_seconds,
+            if s.detector { "yes" } else { "no" },
+            s.configuration,
+        ));
+    }
+    out.push_str(
+        "\nSeconds per phase, p50 / p90 / p99 over the trials. *controlled*: from the remediation's creation to the pod Running elsewhere (the part nodemedic controls); *total*: crash to Running.\n\n\
+         On *real* nodes (a kubelet, containerd and real pods each; the stateful stand-in a writer on the lab's CSI volumes) \
          *first record* is the crash to the writer's first record on its new node, read from its volume.\n\n\
          | nodes | path | strategy | profile | detector | trials | detection | health check | fencing | deletion | rescheduling | controlled | total | first record |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -230,10 +261,7 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
             if s.real_nodes { "real" } else { "kwok" },
             s.path,
             s.strategy,
-            match s.variant {
-                Some(variant) => format!("OutOfTheBox ({variant:?})"),
-                None => format!("{:?}", s.profile),
-            },
+            profile_name(s),
             if s.detector { "yes" } else { "no" },
             s.trials.len(),
             if s.failures.is_empty() {
@@ -278,6 +306,14 @@ Lab: real control plane, kwok nodes, the lab's fast failure detection (Ready=Unk
         }
     }
     out
+}
+
+/// The series' profile, and its variant for the out-of-the-box profile.
+fn profile_name(s: &Series) -> String {
+    match s.variant {
+        Some(variant) => format!("OutOfTheBox ({variant:?})"),
+        None => format!("{:?}", s.profile),
+    }
 }
 
 /// Crash to Running with the peer failure detector on Kubernetes' default timings: the issue's
@@ -395,7 +431,11 @@ async fn series(
 ) -> anyhow::Result<Vec<Series>> {
     let lanes = Lane::for_strategies(strategies);
     let lab = lanes::start(path, profile, detector, &lanes).await?;
-    run_trials(&lab, path, &lanes, profile, detector, trials).await
+    let setup = Setup {
+        detector,
+        configuration: lanes::configuration(path, profile, detector),
+    };
+    run_trials(&lab, path, &lanes, profile, setup, trials).await
 }
 
 /// `trials` trials of `lanes` in a started lab.
@@ -404,9 +444,11 @@ async fn run_trials(
     path: Path,
     lanes: &[Lane],
     profile: Profile,
-    detector: bool,
+    setup: Setup,
     trials: usize,
 ) -> anyhow::Result<Vec<Series>> {
+    let detector = setup.detector;
+    let timings = &lab.config().timings;
     let mut out: Vec<Series> = lanes
         .iter()
         .map(|lane| Series {
@@ -414,10 +456,13 @@ async fn run_trials(
             strategy: lane.strategy,
             profile,
             nodes: lab.nodes().len(),
+            node_lease_seconds: timings.node_lease_seconds,
+            node_monitor_grace_seconds: timings.node_monitor_grace.as_secs_f64(),
+            configuration: setup.configuration.clone(),
             side_by_side: lanes.len() > 1,
             detector,
             safe_time: None,
-            real_nodes: false,
+            real_nodes: lab.config().nodes.iter().all(|n| n.real),
             first_record: Vec::new(),
             variant: None,
             trials: Vec::new(),

@@ -12,7 +12,7 @@ use nodemedic_harness::{
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, Timings};
 use serde_json::Value;
 
-use super::{Path, Strategy, lanes::Lane};
+use super::{Path, Setup, Strategy, lanes::Lane};
 
 /// A series of the profile: which path, and the chart values that make it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -37,6 +37,19 @@ impl Variant {
         }
     }
 
+    /// What the variant installs, in words for the report.
+    fn describe(self) -> &'static str {
+        match self {
+            Variant::SelfRemediation => "the chart's default values (`helm install` with nothing set)",
+            Variant::WithRedfish => {
+                "the chart's default values and a Redfish template (the seed's) as the default check's first escalation"
+            }
+            Variant::Medik8sDefaults => {
+                "the chart with `medik8sDefaults=true`: medik8s's health check (Ready False or Unknown for 300 s) and SelfNodeRemediationConfig"
+            }
+        }
+    }
+
     fn values(self) -> Vec<String> {
         match self {
             Variant::SelfRemediation => Vec::new(),
@@ -47,8 +60,10 @@ impl Variant {
 }
 
 /// A lab of three workers on Kubernetes' default timings with nodemedic installed from the
-/// chart's defaults (`variant`'s values), the StatefulSet running and the agents settled.
-pub(super) async fn start(variant: Variant) -> anyhow::Result<Lab> {
+/// chart's defaults (`variant`'s values), the StatefulSet running and the agents settled; and
+/// what it runs: the detector is on when the configuration the controller created from the
+/// values has it (the chart's defaults do, medik8s's do not).
+pub(super) async fn start(variant: Variant) -> anyhow::Result<(Lab, Setup)> {
     let exe = nodemedic_harness::product::nodemedic()?;
     // Workers labelled as OpenShift labels them, so medik8s's check (workers by that label)
     // watches them too; the chart's `workers` selector then picks the label.
@@ -66,10 +81,23 @@ pub(super) async fn start(variant: Variant) -> anyhow::Result<Lab> {
             m["metadata"]["name"] = Value::from(TEMPLATE);
         })?;
     }
-    chart_defaults::install(&lab, &exe, &variant.values(), scenario::free_port()?).await?;
+    let config = chart_defaults::install(&lab, &exe, &variant.values(), scenario::free_port()?).await?;
     scenario::deploy_workload(&lab).await?;
     scenario::agents_settled(&lab).await?;
-    Ok(lab)
+    let setup = Setup {
+        detector: config.spec.peer_detection.is_some(),
+        configuration: format!(
+            "{}; apiCheckInterval {}, peer detector {}",
+            variant.describe(),
+            config.spec.api_check_interval,
+            if config.spec.peer_detection.is_some() {
+                "on"
+            } else {
+                "off"
+            }
+        ),
+    };
+    Ok((lab, setup))
 }
 
 /// The lane of a series: the one StatefulSet, the chart's template strategy (Automatic, which

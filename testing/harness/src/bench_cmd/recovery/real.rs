@@ -34,6 +34,23 @@ async fn start(path: Path) -> anyhow::Result<(Lab, String, DataWitness)> {
     Ok((lab, node, witness))
 }
 
+/// What [`start`] installs for `path`, in words for the report.
+fn configuration(path: Path) -> String {
+    let common = "nodemedic installed by Helm from its images, the lab's fast SelfNodeRemediationConfig";
+    if path == Path::FenceRedfish {
+        format!(
+            "{common} and the peer detector, the default health check off; fence agents (the seed's Redfish template), \
+             the example health check on PeersReachable, durations {}",
+            scenario::TEST_CONDITION_DURATION
+        )
+    } else {
+        format!(
+            "{common}, the default health check's durations {}",
+            scenario::TEST_CONDITION_DURATION
+        )
+    }
+}
+
 /// One series of `trials` crashes on real nodes.
 pub(super) async fn series(path: Path, trials: usize) -> anyhow::Result<Series> {
     let (lab, mut node, mut witness) = start(path).await?;
@@ -42,6 +59,9 @@ pub(super) async fn series(path: Path, trials: usize) -> anyhow::Result<Series> 
         strategy: Strategy::OutOfServiceTaint,
         profile: Profile::Fast,
         nodes: lab.nodes().len(),
+        node_lease_seconds: lab.config().timings.node_lease_seconds,
+        node_monitor_grace_seconds: lab.config().timings.node_monitor_grace.as_secs_f64(),
+        configuration: configuration(path),
         side_by_side: false,
         detector: path == Path::FenceRedfish,
         safe_time: None,

@@ -108,6 +108,10 @@ struct State {
 }
 
 impl State {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the plan's rules as one table, an arm per action with its guard, and one error for every step that fits none"
+    )]
     fn apply(&mut self, plan: &TrialPlan, step: &Step) -> Result<(), String> {
         let n = plan.shape.nodes;
         let nodes = &mut self.nodes;

@@ -23,69 +23,30 @@ use super::{
 use crate::{
     Result,
     decide::{
-        fencing::{Decision, Step},
+        fencing::{Decision, FailureReason, Step},
         parameters::{self, Action as FenceAction},
     },
 };
 
+/// Carries out `decision`, each kind by its own function below.
 pub(super) async fn perform<'a>(
     decision: Decision,
     seen: &'a Observed,
     api: &'a Api<FenceAgentsRemediation>,
     ctx: &'a Context,
 ) -> Result<Outcome<'a, Context>> {
-    let node = seen.node.as_str();
-    let nodes = Api::<Node>::all(ctx.client.clone());
     Ok(match decision {
         Decision::Idle => Outcome::await_change(),
         Decision::WaitForSecret(why) => wait_for_secret(why, seen),
         Decision::AwaitRun => Outcome::requeue(Duration::from_secs(10)),
         Decision::Cleanup => cleanup(seen, api, ctx).await?,
-        Decision::AddFinalizer => {
-            let updated = nodemedic_kube::finalizers::add(api, &seen.current, finalizers::FAR).await?;
-            let why = format!("fencing node {node}");
-            Outcome::again()
-                .status_of(updated, move |s, now| {
-                    set_step(s, now, Step::PoweringOff, "RemediationStarted", &why)
-                })
-                .event(Note::normal(
-                    "RemediationStarted",
-                    format!("fencing node {node} with {}", seen.current.spec.agent),
-                ))
-        }
-        Decision::AddRemediationTaint => {
-            taints::add(&nodes, node, &taints::taint(keys::FAR_KEY, None, "NoSchedule")).await?;
-            Outcome::again().event(Note::normal(
-                "AddRemediationTaint",
-                format!("tainted {node} {}:NoSchedule", keys::FAR_KEY),
-            ))
-        }
+        Decision::AddFinalizer => add_finalizer(seen, api).await?,
+        Decision::AddRemediationTaint => add_remediation_taint(seen, ctx).await?,
         Decision::Run(step) => run(step, seen, api, ctx),
         Decision::Advance(next) => advance(next, seen, ctx),
-        Decision::AddOutOfServiceTaint => {
-            let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
-            taints::add(&nodes, node, &taint).await?;
-            Outcome::again().event(Note::normal(
-                "AddOutOfServiceTaint",
-                format!("tainted {node} out-of-service: it is powered off"),
-            ))
-        }
+        Decision::AddOutOfServiceTaint => add_out_of_service_taint(seen, ctx).await?,
         Decision::DeleteWorkloads => delete_workloads(seen, ctx).await?,
-        Decision::Fail { reason, message } => {
-            let step = seen.facts.step;
-            let name = seen.current.name_any();
-            let note = Note::warning(reason.as_str(), message.clone());
-            let logged = message.clone();
-            Outcome::again()
-                .status(move |s, now| set_failed(s, now, step, reason.as_str(), &message))
-                .then(async move {
-                    ctx.runs.cancel(&seen.uid);
-                    tracing::warn!(remediation = %name, node, reason = reason.as_str(), message = %logged, "fence agents remediation failed");
-                    ctx.metrics.finished(reason.as_str());
-                    Ok(())
-                })
-                .event(note)
-        }
+        Decision::Fail { reason, message } => fail(reason, message, seen, ctx),
     })
 }
 
@@ -143,6 +104,33 @@ async fn cleanup<'a>(
         outcome = outcome.event(Note::normal("RemoveFinalizer", "removed the finalizer"));
     }
     Ok(outcome)
+}
+
+/// Takes the remediation on (its finalizer lets it go only once what it did to the node is undone,
+/// [`cleanup`]) and starts powering the node off.
+async fn add_finalizer<'a>(seen: &Observed, api: &Api<FenceAgentsRemediation>) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
+    let updated = nodemedic_kube::finalizers::add(api, &seen.current, finalizers::FAR).await?;
+    let why = format!("fencing node {node}");
+    Ok(Outcome::again()
+        .status_of(updated, move |s, now| {
+            set_step(s, now, Step::PoweringOff, "RemediationStarted", &why)
+        })
+        .event(Note::normal(
+            "RemediationStarted",
+            format!("fencing node {node} with {}", seen.current.spec.agent),
+        )))
+}
+
+/// Keeps new pods off the node while it is fenced.
+async fn add_remediation_taint<'a>(seen: &Observed, ctx: &Context) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    taints::add(&nodes, node, &taints::taint(keys::FAR_KEY, None, "NoSchedule")).await?;
+    Ok(Outcome::again().event(Note::normal(
+        "AddRemediationTaint",
+        format!("tainted {node} {}:NoSchedule", keys::FAR_KEY),
+    )))
 }
 
 /// Starts the agent run for `step` in the background; its result comes back as an observation.
@@ -219,6 +207,18 @@ fn advance<'a>(next: Step, seen: &'a Observed, ctx: &'a Context) -> Outcome<'a, 
         .event(note)
 }
 
+/// Tells Kubernetes the powered-off node is out of service, so its workloads are released.
+async fn add_out_of_service_taint<'a>(seen: &Observed, ctx: &Context) -> Result<Outcome<'a, Context>> {
+    let node = seen.node.as_str();
+    let nodes = Api::<Node>::all(ctx.client.clone());
+    let taint = taints::taint(keys::OUT_OF_SERVICE_KEY, Some(keys::OUT_OF_SERVICE_VALUE), "NoExecute");
+    taints::add(&nodes, node, &taint).await?;
+    Ok(Outcome::again().event(Note::normal(
+        "AddOutOfServiceTaint",
+        format!("tainted {node} out-of-service: it is powered off"),
+    )))
+}
+
 /// Releases the powered-off node's workloads: its pods, and with ResourceDeletion its volume
 /// attachments.
 async fn delete_workloads<'a>(seen: &Observed, ctx: &'a Context) -> Result<Outcome<'a, Context>> {
@@ -244,6 +244,24 @@ async fn delete_workloads<'a>(seen: &Observed, ctx: &'a Context) -> Result<Outco
         )));
     }
     Ok(outcome)
+}
+
+/// Says the remediation failed, and why; its run is forgotten once that is written.
+fn fail<'a>(reason: FailureReason, message: String, seen: &'a Observed, ctx: &'a Context) -> Outcome<'a, Context> {
+    let node = seen.node.as_str();
+    let step = seen.facts.step;
+    let name = seen.current.name_any();
+    let note = Note::warning(reason.as_str(), message.clone());
+    let logged = message.clone();
+    Outcome::again()
+        .status(move |s, now| set_failed(s, now, step, reason.as_str(), &message))
+        .then(async move {
+            ctx.runs.cancel(&seen.uid);
+            tracing::warn!(remediation = %name, node, reason = reason.as_str(), message = %logged, "fence agents remediation failed");
+            ctx.metrics.finished(reason.as_str());
+            Ok(())
+        })
+        .event(note)
 }
 
 fn advance_reason(next: Step, node: &str, action: FenceAction) -> (&'static str, String) {
