@@ -107,14 +107,16 @@ network_policies() (
   cp -r "$source/." "$work/" && chmod -R u+w "$work"
   cd "$work"
   git apply "$patch"
-  go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$policies.partial" ./cmd
+  # -mod=readonly: the module's own go.mod and go.sum pin every dependency (the patch imports
+  # only packages of modules it already requires).
+  GOFLAGS=-mod=readonly go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$policies.partial" ./cmd
   mv "$policies.partial" "$policies"
 )
 patch=$root/testing/lab/node-patches/kube-network-policies.patch
 policies=$out/kube-network-policies-v$KUBE_NETWORK_POLICIES_VERSION
 patched=$(sha256sum <"$patch" | cut -c1-16)
 if [ "$(cat "$policies.patch-digest" 2>/dev/null)" != "$patched" ] || [ ! -x "$policies" ]; then
-  log "building kube-network-policies v$KUBE_NETWORK_POLICIES_VERSION (first time only, ~2 CPU-min)"
+  log "building kube-network-policies v$KUBE_NETWORK_POLICIES_VERSION (its version or patch changed; ~2 CPU-min)"
   network_policies
   echo "$patched" >"$policies.patch-digest"
 fi
