@@ -146,7 +146,7 @@ impl Resources {
             let _ = std::fs::write(self.dir.join("torn-down"), "");
             eprintln!("lab logs kept in {}", self.dir.join("logs").display());
         } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            crate::lock::remove_in_background(&self.dir);
         }
     }
 }
