@@ -6,7 +6,11 @@
 #   pause.oci.tar, writer.oci.tar              the pod sandbox and the stateful workload's images,
 #                                              from testing/lab/node-images (nothing can be pulled)
 #   csi-registrar                              the lab CSI driver's registrar (testing/lab/node-images)
-# Idempotent: nothing is built when every binary answers and the images match their sources.
+#   kube-network-policies-v<version>           NetworkPolicies on real nodes, for the labs that ask
+#                                              (sigs.k8s.io/kube-network-policies, patched: see
+#                                              testing/lab/node-patches)
+# Idempotent: nothing is built when every binary answers and the images (and the patched
+# kube-network-policies) match their sources.
 # Prints the directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -91,5 +95,35 @@ if [ "$(cat "$out/sources.digest" 2>/dev/null)" != "$digest" ] || [ ! -x "$out/c
   registrar
   echo "$digest" >"$out/sources.digest"
 fi
+# kube-network-policies from its module's source with the lab's patch: this kernel has no
+# nftables `queue` expression (CONFIG_NFT_QUEUE), so it queues through x_tables' NFQUEUE target
+# (nft_compat); and it takes a kubeconfig (it runs as a node's process, not a pod).
+network_policies() (
+  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  local module=sigs.k8s.io/kube-network-policies@v$KUBE_NETWORK_POLICIES_VERSION
+  local source
+  source=$(go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$source" ] || { log "ERROR: go mod download $module found no source"; exit 1; }
+  cp -r "$source/." "$work/" && chmod -R u+w "$work"
+  cd "$work"
+  git apply "$patch"
+  # -mod=readonly: the module's own go.mod and go.sum pin every dependency (the patch imports
+  # only packages of modules it already requires).
+  GOFLAGS=-mod=readonly go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$policies.partial" ./cmd
+  mv "$policies.partial" "$policies"
+)
+patch=$root/testing/lab/node-patches/kube-network-policies.patch
+policies=$out/kube-network-policies-v$KUBE_NETWORK_POLICIES_VERSION
+patched=$(sha256sum <"$patch" | cut -c1-16)
+if [ "$(cat "$policies.patch-digest" 2>/dev/null)" != "$patched" ] || [ ! -x "$policies" ]; then
+  log "building kube-network-policies v$KUBE_NETWORK_POLICIES_VERSION (its version or patch changed; ~2 CPU-min)"
+  network_policies
+  echo "$patched" >"$policies.patch-digest"
+fi
+case $("$policies" --help 2>&1) in
+  *-kubeconfig*) ;;
+  *) log "ERROR: $policies does not run, or lacks the lab's patch"; exit 1 ;;
+esac
+
 "$out/containerd" --version >&2
 echo "$out"

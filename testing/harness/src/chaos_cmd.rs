@@ -188,6 +188,7 @@ fn write_report(
     std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
     let md_path = args.out.join(format!("chaos-{stamp}.md"));
     let mut md = markdown(args.seed, args.plan_version, ran_on, results);
+    md.push_str(FALSE_FENCES);
     if args.real_nodes {
         md.push_str(
             "\nOn real nodes: a kubelet, containerd and real pods each; nodemedic installed by `helm install` from its images; the workload the writer StatefulSet, whose volume the data witness also reads after every trial (two writers, a synced record lost, a sequence skipped).\n",
@@ -212,6 +213,18 @@ fn write_report(
     std::fs::write(&md_path, &md)?;
     Ok((json_path, md_path))
 }
+
+/// How the false-fence check judges, in every report (`chaos::verdict::fences` has the why).
+const FALSE_FENCES: &str = "\nA fence (a watchdog reset, a node's own sysrq reboot, a BMC power-off) counts as false unless \
+(1) its self-remediation licence could have run out: the node cut off from the API server and from a majority of its peers \
+(partitioned with a minority; or the API server or etcd away with too few peers up, an agent started meanwhile counting none) \
+for at least L + W - R - F - 50 ms before the reset and the reset no later than R after the cut-off ended, where L is the licence, \
+W the watchdog timeout, F its feed interval and R the longest between two renewals of a live agent, all from the trial's \
+SelfNodeRemediationConfig; or frozen since W - F before; or booted W before and cut off since; or (2) a remediation of it was in \
+flight (or removed shortly before) that came from an outage a health check could have seen: the node disconnected at least as \
+long as the trial's quickest detection, the remediation created after that and within 10 s of its return, or escalating one \
+that did. Every \
+bound is widened by 1 s. A violation names the cut-off it found and the bound.\n";
 
 fn markdown(seed: u64, plan_version: u32, (machine, source): (&str, &Source), results: &[TrialResult]) -> String {
     let faults = summary::counts(results.iter().map(|r| &r.plan));

@@ -65,9 +65,21 @@ pub fn values(patch: &str, without_default_check: bool) -> Result<Vec<String>> {
 pub async fn helm_install(lab: &Lab, values: &[String]) -> Result<()> {
     lab.wait_node_images(INSTALLED).await?;
     scenario::create_namespace(&lab.client(), NS).await?;
+    helm(lab, &["install"], values)?;
+    installed(lab).await
+}
+
+/// `helm upgrade --reuse-values` of the release [`helm_install`] installed, with `values` on top.
+pub fn helm_upgrade(lab: &Lab, values: &[String]) -> Result<()> {
+    helm(lab, &["upgrade", "--reuse-values"], values)
+}
+
+fn helm(lab: &Lab, verb: &[&str], values: &[String]) -> Result<()> {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/nodemedic");
+    let command = format!("helm {}", verb.join(" "));
     let mut helm = Command::new(tools_dir().join("helm"));
-    helm.args(["install", "nodemedic"])
+    helm.args(verb)
+        .arg("nodemedic")
         .arg(&chart)
         .args(["--namespace", NS, "--kubeconfig"])
         .arg(lab.kubeconfig());
@@ -75,12 +87,12 @@ pub async fn helm_install(lab: &Lab, values: &[String]) -> Result<()> {
         helm.args(["--set-json", value]);
     }
     let out = helm.output().map_err(|e| Error::Command {
-        command: "helm install".into(),
+        command: command.clone(),
         detail: e.to_string(),
     })?;
     if !out.status.success() {
         return Err(Error::Command {
-            command: "helm install".into(),
+            command,
             detail: format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -88,7 +100,7 @@ pub async fn helm_install(lab: &Lab, values: &[String]) -> Result<()> {
             ),
         });
     }
-    installed(lab).await
+    Ok(())
 }
 
 async fn installed(lab: &Lab) -> Result<()> {

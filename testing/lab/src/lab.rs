@@ -146,7 +146,7 @@ impl Resources {
             let _ = std::fs::write(self.dir.join("torn-down"), "");
             eprintln!("lab logs kept in {}", self.dir.join("logs").display());
         } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            crate::lock::remove_in_background(&self.dir);
         }
     }
 }
@@ -228,7 +228,7 @@ impl Lab {
         }
         let node_bins = if config.nodes.iter().any(|n| n.real) {
             real_node::refuse_unsafe_host()?;
-            Some(NodeBinaries::locate()?)
+            Some(NodeBinaries::locate(config.network_policies)?)
         } else {
             None
         };
@@ -366,6 +366,9 @@ impl Lab {
         real_node::route_pods(&net, &real, &real)?;
         if !real.is_empty() {
             real_node::publish_api_endpoint(&client, net.host_ip(), API_PORT).await?;
+            if config.network_policies {
+                real_node::network_policies::authorize(&client).await?;
+            }
         }
 
         if config.fleet > 0 {

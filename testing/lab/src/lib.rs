@@ -164,6 +164,10 @@ pub struct LabConfig {
     /// The Pod Security level (`baseline`, `restricted`) the API server enforces in namespaces
     /// that have no level of their own, as a hardened cluster's admission configuration does.
     pub pod_security: Option<&'static str>,
+    /// Real nodes enforce NetworkPolicies: kube-network-policies (kubernetes-sigs' reference
+    /// implementation, built by scripts/build-node.sh) runs beside each one's kube-proxy. The
+    /// bridge CNI plugin alone enforces none. See docs/real-nodes.md for what it costs.
+    pub network_policies: bool,
 }
 
 impl LabConfig {
@@ -178,6 +182,7 @@ impl LabConfig {
             alone: false,
             node_images: Vec::new(),
             pod_security: None,
+            network_policies: false,
         }
     }
 
@@ -193,6 +198,7 @@ impl LabConfig {
             alone: false,
             node_images: Vec::new(),
             pod_security: None,
+            network_policies: false,
         }
     }
 

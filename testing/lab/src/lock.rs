@@ -12,7 +12,13 @@
 //! held briefly, covers the sweep and the choice of a lab's network, which two labs starting at
 //! once must not make together.
 
-use std::{fs::File, path::PathBuf, time::Duration};
+use std::{
+    fs::File,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -20,6 +26,70 @@ use crate::{Result, cmd, error::io, process};
 
 pub(crate) fn labs_root() -> PathBuf {
     PathBuf::from("/tmp/nodemedic-labs")
+}
+
+/// Where finished labs' directories are removed, beside the labs' own (one filesystem, so moving
+/// one there is a rename).
+fn removal_root() -> PathBuf {
+    PathBuf::from("/tmp/nodemedic-labs-removing")
+}
+
+/// A remover that has not finished after this long was killed with its test run: the sweep
+/// finishes its work.
+const REMOVAL_GRACE: Duration = Duration::from_secs(600);
+
+/// Removes a finished lab's directory without waiting for it: moved out of the labs' root at
+/// once, then removed by a process of its own. A real-node lab's directory holds every node's
+/// unpacked images, gigabytes of small files: on a busy disk removing them took minutes, which
+/// the test's process spent after its verdict, its lane waiting. Removed in place if it cannot
+/// be moved or the remover cannot start.
+pub(crate) fn remove_in_background(dir: &Path) {
+    let Some(name) = dir.file_name() else {
+        return;
+    };
+    // Named with when it was moved (a rename keeps the directory's own times), for the sweep.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut moved = removal_root().join(name);
+    moved.as_mut_os_string().push(format!("-{}-{now}", std::process::id()));
+    if std::fs::create_dir_all(removal_root()).is_err() || std::fs::rename(dir, &moved).is_err() {
+        let _ = std::fs::remove_dir_all(dir);
+        return;
+    }
+    // Its own process group: a test run's Ctrl-C or a lane's kill does not stop it midway.
+    let remover = Command::new("rm")
+        .args(["-rf", "--one-file-system", "--"])
+        .arg(&moved)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    if remover.is_err() {
+        let _ = std::fs::remove_dir_all(&moved);
+    }
+}
+
+/// Finishes the removals whose remover died (see [`remove_in_background`]).
+fn sweep_removals() {
+    for entry in std::fs::read_dir(removal_root()).into_iter().flatten().flatten() {
+        let moved_at = entry
+            .file_name()
+            .to_string_lossy()
+            .rsplit('-')
+            .next()
+            .and_then(|secs| secs.parse::<u64>().ok())
+            .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs));
+        // A name it cannot read is not one of its own: stale at once.
+        let stale = moved_at
+            .and_then(|at| at.elapsed().ok())
+            .is_none_or(|age| age > REMOVAL_GRACE);
+        if stale {
+            crate::watchdog_device::unmount_under(&entry.path());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// At most this many short-timings labs run at once, however many cores the machine has: each
@@ -167,6 +237,7 @@ fn alive(pid: i32) -> bool {
 /// Runs under the [`SetupLock`], under which every lab records its owner before anything else,
 /// so no live lab is touched.
 pub(crate) fn sweep() {
+    sweep_removals();
     let Ok(entries) = std::fs::read_dir(labs_root()) else {
         return;
     };

@@ -75,6 +75,7 @@ async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
             "--set=metrics.agentPort=9448",
             "--set=networkPolicy.enabled=true",
             "--set=networkPolicy.bmcCidrs={10.1.0.0/16}",
+            "--set=networkPolicy.nodeCidrs={10.0.0.0/24}",
             "--set=descheduler.prometheus.url=http://prometheus.monitoring.svc:9090",
             "--set=serviceMonitor.prometheusServiceAccount.name=prometheus-k8s",
             "--set=serviceMonitor.prometheusServiceAccount.namespace=monitoring",

@@ -24,6 +24,7 @@ mod machine_layer;
 mod machines;
 mod maintenance;
 mod membership;
+mod network_policy;
 mod on_real_nodes;
 mod out_of_the_box;
 mod outages;

@@ -14,6 +14,7 @@ use nodemedic_lab::{BmcOptions, Lab, LabConfig, data_witness::DataWitness};
 use crate::{
     doctor,
     fenceagents::{adapt_template, bmc_power, far},
+    network_policy,
     selfremediation::snr,
     support::{NS, apply_seed, eventually, lab, scenario},
 };
@@ -100,14 +101,17 @@ where
 
 /// Installed as a hardened cluster's user installs it: the API server enforces the baseline Pod
 /// Security level in every namespace without a level of its own, nodemedic's namespace included
-/// (created unlabelled, as `helm install --create-namespace` creates it).
+/// (created unlabelled, as `helm install --create-namespace` creates it), and the nodes enforce
+/// NetworkPolicies: the chart's lets through what it allows and nothing else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_installs_nodemedic_from_its_images_under_baseline_pod_security_and_every_hardened_agent_arms_its_watchdog()
  {
     let mut config = real_config();
     config.pod_security = Some("baseline");
+    config.network_policies = true;
     let lab = lab(config).await;
     helm_install(&lab, &[]).await;
+    network_policy::start_clients(&lab).await;
     hardened(&lab).await;
     metrics_only_for_authorized_scrapers(&lab).await;
     // Each agent found its node, its peers and its certificates, and opened the node's
@@ -121,6 +125,7 @@ async fn helm_installs_nodemedic_from_its_images_under_baseline_pod_security_and
         })
         .await;
     }
+    network_policy::check(&lab).await;
 }
 
 /// The controller labelled its namespace for the privileged agents, whose pods run with a

@@ -93,7 +93,15 @@ import $BOOT_IMAGES || fail "cannot import the lab's images"
 # shellcheck disable=SC2086
 import $IMAGES &
 
-# Supervised as a machine's init would: each restarts when it exits.
+# Supervised as a machine's init would: each restarts when it exits. kube-network-policies only
+# when the lab enforces NetworkPolicies (LabConfig::network_policies).
+if [ -n "${NETWORK_POLICIES:-}" ]; then
+  (while :; do
+    # shellcheck disable=SC2086 # one argument per word
+    "$NETWORK_POLICIES" $NETWORK_POLICIES_ARGS >>"$LOGS/${NODE}_network-policies.log" 2>&1 || true
+    sleep 1
+  done) &
+fi
 (while :; do
   kube-proxy --config "$KUBE_PROXY_CONFIG" >>"$LOGS/${NODE}_kube-proxy.log" 2>&1 || true
   sleep 1

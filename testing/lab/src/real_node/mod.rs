@@ -10,6 +10,7 @@
 pub(crate) mod cgroup;
 mod config;
 pub(crate) mod csi;
+pub(crate) mod network_policies;
 
 use std::{
     net::Ipv4Addr,
@@ -149,6 +150,8 @@ pub(crate) struct NodeBinaries {
     bin: PathBuf,
     runc: PathBuf,
     images: Vec<PathBuf>,
+    /// kube-network-policies, when the lab enforces NetworkPolicies.
+    network_policies: Option<PathBuf>,
 }
 
 /// Where scripts/build-node.sh puts containerd, the CNI plugins and the node images.
@@ -166,12 +169,13 @@ impl NodeBinaries {
         self.bin.join("csi-registrar")
     }
 
-    /// Finds everything, or says what is missing and how to build it.
-    pub(crate) fn locate() -> Result<Self> {
-        Self::locate_in(node_dir(), &binaries::build_dir())
+    /// Finds everything (kube-network-policies too when `network_policies`), or says what is
+    /// missing and how to build it.
+    pub(crate) fn locate(network_policies: bool) -> Result<Self> {
+        Self::locate_in(node_dir(), &binaries::build_dir(), network_policies)
     }
 
-    fn locate_in(bin: PathBuf, control_plane: &Path) -> Result<Self> {
+    fn locate_in(bin: PathBuf, control_plane: &Path, network_policies: bool) -> Result<Self> {
         let missing = |what: &str, looked: &Path| Error::MissingNodePart {
             what: what.into(),
             looked: looked.display().to_string(),
@@ -199,12 +203,21 @@ impl NodeBinaries {
             return Err(missing("the pause and writer images", absent));
         }
         let runc = binaries::tool("runc").map_err(|_| missing("runc (Debian's package)", Path::new("/usr/sbin")))?;
+        let network_policies = network_policies
+            .then(|| {
+                let path = network_policies::executable(&bin);
+                binaries::is_executable(&path)
+                    .then_some(path)
+                    .ok_or_else(|| missing("kube-network-policies", &bin))
+            })
+            .transpose()?;
         Ok(Self {
             kubelet: executable(control_plane, "kubelet")?,
             kube_proxy: executable(control_plane, "kube-proxy")?,
             bin,
             runc,
             images: images.to_vec(),
+            network_policies,
         })
     }
 }
@@ -259,6 +272,9 @@ impl RealNode<'_> {
         write("cni/net.d/10-lab.conflist", config::cni(&self.pod_cidr))?;
         for (entry, value) in config::KERNEL_TUNABLES {
             write(&format!("sysctl/{entry}"), format!("{value}\n"))?;
+        }
+        if bins.network_policies.is_some() {
+            network_policies::credentials(self, pki)?;
         }
         Ok(())
     }
@@ -330,6 +346,14 @@ impl RealNode<'_> {
         .env("CONTAINERD_CONFIG", dir.join("containerd.toml").display().to_string())
         .env("KUBE_PROXY_CONFIG", dir.join("kube-proxy.yaml").display().to_string())
         .env("KUBELET_ARGS", kubelet_args)
+        .env(
+            "NETWORK_POLICIES",
+            bins.network_policies
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        )
+        .env("NETWORK_POLICIES_ARGS", network_policies::args(self))
         .env(
             "PATH",
             format!(
@@ -472,7 +496,7 @@ mod tests {
     #[test]
     fn a_missing_part_is_named_with_the_script_that_builds_it() {
         let empty = tempfile::tempdir().expect("tempdir");
-        let missing = NodeBinaries::locate_in(empty.path().to_owned(), empty.path()).expect_err("nothing built");
+        let missing = NodeBinaries::locate_in(empty.path().to_owned(), empty.path(), false).expect_err("nothing built");
         let said = missing.to_string();
         assert!(
             said.contains("containerd") && said.contains("scripts/setup.sh later"),

@@ -59,6 +59,24 @@ async fn a_dropped_lab_removes_every_process_namespace_bridge_and_file() {
     drop(lab);
     assert_eq!(leftovers(&id), Vec::<String>::new());
     assert!(!std::path::Path::new(&format!("/tmp/nodemedic-labs/{id}")).exists());
+    // Its directory is removed by a process of its own, after the lab is gone.
+    nodemedic_lab::wait::until(
+        "the lab's directory removed",
+        std::time::Duration::from_secs(120),
+        || {
+            let id = id.clone();
+            async move {
+                let removing = std::fs::read_dir("/tmp/nodemedic-labs-removing")
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(&format!("{id}-")));
+                Ok((!removing).then_some(()))
+            }
+        },
+    )
+    .await
+    .expect("the remover finishes");
 }
 
 #[test]

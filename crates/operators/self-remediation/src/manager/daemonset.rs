@@ -31,7 +31,7 @@ fn duration(field: &str, value: &nodemedic_api::GoDuration) -> Result<std::time:
 }
 
 /// The licence settings a configuration gives its agents.
-pub(crate) fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceSettings> {
+pub fn licence_settings(spec: &SelfNodeRemediationConfigSpec) -> Result<LicenceSettings> {
     Ok(LicenceSettings {
         api_check_interval: duration("apiCheckInterval", &spec.api_check_interval)?,
         api_server_timeout: duration("apiServerTimeout", &spec.api_server_timeout)?,

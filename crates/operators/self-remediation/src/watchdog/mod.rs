@@ -307,7 +307,7 @@ pub fn open(settings: &Settings) -> Fencing {
 }
 
 /// How often to feed: a third of the timeout (as medik8s), at most once a second.
-pub(crate) fn feed_interval(timeout: Duration) -> Duration {
+pub fn feed_interval(timeout: Duration) -> Duration {
     (timeout / 3)
         .min(Duration::from_secs(1))
         .max(Duration::from_millis(100))

@@ -95,6 +95,10 @@ pub(super) async fn act(ctx: &Ctx<'_>, action: &Action, faults: &mut Faults) -> 
             if !c.powered || c.frozen {
                 return Ok(format!("skipped restarting {n}/agent: the node is off or frozen"));
             }
+            lab.timeline().record(Event::Fault {
+                node: Some(n.clone()),
+                fault: verdict::AGENT_RESTART.to_owned(),
+            });
             if ctx.real_nodes {
                 delete_pods(
                     lab,
@@ -146,15 +150,15 @@ fn announce_upgrade(lab: &Lab, announced: bool) -> anyhow::Result<String> {
 }
 
 /// Injects a lab fault, with what a campaign adds: a node already powered on (fenced and
-/// rebooted) or thawed (power-cycled) is left as it is, and the control plane's start waits
-/// longer than the lab does (see [`start_control_plane`]).
+/// rebooted) or thawed (power-cycled) is left as it is, and the control plane's start (or etcd's
+/// restart) waits longer than the lab does (see [`start_control_plane`]).
 async fn inject(lab: &Lab, fault: &Fault, faults: &mut Faults) -> anyhow::Result<String> {
     let line = match fault {
         Fault::PowerOn { node } if lab.condition(node)?.powered => {
             format!("{node} already powered on (fenced and rebooted)")
         }
         Fault::Thaw { node } if !lab.condition(node)?.frozen => format!("{node} already thawed (power-cycled)"),
-        Fault::StartApiserver | Fault::StartEtcd => start_control_plane(lab, fault).await?,
+        Fault::StartApiserver | Fault::StartEtcd | Fault::RestartEtcd => start_control_plane(lab, fault).await?,
         _ => {
             lab.inject(fault).await?;
             fault.to_string()
@@ -164,8 +168,9 @@ async fn inject(lab: &Lab, fault: &Fault, faults: &mut Faults) -> anyhow::Result
     Ok(line)
 }
 
-/// Starts etcd or the API server again (`fault`: start-etcd or start-apiserver) and notes when
-/// the API answers: after minutes without etcd the API server reconnects on its own backoff,
+/// Starts etcd or the API server again (`fault`: start-etcd, start-apiserver or restart-etcd)
+/// and notes when the API answers (the verdict counts every node cut off from the API until
+/// then): after minutes without etcd the API server reconnects on its own backoff,
 /// which can take longer than the lab waits (60 s), so then this waits on (up to [`API_BACK`]
 /// more) rather than fail the trial.
 async fn start_control_plane(lab: &Lab, fault: &Fault) -> anyhow::Result<String> {

@@ -1,7 +1,7 @@
 //! The lab a shape runs in, and what the runner reads of the cluster: whether it is healthy,
 //! and what remediation left behind.
 
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use anyhow::Context;
 use k8s_openapi::api::{
@@ -10,18 +10,21 @@ use k8s_openapi::api::{
 };
 use kube::{Api, api::ListParams};
 use nodemedic_api::{
-    fence_agents::FenceAgentsRemediation, healthcheck::NodeHealthCheck, names::leases,
-    self_remediation::SelfNodeRemediation,
+    fence_agents::FenceAgentsRemediation,
+    healthcheck::NodeHealthCheck,
+    names::leases,
+    self_remediation::{CONFIG_NAME, SelfNodeRemediation, SelfNodeRemediationConfig},
 };
 use nodemedic_kube::node_lease;
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, PowerDelays, data_witness::DataWitness};
+use nodemedic_self_remediation::manager::daemonset;
 use serde_json::json;
 
 use super::UNHEALTHY_FOR;
 use crate::{
     chaos::{
         plan::{PathKind, Shape, Strategy},
-        verdict::{NodeSnapshot, Snapshot},
+        verdict::{AgentTimings, NodeSnapshot, Snapshot},
     },
     chart_defaults, real_nodes,
     scenario::{self, NS},
@@ -210,6 +213,50 @@ pub(super) async fn ready_duration(lab: &Lab) -> Option<std::time::Duration> {
         .filter(|c| c.type_ == "Ready")
         .filter_map(|c| c.duration.duration().ok())
         .min()
+}
+
+/// The agents' timings in force: the lab's SelfNodeRemediationConfig's licence and watchdog
+/// timeout (the lab device's own when the config sets none); None where no agent runs.
+pub(super) async fn agent_timings(lab: &Lab) -> anyhow::Result<Option<AgentTimings>> {
+    let Some(config) = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get_opt(CONFIG_NAME)
+        .await
+        .context("reading the SelfNodeRemediationConfig")?
+    else {
+        return Ok(None);
+    };
+    let settings = daemonset::licence_settings(&config.spec)?;
+    let watchdog = match &config.spec.watchdog_timeout {
+        Some(timeout) => timeout.duration()?,
+        None => lab.config().timings.watchdog_timeout,
+    };
+    Ok(Some(AgentTimings::new(&settings, watchdog)))
+}
+
+/// How soon a silent node can get a remediation through the peer failure detector, where the
+/// agents run it and a health check acts on its PeersReachable=False: a direct probe's
+/// round-trip time and the suspicion's wait, plus the condition's duration.
+pub(super) async fn peer_detection_after(lab: &Lab) -> anyhow::Result<Option<Duration>> {
+    let config = Api::<SelfNodeRemediationConfig>::namespaced(lab.client(), NS)
+        .get_opt(CONFIG_NAME)
+        .await
+        .context("reading the SelfNodeRemediationConfig")?;
+    let Some(detection) = config.and_then(|c| c.spec.peer_detection) else {
+        return Ok(None);
+    };
+    let detected = detection.probe_rtt.duration()? + detection.suspect_to_down_after.duration()?;
+    let checks = Api::<NodeHealthCheck>::all(lab.client())
+        .list(&ListParams::default())
+        .await
+        .context("listing the health checks")?;
+    Ok(checks
+        .items
+        .iter()
+        .flat_map(|c| c.spec.unhealthy_conditions.iter())
+        .filter(|c| c.type_ == "PeersReachable" && c.status == "False")
+        .filter_map(|c| c.duration.duration().ok())
+        .min()
+        .map(|duration| detected + duration))
 }
 
 /// The seed health check of `path` on the trial's template, its durations [`UNHEALTHY_FOR`],

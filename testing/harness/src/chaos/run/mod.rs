@@ -137,7 +137,11 @@ impl Runner {
         // A lab is reused only after a trial that ran and recovered cleanly; the logs of one that
         // did not are kept, to find out why (a replay is a race run again, and may pass).
         if result.error.is_some() || !result.violations.is_empty() {
-            result.logs = self.lab.as_ref().map(|kept| kept.lab.keep_logs());
+            result.logs = self.lab.as_ref().map(|kept| {
+                let logs = kept.lab.keep_logs();
+                keep_timeline(&kept.lab, &logs);
+                logs
+            });
             self.lab = None;
         }
         result
@@ -175,6 +179,20 @@ impl Runner {
             done = trial(lab, &exe, plan, result, witness) => done,
             never = kubelet(lab, plan.shape.real_nodes) => match never {},
         }
+    }
+}
+
+/// Writes the lab's timeline, one entry a line with its time, beside the logs kept: what a
+/// violation is judged from.
+fn keep_timeline(lab: &Lab, logs: &Path) {
+    let lines: String = lab
+        .timeline()
+        .entries()
+        .iter()
+        .map(|e| format!("{}  {}\n", e.at, nodemedic_lab::timeline::describe(&e.event)))
+        .collect();
+    if let Err(error) = std::fs::write(logs.join("timeline.txt"), lines) {
+        tracing::warn!(%error, "the timeline was not kept");
     }
 }
 
@@ -226,6 +244,9 @@ async fn trial(
         scenario::agents_settled(lab).await?;
     }
     cluster::apply_template(lab, plan.shape.path, plan.strategy)?;
+    // The configuration the verdict judges fences by, read while the cluster is healthy.
+    let agents = cluster::agent_timings(lab).await?;
+    let peer_detection = cluster::peer_detection_after(lab).await?;
     let pod = scenario::running_pod(&lab.client(), &[], RECOVERY).await?;
     let first = scenario::node_of(&pod);
     result.nodes = std::iter::once(first.clone())
@@ -310,15 +331,8 @@ async fn trial(
         }
     }
     let entries = lab.timeline().entries();
-    let params = Params::new(
-        plan.shape.nodes,
-        BUDGET,
-        &lab.config().timings,
-        cluster::ready_duration(lab).await.unwrap_or(UNHEALTHY_FOR),
-    );
-    result
-        .violations
-        .extend(verdict::judge(&entries, since, until, &params));
+    let params = verdict_params(lab, plan.shape.nodes, agents, peer_detection).await;
+    judge(&entries, (since, until), &params, result);
     result.workload_back_seconds =
         verdict::last_running(&entries, since, POD).map(|t| t.duration_since(since).as_secs_f64());
     result.log.extend(revivals(&entries, since));
@@ -326,6 +340,46 @@ async fn trial(
         Some(e) => anyhow::bail!(e),
         None => Ok(()),
     }
+}
+
+/// What the verdict judges a trial by: the lab's timings, and the agents' configuration and
+/// peer detection as read before the trial.
+async fn verdict_params(
+    lab: &Lab,
+    nodes: usize,
+    agents: Option<verdict::AgentTimings>,
+    peer_detection: Option<Duration>,
+) -> Params {
+    let mut params = Params::new(
+        nodes,
+        BUDGET,
+        &lab.config().timings,
+        cluster::ready_duration(lab).await.unwrap_or(UNHEALTHY_FOR),
+    );
+    if let Some(agents) = agents {
+        params = params.with_agents(agents);
+    }
+    if let Some(after) = peer_detection {
+        params = params.with_peer_detection(after);
+    }
+    params
+}
+
+/// The verdict's violations, and every fence the trial saw with what excused it (the false-fence
+/// check's evidence) in the trial's log.
+fn judge(
+    entries: &[nodemedic_lab::timeline::Entry],
+    (since, until): (jiff::Timestamp, jiff::Timestamp),
+    params: &Params,
+    result: &mut TrialResult,
+) {
+    result.violations.extend(verdict::judge(entries, since, until, params));
+    result.log.extend(
+        verdict::fences::judge_fences(entries, since, params)
+            .iter()
+            .filter(|j| j.excuse.is_some())
+            .map(|j| j.line(since)),
+    );
 }
 
 /// The data witness's verdict on the writer's volume, and how many records it holds: once the

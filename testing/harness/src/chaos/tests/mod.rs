@@ -1,6 +1,7 @@
 //! The campaign's pure parts: plans (drawn, validated, counted) and the verdict's checks on
 //! hand-made timelines.
 
+mod fences;
 mod plan;
 mod verdict;
 
@@ -13,7 +14,9 @@ use nodemedic_lab::{
     timeline::{Entry, Event},
 };
 
-use super::verdict::{Params, Violation, ViolationKind};
+use nodemedic_self_remediation::protocol::LicenceSettings;
+
+use super::verdict::{AgentTimings, Detection, Params, Violation, ViolationKind};
 
 fn params() -> Params {
     // Three nodes, minHealthy 51 %: one may be unhealthy.
@@ -22,9 +25,31 @@ fn params() -> Params {
         budget: Budget::MinHealthy(IntOrPercent::Percent(51)),
         remediate_after: Duration::from_secs(25),
         fence_grace: Duration::from_secs(20),
+        agents: Some(agents()),
+        detection: Detection {
+            after: Duration::from_secs(9),
+            lag: Duration::from_secs(10),
+        },
         control_plane_one_at_a_time: true,
         control_plane_settle: Duration::from_secs(15),
     }
+}
+
+/// The lab's fast agents: `L` = 2 × (1 s + 0.5 s) + 0.5 s + 0.5 s = 4 s, rounds every 1.5 s at
+/// most (a 0.5 s read that times out, then a 1 s vote round), a 3 s watchdog fed every second:
+/// the shortest lapse is 4 + 3 − 1.5 − 1 − 0.05 = 4.45 s.
+fn agents() -> AgentTimings {
+    let ms = Duration::from_millis;
+    AgentTimings::new(
+        &LicenceSettings {
+            api_check_interval: ms(1000),
+            api_server_timeout: ms(500),
+            max_api_error_threshold: 2,
+            peer_dial_timeout: ms(500),
+            peer_request_timeout: ms(500),
+        },
+        Duration::from_secs(3),
+    )
 }
 
 /// A hand-made timeline, one entry per call at the given second.

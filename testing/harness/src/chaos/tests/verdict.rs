@@ -43,28 +43,48 @@ fn a_remediation_of_a_healthy_node_excuses_no_fence_but_one_from_an_outage_does(
         .remediation(50, "a", "created")
         .power_off(55, "a", "bmc");
     assert_eq!(verdict::false_fences(&s.0, t(0), &params()).len(), 1);
-    // Down from 10 s to 14 s, remediated at 20 s, fenced at 60 s (a slow BMC): legitimate.
+    // Down from 10 s to 25 s, remediated at 22 s (the check's 9 s after it went down), fenced
+    // at 60 s (a slow BMC): legitimate.
+    let mut s = Script::default();
+    s.cond(10, "a", false, false)
+        .remediation(22, "a", "created")
+        .cond(25, "a", true, false)
+        .power_off(60, "a", "bmc");
+    assert_eq!(verdict::false_fences(&s.0, t(0), &params()), vec![]);
+    // Down from 10 s to 14 s: shorter than any health check of the trial can see, so a
+    // remediation at 20 s is of a healthy node, and so is its fence.
     let mut s = Script::default();
     s.cond(10, "a", false, false)
         .cond(14, "a", true, false)
         .remediation(20, "a", "created")
         .power_off(60, "a", "bmc");
-    assert_eq!(verdict::false_fences(&s.0, t(0), &params()), vec![]);
+    assert_eq!(verdict::false_fences(&s.0, t(0), &params()).len(), 1);
+    // Down long enough, but remediated 15 s after it was back: the API showed it healthy by then.
+    let mut s = Script::default();
+    s.cond(10, "a", false, false)
+        .cond(30, "a", true, false)
+        .remediation(45, "a", "created")
+        .power_off(50, "a", "bmc");
+    assert_eq!(verdict::false_fences(&s.0, t(0), &params()).len(), 1);
 }
 
 #[test]
 fn a_minority_fencing_itself_shortly_after_it_reconnects_is_fine() {
+    // Cut off 8 s, past its shortest lapse (4.45 s); reset 2 s after the heal, before the first
+    // round after it (1.5 s, with the tolerance's 1 s) renewed its licence.
     let mut s = Script::default();
     s.cond(0, "a", true, true)
         .cond(8, "a", true, false)
-        .power_off(12, "a", "watchdog");
+        .power_off(10, "a", "watchdog");
     assert_eq!(verdict::false_fences(&s.0, t(0), &params()), vec![]);
-    // ... but not long after.
-    let mut s = Script::default();
-    s.cond(0, "a", true, true)
-        .cond(8, "a", true, false)
-        .power_off(60, "a", "watchdog");
-    assert_eq!(verdict::false_fences(&s.0, t(0), &params()).len(), 1);
+    // ... but not once a round has renewed it.
+    for at in [11, 60] {
+        let mut s = Script::default();
+        s.cond(0, "a", true, true)
+            .cond(8, "a", true, false)
+            .power_off(at, "a", "watchdog");
+        assert_eq!(verdict::false_fences(&s.0, t(0), &params()).len(), 1, "{at}");
+    }
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Judging a trial from the lab timeline (and a final snapshot of the cluster): the at-most-one
-//! witness, false fences, healthy nodes remediated, unremediated nodes, leftovers. Pure
-//! functions over plain data.
+//! witness, false fences ([`fences`], over what [`reach`] reads of each node), healthy nodes
+//! remediated, unremediated nodes, leftovers. Pure functions over plain data.
+
+pub mod fences;
+pub mod reach;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,6 +19,8 @@ use nodemedic_lab::{
     witness,
 };
 use serde::Serialize;
+
+pub use fences::{AgentTimings, Detection, false_fences};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -70,9 +75,16 @@ pub struct Params {
     /// A node disconnected at least this long must get a remediation (detection + the health
     /// check's duration + slack for reconciles and the observer).
     pub remediate_after: Duration,
-    /// A fence this soon after the node was disconnected or had a remediation is not false:
-    /// an agent that lost its licence while cut off resets through its watchdog a little later.
+    /// A remediation excuses fences until this long after it is removed (a BMC request taken
+    /// while it existed may land later); also how long before a remediation a node must have
+    /// been connected for it to count as a healthy node remediated, on top of
+    /// `remediate_after`.
     pub fence_grace: Duration,
+    /// The agents' timings, where self remediation's agents run: whether a watchdog reset or a
+    /// software reboot is a licence that ran out ([`fences`]).
+    pub agents: Option<AgentTimings>,
+    /// When a remediation can come from an outage of its node ([`fences`]).
+    pub detection: Detection,
     /// The nodes are control-plane nodes, which the health check remediates one at a time: a
     /// node waits while another node's remediation is in flight.
     pub control_plane_one_at_a_time: bool,
@@ -85,17 +97,40 @@ pub struct Params {
 
 impl Params {
     /// The lab's timings with a health check of `budget` over `nodes` nodes whose unhealthy
-    /// conditions last `duration`.
+    /// conditions last `duration`, and no agents ([`Params::with_agents`]).
     pub fn new(nodes: usize, budget: Budget, timings: &Timings, duration: Duration) -> Self {
+        // A node cut off at `c` renewed its kubelet lease last after `c` less a renewal period (a
+        // quarter of the lease), so it is Unknown no sooner than that plus the grace.
+        let renewal = Duration::from_secs(u64::from(timings.node_lease_seconds) / 4);
         Self {
             nodes,
             budget,
             remediate_after: timings.node_monitor_grace + duration + Duration::from_secs(10),
             fence_grace: timings.watchdog_timeout + Duration::from_secs(15),
+            agents: None,
+            detection: Detection {
+                after: timings.node_monitor_grace.saturating_sub(renewal) + duration,
+                lag: REPORT_LAG,
+            },
             // Every lab node is control-plane and worker, as in the seed's compact clusters.
             control_plane_one_at_a_time: true,
             control_plane_settle: Duration::from_secs(15) + outage::RENEWAL_CHANCE,
         }
+    }
+
+    /// With self remediation's agents running on these timings.
+    pub fn with_agents(self, agents: AgentTimings) -> Self {
+        Self {
+            agents: Some(agents),
+            ..self
+        }
+    }
+
+    /// With a health check that also acts on the peer failure detector's PeersReachable=False,
+    /// which a silent node can get `after` it went silent.
+    pub fn with_peer_detection(mut self, after: Duration) -> Self {
+        self.detection.after = self.detection.after.min(after);
+        self
     }
 
     /// The most nodes that may be unhealthy at once, of `nodes`, with remediation still allowed.
@@ -108,15 +143,22 @@ fn signed(d: Duration) -> SignedDuration {
     SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
 }
 
+/// See [`Detection::lag`].
+const REPORT_LAG: Duration = Duration::from_secs(10);
+
 /// The power-off cause of a node taken out of the cluster ([`nodemedic_lab::Lab::remove_node`]).
 const NODE_REMOVED: &str = "node-removed";
+
+/// The fault the runner records on a node each time it restarts the node's agent: the new
+/// process holds no configuration until it has read the API.
+pub const AGENT_RESTART: &str = "restart-agent";
 
 /// The fault the runner records each time it restarts the controller (the lab's
 /// `restart_process` records nothing).
 pub const CONTROLLER_RESTART: &str = "restart-controller";
 
 /// The note the runner records once the API answers again after the API server or etcd was
-/// started: after minutes without etcd the API server takes its time to reconnect (its own
+/// started (or etcd restarted): after minutes without etcd the API server takes its time to reconnect (its own
 /// backoff), so the lab's `start-etcd` fault says when it began, not when it was over.
 pub const CONTROL_PLANE_BACK: &str = "the API server answers again";
 
@@ -163,14 +205,6 @@ fn with_joins(entries: &[Entry]) -> Vec<Entry> {
     out
 }
 
-/// Fencing causes: a watchdog reset (self remediation), a node rebooting itself through its
-/// sysrq trigger (self remediation without a watchdog; the lab records `SoftwareReboot` and
-/// then this power-off) or a BMC power-off (fence agents). The plan's own crashes and resets,
-/// and the power-off of a node removed from the cluster, have their own causes.
-fn is_fence(cause: &str) -> bool {
-    matches!(cause, "watchdog" | "software-reboot" | "bmc")
-}
-
 /// Which nodes are connected, and when each last was not, as the timeline goes. A node removed
 /// from the cluster is neither while it is gone (its power-off is no outage), and one that
 /// joins is connected from then on (the lab records no condition for it).
@@ -211,56 +245,6 @@ impl<'a> Connectivity<'a> {
     fn down_since(&self, node: &str, from: Timestamp) -> bool {
         self.last_down.get(node).is_some_and(|d| *d >= from)
     }
-}
-
-/// Every fencing power-off from `since` on of a node that was connected (powered, not frozen,
-/// not cut off, not isolated from the API) for the whole grace period before it, unless a
-/// remediation for it was in flight (or just removed) that began during, or within the grace
-/// after, an outage of that node. A remediation created for a node that was healthy excuses
-/// nothing: that is the false fence's cause, not its reason. A control-plane outage excuses
-/// nothing either: an agent that reaches a majority of its peers stays licensed however long
-/// the API server or etcd is gone.
-pub fn false_fences(entries: &[Entry], since: Timestamp, params: &Params) -> Vec<Violation> {
-    let grace = signed(params.fence_grace);
-    let mut nodes = Connectivity::default();
-    // Remediations by (kind, name): node, created, removed.
-    let mut remediations: BTreeMap<(&str, &str), (&str, Timestamp, Option<Timestamp>)> = BTreeMap::new();
-    let mut out = Vec::new();
-    for e in entries {
-        match &e.event {
-            Event::Remediation {
-                kind,
-                name,
-                node,
-                change,
-            } => {
-                let entry = remediations.entry((kind, name)).or_insert((node, e.at, None));
-                if change == "removed" {
-                    entry.2 = Some(e.at);
-                }
-            }
-            Event::Power { node, on: false, cause } if e.at >= since && is_fence(cause) => {
-                let n = node.as_str();
-                let down = nodes.last_down.get(n).copied();
-                let excused = remediations.values().any(|(r, created, removed)| {
-                    *r == n
-                        && removed.is_none_or(|gone| gone >= e.at - grace)
-                        && down.is_some_and(|d| *created <= d + grace)
-                });
-                if nodes.connected(n) && !nodes.down_since(n, e.at - grace) && !excused {
-                    out.push(Violation::new(
-                        ViolationKind::FalseFence,
-                        Some(n),
-                        Some(e.at),
-                        format!("{n} powered off ({cause}) while connected, with no remediation from an outage of it"),
-                    ));
-                }
-            }
-            _ => {}
-        }
-        nodes.observe(e);
-    }
-    out
 }
 
 /// Every remediation created from `since` on for a node in the lab and connected throughout the
