@@ -128,7 +128,8 @@ fn quiet_at_rest(fleet: &OnFleet, nodes: usize) {
 }
 
 /// What each node costs the controller, start-up and a 10% failure included, stays within its
-/// share of the scale bench's target; and at rest on either fleet it asks nothing but watches and
+/// share of the scale bench's target, and its peak on the larger fleet within what the target
+/// allows at all; and at rest on either fleet it asks nothing but watches and
 /// lease renewals (a rule, no timing: the rest is the minute the fleet lab's failure takes anyway).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_each_node_costs_the_controller_stays_within_its_share_of_the_scale_target() {
@@ -147,6 +148,19 @@ async fn what_each_node_costs_the_controller_stays_within_its_share_of_the_scale
     );
     quiet_at_rest(&small_fleet, SMALL);
     quiet_at_rest(&large_fleet, LARGE);
+    let ceiling = budget::controller_allocated_kib();
+    assert!(
+        large.anon_kib as f64 <= ceiling,
+        "the controller allocated {:.1} MiB (RssAnon) at its peak on {LARGE} nodes, over what the scale \
+         bench's target allows at {} nodes ({} MiB resident less the {} MiB its executable keeps resident: \
+         {:.1} MiB): it cannot meet the target. Measure with `make bench ARGS=\"--suite scale --fleet 5000\"` \
+         and find what with heaptrack on the controller (docs/memory.md says how)",
+        mib(large.anon_kib as f64),
+        budget::CONTROLLER_TARGET_NODES,
+        budget::CONTROLLER_PEAK_MIB,
+        budget::CONTROLLER_EXECUTABLE_RESIDENT_MIB,
+        mib(ceiling),
+    );
     assert!(
         per_node <= allowed,
         "the controller's peak allocated memory (RssAnon) grew by {per_node:.1} KiB a node from {SMALL} \
