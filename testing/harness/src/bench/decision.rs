@@ -19,24 +19,14 @@ pub struct Decisions {
 /// created for it after that; the latency runs from the condition's transition time (as the API
 /// states it; as the lab saw it when absent) plus `duration` (seconds) to that creation.
 pub fn latencies(entries: &[Entry], nodes: &BTreeSet<String>, since: Timestamp, duration: f64) -> Decisions {
-    let mut unhealthy: BTreeMap<&str, Timestamp> = BTreeMap::new();
+    let unhealthy = unhealthy_since(entries, nodes, since);
     let mut created: BTreeMap<&str, Timestamp> = BTreeMap::new();
     for entry in entries.iter().filter(|e| e.at >= since) {
-        match &entry.event {
-            Event::NodeReady {
-                node,
-                status,
-                since: transition,
-                ..
-            } if status != "True" && nodes.contains(node) => {
-                unhealthy.entry(node.as_str()).or_insert(transition.unwrap_or(entry.at));
-            }
-            Event::Remediation { node, change, .. }
-                if change == "created" && unhealthy.get(node.as_str()).is_some_and(|t| *t <= entry.at) =>
-            {
-                created.entry(node.as_str()).or_insert(entry.at);
-            }
-            _ => {}
+        if let Event::Remediation { node, change, .. } = &entry.event
+            && change == "created"
+            && unhealthy.get(node.as_str()).is_some_and(|t| *t <= entry.at)
+        {
+            created.entry(node.as_str()).or_insert(entry.at);
         }
     }
     let mut out = Decisions::default();
@@ -50,6 +40,36 @@ pub fn latencies(entries: &[Entry], nodes: &BTreeSet<String>, since: Timestamp, 
         }
     }
     out
+}
+
+/// When the first of `nodes` turned unhealthy (Ready≠True) at or after `since`: until then, a
+/// controller that only watches had nothing to do for them.
+pub fn first_unhealthy(entries: &[Entry], nodes: &BTreeSet<String>, since: Timestamp) -> Option<Timestamp> {
+    unhealthy_since(entries, nodes, since).into_values().min()
+}
+
+/// Each of `nodes`' first Ready≠True at or after `since`: its transition time as the API states
+/// it, as the lab saw it when absent.
+fn unhealthy_since<'a>(
+    entries: &[Entry],
+    nodes: &'a BTreeSet<String>,
+    since: Timestamp,
+) -> BTreeMap<&'a str, Timestamp> {
+    let mut unhealthy = BTreeMap::new();
+    for entry in entries.iter().filter(|e| e.at >= since) {
+        if let Event::NodeReady {
+            node,
+            status,
+            since: transition,
+            ..
+        } = &entry.event
+            && status != "True"
+            && let Some(node) = nodes.get(node)
+        {
+            unhealthy.entry(node.as_str()).or_insert(transition.unwrap_or(entry.at));
+        }
+    }
+    unhealthy
 }
 
 #[cfg(test)]
@@ -114,6 +134,24 @@ mod tests {
         let d = latencies(&entries, &nodes, at(0), 10.0);
         assert_eq!(d.latencies.len(), 1);
         assert!((d.latencies["a"] - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_first_failure_is_the_earliest_transition_of_the_nodes_watched() {
+        let mut b = ready("b", "Unknown", 2_500);
+        if let Event::NodeReady { since, .. } = &mut b.event {
+            *since = Some(at(2_000));
+        }
+        let entries = vec![
+            ready("a", "Unknown", 500),
+            ready("c", "Unknown", 1_000),
+            ready("a", "True", 1_200),
+            ready("a", "Unknown", 3_000),
+            b,
+        ];
+        let nodes: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        assert_eq!(first_unhealthy(&entries, &nodes, at(1_000)), Some(at(2_000)));
+        assert_eq!(first_unhealthy(&entries, &nodes, at(3_500)), None);
     }
 
     #[test]

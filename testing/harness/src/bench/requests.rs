@@ -13,6 +13,8 @@ struct AuditEvent {
     verb: String,
     #[serde(default)]
     stage: String,
+    #[serde(default, rename = "requestURI")]
+    request_uri: String,
     user: User,
     #[serde(default)]
     object_ref: Option<ObjectRef>,
@@ -30,6 +32,8 @@ struct ObjectRef {
     resource: String,
     #[serde(default)]
     subresource: String,
+    #[serde(default)]
+    namespace: String,
 }
 
 /// Requests by kind in one window.
@@ -47,6 +51,13 @@ pub struct Requests {
     pub other: u64,
     /// Those, by `verb resource`.
     pub other_by_kind: BTreeMap<String, u64>,
+    /// Of those, the health check's outage probes: one kubelet lease read (a list of one) after
+    /// 5 s in which no watch said anything. A fleet whose renewals come in bursts (kwok's, at a
+    /// few hundred nodes) is silent between them; one whose renewals never pause is never asked.
+    pub probes: u64,
+    /// Of those, discovery reads: a GET of /api or /apis (a group, a version) that names no
+    /// object, asking which kinds the API serves. A controller that asks again and again polls.
+    pub discovery: u64,
 }
 
 impl Requests {
@@ -68,9 +79,9 @@ pub fn count(lines: &str, user: &str, from: Timestamp, to: Timestamp) -> Request
             continue;
         }
         *out.by_verb.entry(event.verb.clone()).or_default() += 1;
-        let (resource, subresource) = event
+        let (resource, subresource, namespace) = event
             .object_ref
-            .map(|o| (o.resource, o.subresource))
+            .map(|o| (o.resource, o.subresource, o.namespace))
             .unwrap_or_default();
         let full_resource = if subresource.is_empty() {
             resource.clone()
@@ -84,12 +95,34 @@ pub fn count(lines: &str, user: &str, from: Timestamp, to: Timestamp) -> Request
             out.lease += 1;
         } else if event.verb != "watch" {
             out.other += 1;
+            if event.verb == "list" && resource == "leases" && namespace == "kube-node-lease" && one(&event.request_uri)
+            {
+                out.probes += 1;
+            }
+            if event.verb == "get" && resource.is_empty() && discovery(&event.request_uri) {
+                out.discovery += 1;
+            }
             *out.other_by_kind
                 .entry(format!("{} {resource}", event.verb))
                 .or_default() += 1;
         }
     }
     out
+}
+
+/// Whether a request's path is the API's discovery (`/api`, `/apis`, `/apis/apps/v1`, ...).
+fn discovery(uri: &str) -> bool {
+    let path = uri.split_once('?').map_or(uri, |(path, _)| path);
+    ["/api", "/apis"].iter().any(|root| {
+        path.strip_prefix(root)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
+/// Whether a request asks for one object at most (`limit=1`).
+fn one(uri: &str) -> bool {
+    uri.split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|p| p == "limit=1"))
 }
 
 #[cfg(test)]
@@ -105,6 +138,56 @@ mod tests {
             "stageTimestamp": at.to_string()
         })
         .to_string()
+    }
+
+    #[test]
+    fn a_read_of_one_kubelet_lease_is_an_outage_probe() {
+        let me = "system:serviceaccount:ns:controller";
+        let at = Timestamp::from_second(10).expect("time");
+        let list = |namespace: &str, query: &str| {
+            serde_json::json!({
+                "stage": "ResponseComplete", "verb": "list",
+                "requestURI": format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases?{query}"),
+                "user": {"username": me}, "objectRef": {"resource": "leases", "namespace": namespace},
+                "requestReceivedTimestamp": at.to_string()
+            })
+            .to_string()
+        };
+        let log = [
+            list("kube-node-lease", "&limit=1"),
+            list("kube-node-lease", "&limit=200"),
+            list("workload-availability", "&limit=1"),
+        ]
+        .join("\n");
+        let r = count(&log, me, at, Timestamp::from_second(11).expect("time"));
+        assert_eq!((r.other, r.probes), (3, 1));
+    }
+
+    #[test]
+    fn a_get_of_the_apis_paths_is_discovery() {
+        let me = "system:serviceaccount:ns:controller";
+        let at = Timestamp::from_second(10).expect("time");
+        let get = |uri: &str, object: serde_json::Value| {
+            serde_json::json!({
+                "stage": "ResponseComplete", "verb": "get", "requestURI": uri,
+                "user": {"username": me}, "objectRef": object,
+                "requestReceivedTimestamp": at.to_string()
+            })
+            .to_string()
+        };
+        let log = [
+            get("/apis", serde_json::Value::Null),
+            get("/api?timeout=32s", serde_json::Value::Null),
+            get("/apis/cluster.x-k8s.io/v1beta1", serde_json::Value::Null),
+            get(
+                "/apis/apps/v1/namespaces/a/deployments/b",
+                serde_json::json!({"resource": "deployments"}),
+            ),
+            get("/apiserver-health", serde_json::Value::Null),
+        ]
+        .join("\n");
+        let r = count(&log, me, at, Timestamp::from_second(11).expect("time"));
+        assert_eq!((r.other, r.discovery), (5, 3));
     }
 
     #[test]

@@ -30,6 +30,9 @@ struct Window {
     seconds: f64,
     cpu_millicores: f64,
     rss_mib: f64,
+    /// Of the RSS, what the controller allocated (RssAnon); the rest is its executable's and
+    /// libraries' pages (what CI's footprint check, on debug builds, leaves out).
+    anon_mib: f64,
     /// The highest RSS the controller has had so far (its VmHWM at the window's end).
     peak_rss_mib: f64,
     /// Health-check reconciles in the window, and the seconds they took together (from the
@@ -190,6 +193,7 @@ where
         seconds,
         cpu_millicores: usage::millicores(&before, &after, seconds),
         rss_mib: after.rss_kib as f64 / 1024.0,
+        anon_mib: after.anon_kib as f64 / 1024.0,
         peak_rss_mib: after.peak_rss_kib as f64 / 1024.0,
         reconciles: reconciled_after.0 - reconciled_before.0,
         reconcile_seconds: reconciled_after.1 - reconciled_before.1,
@@ -199,10 +203,11 @@ where
 
 fn describe(w: &Window) -> String {
     format!(
-        "{:.0} s, {:.0} mCPU, RSS {:.1} MiB (peak {:.1}), {:.0} reconciles, {} requests ({} beyond watches and leases)",
+        "{:.0} s, {:.0} mCPU, RSS {:.1} MiB ({:.1} allocated, peak {:.1}), {:.0} reconciles, {} requests ({} beyond watches and leases)",
         w.seconds,
         w.cpu_millicores,
         w.rss_mib,
+        w.anon_mib,
         w.peak_rss_mib,
         w.reconciles,
         w.requests.total(),
@@ -270,8 +275,14 @@ fn markdown(fleets: &[Fleet]) -> String {
             .iter()
             .map(|(k, n)| format!("{k} x{n}"))
             .collect();
+        let probes = match f.rest.requests.probes {
+            0 => String::new(),
+            n => format!(
+                " ({n} of them the health check's outage probe, one kubelet lease read after 5 s in which no watch said anything: kwok renews a small fleet's leases in bursts)"
+            ),
+        };
         out.push_str(&format!(
-            "\nAt rest with {} nodes, beyond watches and leases: {}.\n",
+            "\nAt rest with {} nodes, beyond watches and leases: {}{probes}.\n",
             f.nodes,
             kinds.join(", ")
         ));

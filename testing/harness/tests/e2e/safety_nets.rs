@@ -277,11 +277,12 @@ async fn unknown_past_the_duration(client: &Client, node: &str) {
 async fn a_machine_health_check_covering_a_selected_node_disables_the_check_until_it_goes() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
-    lab.install_machine_crds().await.expect("Cluster API's CRDs");
     apply_seed(&lab, "004-snr-template-automatic.yaml", |_| {});
     apply_seed(&lab, "002-nhc-snr-3node.yaml", |_| {});
     start_controller(&lab, "controller", ONLY_HEALTH_CHECK);
     phase_is(&client, CHECK, NodeHealthCheckPhase::Enabled).await;
+    // Cluster API installed after the controller started: its CRDs tell it to look again.
+    lab.install_machine_crds().await.expect("Cluster API's CRDs");
 
     // node-2 is a Cluster API Machine's node, as Cluster API's controllers record it.
     a_machine_s_node(&lab, "node-2", json!({"pool": "workers"})).await;

@@ -15,8 +15,9 @@ use nodemedic_api::machines::{MACHINE_KIND, MachineApi};
 
 use super::{
     Triggers,
+    definitions::Definitions,
     index::{Index, Relist},
-    optional,
+    optional::{self, Lookout},
 };
 use crate::decide::conflict::{self, MachineKey};
 
@@ -29,6 +30,7 @@ pub(super) fn spawn(
     client: &Client,
     index: &Arc<Index>,
     triggers: &Triggers,
+    definitions: &Definitions,
     settled: &optional::Settled,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
@@ -36,6 +38,7 @@ pub(super) fn spawn(
         let (checks_index, checks_triggers) = (index.clone(), triggers.clone());
         tasks.push(tokio::spawn(optional::follow(
             client.clone(),
+            definitions.clone(),
             api.group(),
             "MachineHealthCheck",
             settled.clone(),
@@ -60,6 +63,7 @@ pub(super) fn spawn(
         )));
         tasks.push(tokio::spawn(machine_labels(
             client.clone(),
+            Lookout::new(definitions.clone(), api.group(), MACHINE_KIND),
             api,
             index.clone(),
             triggers.clone(),
@@ -72,6 +76,7 @@ pub(super) fn spawn(
 /// Keeps every Machine's labels of `api` in the index while the cluster serves Machines.
 async fn machine_labels(
     client: Client,
+    mut lookout: Lookout,
     api: MachineApi,
     index: Arc<Index>,
     triggers: Triggers,
@@ -79,19 +84,17 @@ async fn machine_labels(
 ) {
     let mut settled = Some(settled);
     loop {
-        if let Some(resource) = optional::served(&client, api.group(), MACHINE_KIND).await {
-            follow_machines(&client, api, &resource, &index, &triggers, &mut settled).await;
-            if let Ok(mut all) = index.machine_labels.write() {
-                all.retain(|(a, _, _), _| *a != api);
-            }
+        let resource = lookout.served(&client, &mut settled).await;
+        follow_machines(&client, &lookout, api, &resource, &index, &triggers, &mut settled).await;
+        if let Ok(mut all) = index.machine_labels.write() {
+            all.retain(|(a, _, _), _| *a != api);
         }
-        optional::settle(&mut settled);
-        tokio::time::sleep(optional::LOOK_AGAIN).await;
     }
 }
 
 async fn follow_machines(
     client: &Client,
+    lookout: &Lookout,
     api: MachineApi,
     resource: &ApiResource,
     index: &Index,
@@ -135,7 +138,7 @@ async fn follow_machines(
             }
             Err(error) => {
                 tracing::debug!(group = api.group(), %error, "Machine watch error; retrying");
-                if optional::served(client, api.group(), MACHINE_KIND).await.is_none() {
+                if !lookout.still_served(client).await {
                     return;
                 }
                 false

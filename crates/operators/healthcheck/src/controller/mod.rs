@@ -6,6 +6,7 @@ pub mod admission;
 mod apply;
 mod contact;
 pub mod default_check;
+mod definitions;
 mod index;
 mod kinds;
 mod machine_checks;
@@ -129,8 +130,16 @@ pub async fn run(
         tokio::spawn(probe_when_silent(client.clone(), index.clone())),
     ];
     let (settled, mut optional_settled) = watch::channel(0usize);
-    tasks.extend(upgrades::spawn(&client, &index, &triggers, &settled));
-    tasks.extend(machine_checks::spawn(&client, &index, &triggers, &settled));
+    let (definitions, definitions_task) = definitions::Definitions::spawn(client.clone());
+    tasks.push(definitions_task);
+    tasks.extend(upgrades::spawn(&client, &index, &triggers, &definitions, &settled));
+    tasks.extend(machine_checks::spawn(
+        &client,
+        &index,
+        &triggers,
+        &definitions,
+        &settled,
+    ));
     // Deciding before every node is known would see the remediations of unknown nodes as
     // orphans: wait for the first complete lists.
     let _ = nodes_ready.wait_for(|ready| *ready).await;

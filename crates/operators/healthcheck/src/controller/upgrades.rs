@@ -5,13 +5,14 @@ use std::sync::Arc;
 
 use kube::Client;
 
-use super::{Triggers, index::Index, optional};
+use super::{Triggers, definitions::Definitions, index::Index, optional};
 use crate::decide::upgrade;
 
 pub(super) fn spawn(
     client: &Client,
     index: &Arc<Index>,
     triggers: &Triggers,
+    definitions: &Definitions,
     settled: &optional::Settled,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     upgrade::SOURCES
@@ -21,6 +22,7 @@ pub(super) fn spawn(
             let kind = source.kind;
             tokio::spawn(optional::follow(
                 client.clone(),
+                definitions.clone(),
                 source.group,
                 kind,
                 settled.clone(),
