@@ -4,5 +4,5 @@
 pub use nodemedic_self_remediation::agent::AgentArgs;
 
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
-    crate::process::run(args.log_json, nodemedic_self_remediation::agent::run(args))
+    crate::process::run(args.log_json, |stop| nodemedic_self_remediation::agent::run(args, stop))
 }

@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use nodemedic_kube::{
     events::Events,
     leader, metrics_server,
+    shutdown::StopSignal,
     webhook::{self, certs::San},
 };
 use prometheus_client::registry::Registry;
@@ -181,10 +182,10 @@ fn default_identity() -> String {
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    crate::process::run(args.log_json, controller(args))
+    crate::process::run(args.log_json, |stop| controller(args, stop))
 }
 
-async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+async fn controller(args: ControllerArgs, mut stop: StopSignal) -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     let config = nodemedic_kube::client::infer_config().await?;
     let client = nodemedic_kube::client::client(config.clone())?;
@@ -223,7 +224,11 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             admission_routes(reads, &args.fence_agents_dir),
         );
     }
-    let leadership = lead(&args, &client, &identity, &readiness).await?;
+    // A standby may wait for the lease for as long as the leader lives; a stop ends the wait.
+    let leadership = tokio::select! {
+        leadership = lead(&args, &client, &identity, &readiness) => leadership?,
+        () = shutdown(&mut stop) => return Ok(()),
+    };
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
     let mut operators = spawn_operators(&args, &config, &client, metrics, &events)?;
     match leadership {
@@ -232,12 +237,12 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                 // A deposed leader that kept acting would be a second writer: stop at once.
                 _ = leadership.is_leader.wait_for(|leads| !*leads) => anyhow::bail!("lost the leader lease; exiting so only the new leader acts"),
                 done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
-                _ = shutdown() => Ok(()),
+                () = shutdown(&mut stop) => Ok(()),
             }
         }
         None => tokio::select! {
             done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
-            _ = shutdown() => Ok(()),
+            () = shutdown(&mut stop) => Ok(()),
         },
     }
 }
@@ -403,8 +408,8 @@ fn admission_routes(reads: kube::Client, fence_agents_dir: &std::path::Path) -> 
     ]
 }
 
-async fn shutdown() {
-    nodemedic_kube::shutdown::signal().await;
+async fn shutdown(stop: &mut StopSignal) {
+    stop.received().await;
     tracing::info!("shutting down");
 }
 

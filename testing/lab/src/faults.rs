@@ -513,6 +513,19 @@ impl Lab {
             .unwrap_or(false)
     }
 
+    /// How the named process ended when it stopped on its own (after [`Self::terminate_process`],
+    /// say); `None` while it runs.
+    pub fn process_exit_status(&self, name: &str) -> Option<std::process::ExitStatus> {
+        self.inner
+            .resources
+            .processes
+            .lock()
+            .ok()?
+            .by_name
+            .get_mut(name)?
+            .exit_status()
+    }
+
     /// The error a dead process left, with its log tail.
     pub fn process_error(&self, name: &str) -> Option<Error> {
         process_died(&self.inner.resources, name)

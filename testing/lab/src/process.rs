@@ -146,6 +146,11 @@ impl Supervised {
         }
     }
 
+    /// How this run ended; `None` while it runs, or once a kill took its child away.
+    pub(crate) fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok()?
+    }
+
     pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

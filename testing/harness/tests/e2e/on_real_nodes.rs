@@ -417,12 +417,13 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
             && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
             && pod.metadata.deletion_timestamp.is_none()
     };
-    let listed = pods.list(&Default::default()).await.expect("pods");
-    let old = listed
-        .items
-        .into_iter()
-        .find(|p| agent_on(p))
-        .expect("the agent on node-2");
+    // The seed's scenario kills a running agent (one killed as it starts is
+    // selfremediation::an_agent_stopped_while_starting_ends_cleanly_with_nothing_armed).
+    let old = eventually("the agent on node-2 ready", LONG, || async {
+        let listed = pods.list(&Default::default()).await.ok()?;
+        listed.items.into_iter().find(|p| agent_on(p) && ready(p))
+    })
+    .await;
     let old_name = old.metadata.name.clone().expect("name");
     let fed_before = lab.watchdog_device_stats(node).expect("stats").keepalives;
     lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--grace-period=0", "--force"])
@@ -433,12 +434,7 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
             .items
             .into_iter()
             .find(|p| agent_on(p) && p.metadata.name.as_deref() != Some(old_name.as_str()))
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
+            .filter(ready)
     })
     .await;
     eventually("the new agent feeds node-2's watchdog", LONG, || async {
@@ -483,13 +479,7 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
     exclude("-");
     eventually("an agent ready on node-2 again", LONG, || async {
         let listed = pods.list(&Default::default()).await.ok()?;
-        listed.items.into_iter().find(|p| {
-            agent_on(p)
-                && p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        listed.items.into_iter().find(|p| agent_on(p) && ready(p))
     })
     .await;
     let fenced: Vec<String> = lab
@@ -506,4 +496,11 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
         .collect();
     assert!(fenced.is_empty(), "a node was fenced: {fenced:?}");
     assert!(snr(&client, node).await.is_none(), "node-2 was remediated");
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

@@ -461,15 +461,19 @@ async fn config_deletion_disables_self_remediation(client: &Client, lab: &Lab) {
 
 /// A deliberate stop (SIGTERM) closes the agent's watchdog only after its registration says so:
 /// nothing resets the node, and a remediation of it reports that it cannot be safe (so an
-/// escalating health check moves on). A restarted agent arms its watchdog and says so again. A
-/// configuration change re-creates the agent DaemonSet with the new tolerations.
+/// escalating health check moves on). An agent stopped while it starts ends cleanly with nothing
+/// armed; a restarted agent arms its watchdog and says so again. A configuration change
+/// re-creates the agent DaemonSet with the new tolerations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deliberately_stopped_agent_closes_its_watchdog_and_the_manager_stops_counting_on_it() {
     let lab = lab(LabConfig::seed()).await;
     let client = lab.client();
     let config = scenario::configure(&lab).await.expect("config");
-    start_controller(&lab, "controller", &[]);
+    // No controller yet, so no signer: every agent waits for its peer certificate.
     scenario::start_agents_with(&lab, &exe(), &config, LabWatchdog::Device).expect("agents");
+    an_agent_stopped_while_starting_ends_cleanly_with_nothing_armed(&lab, "node-2").await;
+    lab.restart_process("node-2/agent").expect("agent start");
+    start_controller(&lab, "controller", &[]);
     scenario::agents_settled(&lab).await.expect("agents settled");
     assert_eq!(
         lab.watchdog_device_stats("node-2").expect("stats").magic_closes,
@@ -560,6 +564,42 @@ async fn a_deliberately_stopped_agent_closes_its_watchdog_and_the_manager_stops_
         event_with(&client, "AgentsRecreated", "re-creating")
     })
     .await;
+}
+
+/// A pod deleted as it starts: in a container the agent is PID 1, which the kernel spares a
+/// SIGTERM it has no handler for, so an agent that listened late was killed at the end of its
+/// grace period instead, its watchdog armed and never fed (a node reset by a `kubectl delete`).
+async fn an_agent_stopped_while_starting_ends_cleanly_with_nothing_armed(lab: &Lab, node: &str) {
+    let requests = Api::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>::all(lab.client());
+    let prefix = format!("nodemedic-peer-{node}-");
+    eventually(
+        &format!("{node}'s agent asking for its peer certificate"),
+        LONG,
+        || async {
+            let listed = requests.list(&Default::default()).await.ok()?;
+            listed
+                .items
+                .iter()
+                .any(|r| r.name_any().starts_with(&prefix))
+                .then_some(())
+        },
+    )
+    .await;
+    let agent = format!("{node}/agent");
+    lab.terminate_process(&agent).expect("SIGTERM");
+    let ended = eventually(&format!("{node}'s starting agent stopped"), LONG, || async {
+        lab.process_exit_status(&agent)
+    })
+    .await;
+    assert!(
+        ended.success(),
+        "the SIGTERM ended the agent's own way, not by the signal: {ended}"
+    );
+    let stats = lab.watchdog_device_stats(node).expect("stats");
+    assert_eq!(
+        stats.opens, 0,
+        "an agent stopped before it armed its watchdog never opens it"
+    );
 }
 
 /// The agents with only what the chart gives a real agent pod: the `nodemedic-agent`

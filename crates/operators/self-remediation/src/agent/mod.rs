@@ -24,6 +24,7 @@ use std::{
 };
 
 pub use metrics::Metrics;
+use nodemedic_kube::shutdown::StopSignal;
 pub use settings::AgentArgs;
 
 use crate::{
@@ -37,8 +38,8 @@ use crate::{
     watchdog,
 };
 
-/// Runs the agent until the process is stopped.
-pub async fn run(args: AgentArgs) -> Result<()> {
+/// Runs the agent until `stop` says the process is stopped.
+pub async fn run(args: AgentArgs, mut stop: StopSignal) -> Result<()> {
     let settings = args.licence();
     let detector_settings = args.detector().map_err(crate::Error::InvalidDetector)?;
     let config = nodemedic_kube::client::infer_config().await?;
@@ -48,7 +49,14 @@ pub async fn run(args: AgentArgs) -> Result<()> {
     let (disarm, disarm_requests) = std::sync::mpsc::channel();
     // The identity comes first: a node whose agent cannot join the protocol is not armed (and is
     // not registered, so nothing will count on it fencing itself).
-    let identity = credentials::obtain(&client, &args.namespace, &args.node, &args.state_dir).await;
+    let identity = tokio::select! {
+        identity = credentials::obtain(&client, &args.namespace, &args.node, &args.state_dir) => identity,
+        // Nothing is armed or registered yet (the pod deleted as it starts): nothing to undo.
+        () = stop.received() => {
+            tracing::info!("stopped before arming the watchdog");
+            return Ok(());
+        }
+    };
     let mut fencing_settings = watchdog::Settings::new(&args.watchdog, args.watchdog_timeout, args.software_reboot);
     if args.software_reboot {
         fencing_settings.reboot = watchdog::Reboot::Sysrq(args.sysrq_trigger.clone());
@@ -98,7 +106,7 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         metrics::serve(bind, &metrics, secure).await?;
     }
     let addresses_sender = serve_peers(&args, &identity, &fast, &state, &metrics, detector_settings);
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop_licence, stopped) = tokio::sync::watch::channel(false);
     let incarnation = published.incarnation.clone();
     let publisher = publisher::Publisher::spawn(fast.clone(), args.namespace.clone());
     let finished = {
@@ -122,12 +130,12 @@ pub async fn run(args: AgentArgs) -> Result<()> {
         tokio::pin!(licence);
         tokio::select! {
             result = &mut licence => Some(result),
-            _ = shutdown::signal() => {
+            () = stop.received() => {
                 // From the signal on it votes for no one (its registration may soon say disarmed).
                 if let Ok(mut s) = state.lock() {
                     s.stop_voting();
                 }
-                let _ = stop.send(true);
+                let _ = stop_licence.send(true);
                 // Let the current round finish, then the registration writes (each must land before
                 // the disarm's, or fail).
                 if tokio::time::timeout(shutdown::ROUND_GRACE, &mut licence).await.is_err() {

@@ -36,8 +36,6 @@ pub(super) const ROUND_GRACE: Duration = Duration::from_secs(20);
 /// What the async side asks the feeder thread: close the watchdog, and say how it went.
 pub(super) type DisarmRequest = oneshot::Sender<std::result::Result<(), String>>;
 
-pub(super) use nodemedic_kube::shutdown::signal;
-
 pub(super) async fn stop(
     args: &AgentArgs,
     client: &Client,
