@@ -101,6 +101,22 @@ where
     (intents, peers)
 }
 
+/// The peers' read left pending after a renewed licence, given up on (`None`, so read again
+/// next round) when the next round is due: rounds start every apiCheckInterval, which the
+/// licence's length counts on, and a read hanging on a slow API server for its whole
+/// peerApiServerTimeout (5 s by default, more than the interval) would hold the next one back.
+async fn finish_by<P>(
+    next_round: Instant,
+    peers: impl std::future::Future<Output = Option<Result<P>>>,
+) -> Option<Result<P>> {
+    tokio::time::timeout_at(next_round.into(), peers)
+        .await
+        .unwrap_or_else(|_| {
+            tracing::debug!("the peers' read outlasted the round; reading them again next round");
+            None
+        })
+}
+
 /// What one read of the peers returns.
 struct Peers {
     /// Node -> `ip:port`.
@@ -192,7 +208,7 @@ impl Loop<'_> {
             self.answer(&mut rounds, sent, intents, &addresses).await?;
             self.feeder.licence_may_have_changed();
             if pending {
-                let done = peer_read.await;
+                let done = finish_by(sent + self.args.api_check_interval, peer_read).await;
                 self.take_peers_read(done, &mut rounds, sent, &mut addresses).await?;
             }
             if let Some(why) = self.lock()?.fenced() {
@@ -451,6 +467,27 @@ mod tests {
 
     fn failed() -> Result<()> {
         Err(crate::Error::Poisoned)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_peers_read_holds_the_next_round_back_never() {
+        let sent = Instant::now();
+        let clock = tokio::time::Instant::now();
+        let hanging_peers = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Some(Ok(()))
+        };
+        let done = finish_by(sent + Duration::from_secs(4), hanging_peers).await;
+        assert!(done.is_none(), "given up on, read again next round");
+        // The timer rounds up to the millisecond.
+        let waited = clock.elapsed().as_millis();
+        assert!((4000..=4002).contains(&waited), "the next round due after 4 s, not {waited} ms");
+
+        let prompt_peers = async { Some(Ok(())) };
+        assert!(matches!(
+            finish_by(Instant::now() + Duration::from_secs(4), prompt_peers).await,
+            Some(Ok(()))
+        ));
     }
 
     #[tokio::test(start_paused = true)]

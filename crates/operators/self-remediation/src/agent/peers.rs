@@ -188,11 +188,67 @@ pub(crate) async fn ask(
             .ok()?;
         from_wire(answer.into_inner()).map(|v| (node.clone(), v))
     });
-    let all = futures::future::join_all(asks);
-    tokio::time::timeout(dial + request + Duration::from_millis(200), all)
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
-        .collect()
+    gather(
+        asks,
+        tokio::time::Instant::now() + dial + request + Duration::from_millis(200),
+    )
+    .await
+}
+
+/// The answers that came by `deadline`: a peer still dialling or answering then costs its own
+/// vote only, never the votes already in (on a loaded node one slow handshake would otherwise
+/// make a round with a majority of grants count none, and lose a healthy node its licence).
+async fn gather<T>(
+    asks: impl IntoIterator<Item = impl std::future::Future<Output = Option<T>>>,
+    deadline: tokio::time::Instant,
+) -> Vec<T> {
+    use futures::StreamExt;
+    let mut pending: futures::stream::FuturesUnordered<_> = asks.into_iter().collect();
+    let mut answers = Vec::new();
+    while let Ok(Some(answer)) = tokio::time::timeout_at(deadline, pending.next()).await {
+        answers.extend(answer);
+    }
+    answers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::gather;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_still_answering_at_the_deadline_costs_only_its_own_vote() {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(2700);
+        let prompt = |vote: &'static str, after: u64| async move {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            Some(vote)
+        };
+        let asks = vec![
+            Box::pin(prompt("granted by node-2", 300)) as std::pin::Pin<Box<dyn std::future::Future<Output = _>>>,
+            Box::pin(async { None }),
+            Box::pin(prompt("too late from node-4", 60_000)),
+            Box::pin(prompt("granted by node-3", 2600)),
+        ];
+        let started = tokio::time::Instant::now();
+        let answers = gather(asks, deadline).await;
+        assert_eq!(answers, ["granted by node-2", "granted by node-3"]);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(2700),
+            "waited for the slow peer until the deadline only"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_ends_as_soon_as_every_peer_answered() {
+        let started = tokio::time::Instant::now();
+        let asks = [1u64, 2].map(|n| async move {
+            tokio::time::sleep(Duration::from_millis(100 * n)).await;
+            Some(n)
+        });
+        let answers = gather(asks, started + Duration::from_secs(3)).await;
+        assert_eq!(answers, [1, 2]);
+        assert_eq!(started.elapsed(), Duration::from_millis(200));
+    }
 }
