@@ -112,10 +112,11 @@ fn summary(r: &TrialResult) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fixed_chaos_trials_find_no_violation() {
+/// Runs the fixed trials on `path`'s labs (one lab per shape, as the campaign's runner keeps it).
+async fn trials_find_no_violation(path: PathKind) {
     logs();
-    let plans = plans();
+    let plans: Vec<TrialPlan> = plans().into_iter().filter(|p| p.shape.path == path).collect();
+    assert!(!plans.is_empty(), "no fixed trial on {path:?}");
     for p in &plans {
         assert_eq!(validate(p), Ok(()), "{p:?}");
     }
@@ -129,4 +130,15 @@ async fn fixed_chaos_trials_find_no_violation() {
         }
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+// Two tests, one per lab shape, so the suite's lanes can run them side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_chaos_trials_of_self_remediation_find_no_violation() {
+    trials_find_no_violation(PathKind::SelfRemediation).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_chaos_trials_of_fence_agents_find_no_violation() {
+    trials_find_no_violation(PathKind::FenceRedfish).await;
 }
