@@ -481,7 +481,10 @@ mod tests {
         assert!(done.is_none(), "given up on, read again next round");
         // The timer rounds up to the millisecond.
         let waited = clock.elapsed().as_millis();
-        assert!((4000..=4002).contains(&waited), "the next round due after 4 s, not {waited} ms");
+        assert!(
+            (4000..=4002).contains(&waited),
+            "the next round due after 4 s, not {waited} ms"
+        );
 
         let prompt_peers = async { Some(Ok(())) };
         assert!(matches!(
