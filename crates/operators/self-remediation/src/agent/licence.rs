@@ -469,14 +469,17 @@ mod tests {
         Err(crate::Error::Poisoned)
     }
 
+    /// A read of the peers hanging on a slow API server for `delay`.
+    async fn peers_answering_after(delay: Duration) -> Option<Result<()>> {
+        tokio::time::sleep(delay).await;
+        Some(Ok(()))
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_pending_peers_read_holds_the_next_round_back_never() {
         let sent = Instant::now();
         let clock = tokio::time::Instant::now();
-        let hanging_peers = async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            Some(Ok(()))
-        };
+        let hanging_peers = peers_answering_after(Duration::from_secs(5));
         let done = finish_by(sent + Duration::from_secs(4), hanging_peers).await;
         assert!(done.is_none(), "given up on, read again next round");
         // The timer rounds up to the millisecond.
@@ -497,10 +500,7 @@ mod tests {
     async fn a_failed_licence_read_waits_for_the_peers_only_until_its_timeout() {
         let start = Instant::now();
         let clock = tokio::time::Instant::now();
-        let hanging_peers = async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            Some(Ok(()))
-        };
+        let hanging_peers = peers_answering_after(Duration::from_secs(5));
         tokio::pin!(hanging_peers);
         let (intents, peers) = read_side_by_side(
             start + Duration::from_millis(1500),
