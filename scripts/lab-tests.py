@@ -2,7 +2,8 @@
 """Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
 
     lab-tests.py --lanes N --times TIMES_FILE [--logs DIR] [--expected EXPECTED_FILE] [--skip NAME]...
-                 [--after READY_FILE MODULES] --target LABEL EXECUTABLE FOLDER [--target ...]
+                 [--after READY_FILE MODULES] [--grow LANES READY_FILES]
+                 --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
 package's tests), so its time is its own and its output is printed whole once it ends, never
@@ -19,6 +20,12 @@ TIMES_FILE, and with `--logs DIR` its whole output (`--nocapture`, passing or no
 until READY_FILE exists, holding the exit status of what they need (tools still being built):
 0 lets them run, anything else fails them without running. A module named after several
 `--after`s waits for all of them. Lanes run other tests meanwhile.
+
+`--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
+READY_FILES holds an exit status (whatever it is): the machine's other work (builds, lints, unit
+tests) has ended and more labs fit beside each other. Tests started from then on are told how many
+short-timings labs may run at once (NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS, which the lab's slot locks
+obey), so the extra lanes do not just wait for a slot.
 """
 
 import argparse
@@ -41,19 +48,28 @@ class Test:
     after: list[str] = field(default_factory=list)
 
 
+# Read by the lab (nodemedic_lab's slot locks): how many short-timings labs run at once.
+SLOTS_VAR = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS"
+
+
 def ready(test: Test) -> str | None:
     """None while what the test needs is still being made; once all is made, the first failed
     maker's exit status, or "0"."""
-    for ready_file in test.after:
+    return made(test.after)
+
+
+def made(ready_files: list[str]) -> str | None:
+    """None while any of ready_files is missing or empty; then the first non-zero status, or "0"."""
+    for ready_file in ready_files:
         try:
-            with open(ready_file, encoding="utf-8") as status:
-                made = status.read().strip()
+            with open(ready_file, encoding="utf-8") as file:
+                status = file.read().strip()
         except FileNotFoundError:
             return None
-        if not made:
+        if not status:
             return None
-        if made != "0":
-            return made
+        if status != "0":
+            return status
     return "0"
 
 
@@ -87,6 +103,8 @@ class Run:
         self.lock = threading.Lock()
         self.failed: list[str] = []
         self.started = time.monotonic()
+        # The environment of the tests started from now on (see grow).
+        self.env = dict(os.environ)
 
     def next_test(self) -> tuple[Test, str] | None:
         """The first test whose needs are made, waiting while none is; None when none is left."""
@@ -100,6 +118,25 @@ class Run:
                         return self.queue.pop(index), status
             time.sleep(1)
 
+    def grow(self, lanes: int, first: int, ready_files: list[str]) -> None:
+        """Once every ready file is made, lanes `first`..`lanes` join the others; returns when they
+        end (at once when the queue empties first)."""
+        while made(ready_files) is None:
+            with self.lock:
+                if not self.queue:
+                    return
+            time.sleep(1)
+        with self.lock:
+            self.env = {**os.environ, SLOTS_VAR: str(lanes)}
+            at = time.monotonic() - self.started
+            sys.stdout.write(f"at {at:.0f}s: the machine's other work has ended; {lanes} lanes from now on\n")
+            sys.stdout.flush()
+        added = [threading.Thread(target=self.lane, args=(n,)) for n in range(first, lanes + 1)]
+        for lane in added:
+            lane.start()
+        for lane in added:
+            lane.join()
+
     def lane(self, number: int) -> None:
         while picked := self.next_test():
             test, status = picked
@@ -110,6 +147,8 @@ class Run:
 
     def run_one(self, lane: int, test: Test) -> None:
         began = time.monotonic()
+        with self.lock:
+            env = self.env
         with tempfile.TemporaryFile() as output:
             status = subprocess.run(
                 [test.executable, "--exact", test.name, "--test-threads=1"]
@@ -118,6 +157,7 @@ class Run:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=env,
             ).returncode
             took = time.monotonic() - began
             output.seek(0)
@@ -151,6 +191,7 @@ def main() -> int:
     parser.add_argument("--expected")
     parser.add_argument("--skip", action="append", default=[])
     parser.add_argument("--after", nargs=2, action="append", default=[], metavar=("READY_FILE", "MODULES"))
+    parser.add_argument("--grow", nargs=2, metavar=("LANES", "READY_FILES"))
     parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
     args = parser.parse_args()
 
@@ -166,6 +207,9 @@ def main() -> int:
     run = Run(list(tests), args.times, args.logs)
     print(f"{len(tests)} tests in {args.lanes} lanes, longest first", flush=True)
     lanes = [threading.Thread(target=run.lane, args=(n + 1,)) for n in range(args.lanes)]
+    if args.grow and int(args.grow[0]) > args.lanes:
+        grown = (int(args.grow[0]), args.lanes + 1, args.grow[1].split(","))
+        lanes.append(threading.Thread(target=run.grow, args=grown))
     for lane in lanes:
         lane.start()
     for lane in lanes:

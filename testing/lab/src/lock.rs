@@ -3,7 +3,8 @@
 //!
 //! A lab on short timings (a node Unknown after 5 s of silence, a 3 s watchdog) needs its
 //! processes to run within a second or two of when they ask: a few such labs share a machine,
-//! one per core and at most [`MOST_SHORT_TIMINGS_LABS`], each taking one slot. A lab that keeps
+//! one per core (or as many as a test runner that knows the machine is otherwise idle says) and
+//! at most [`MOST_SHORT_TIMINGS_LABS`], each taking one slot. A lab that keeps
 //! the CPU busy on its own (a fleet of thousands of nodes, a benchmark) takes every slot, so no
 //! short-timings lab runs beside it. A lab whose timings tolerate a busy machine (Kubernetes'
 //! defaults: a node is Unknown after 50 s of silence, a watchdog waits a minute) holds a lock of
@@ -118,10 +119,22 @@ impl LabKind {
     }
 }
 
-/// How many short-timings labs this machine runs at once: one per core.
+/// Names how many short-timings labs run at once instead of one per core: a test runner that
+/// knows the machine's other work has ended (scripts/lab-tests.py `--grow`) lets more labs in.
+const SHORT_TIMINGS_SLOTS_VAR: &str = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS";
+
+/// How many short-timings labs this machine runs at once: one per core, or as many as
+/// [`SHORT_TIMINGS_SLOTS_VAR`] says; at most [`MOST_SHORT_TIMINGS_LABS`] either way.
 pub(crate) fn short_timings_slots() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, usize::from)
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    slots_for(cores, std::env::var(SHORT_TIMINGS_SLOTS_VAR).ok().as_deref())
+}
+
+/// A value that is not a count is ignored (one slot per core), so a typo cannot let every lab in.
+fn slots_for(cores: usize, asked: Option<&str>) -> usize {
+    asked
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or(cores)
         .clamp(1, MOST_SHORT_TIMINGS_LABS)
 }
 
@@ -145,9 +158,11 @@ impl LabLock {
         for &kind in kinds {
             match kind {
                 LabKind::ShortTimings => locks.push(any_slot(kind).await?),
-                // Every slot in the one order every lab takes them, so two never wait on each other.
+                // Every slot in the one order every lab takes them, so two never wait on each
+                // other; every slot there can be, not only those this process counts, so a lab
+                // started with more slots (SHORT_TIMINGS_SLOTS_VAR) never runs beside this one.
                 LabKind::ShortTimingsAlone => {
-                    for slot in 0..short_timings_slots() {
+                    for slot in 0..MOST_SHORT_TIMINGS_LABS {
                         locks.push(lock(slot_file(slot), kind.waits_for()).await?);
                     }
                 }
@@ -346,5 +361,15 @@ mod tests {
         assert_eq!(super::lab_id_of("nmzzzz"), None);
         assert_eq!(super::lab_id_of("eth0"), None);
         assert_eq!(super::lab_id_of("nm3fa2v1"), None);
+    }
+
+    #[test]
+    fn a_runner_may_let_more_labs_in_than_cores_but_never_more_than_the_most() {
+        assert_eq!(super::slots_for(2, None), 2);
+        assert_eq!(super::slots_for(2, Some("3")), 3);
+        assert_eq!(super::slots_for(2, Some("9")), super::MOST_SHORT_TIMINGS_LABS);
+        assert_eq!(super::slots_for(16, None), super::MOST_SHORT_TIMINGS_LABS);
+        assert_eq!(super::slots_for(2, Some("0")), 1);
+        assert_eq!(super::slots_for(2, Some("three")), 2);
     }
 }
