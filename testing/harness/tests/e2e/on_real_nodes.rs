@@ -424,6 +424,7 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
         listed.items.into_iter().find(|p| agent_on(p) && ready(p))
     })
     .await;
+    established(&lab, node).await;
     let old_name = old.metadata.name.clone().expect("name");
     let fed_before = lab.watchdog_device_stats(node).expect("stats").keepalives;
     lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--grace-period=0", "--force"])
@@ -496,6 +497,30 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
         .collect();
     assert!(fenced.is_empty(), "a node was fenced: {fenced:?}");
     assert!(snr(&client, node).await.is_none(), "node-2 was remediated");
+}
+
+/// The agent on `node` is past its start: its registration is in the API, armed, and it has fed
+/// the node's watchdog since. A ready pod is not enough: the agent has no readiness probe, so its
+/// pod is ready as its process starts. Killed that early (0.6 s after its start, in the red run
+/// ci-20261206T144734Z), an agent that has armed its watchdog but not finished its first licence
+/// round cannot disarm within a forced deletion's 2 s, which is the seed's scenario no more.
+async fn established(lab: &Lab, node: &str) {
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(lab.client(), NS);
+    let registration = format!("nodemedic-agent-{node}");
+    eventually(&format!("{node}'s agent registered and armed"), LONG, || async {
+        let lease = leases.get_opt(&registration).await.ok()??;
+        let disarmed = lease
+            .annotations()
+            .get("nodemedic.medik8s.io/disarmed")
+            .map(String::as_str);
+        (disarmed != Some("true")).then_some(())
+    })
+    .await;
+    let fed = lab.watchdog_device_stats(node).expect("stats").keepalives;
+    eventually(&format!("{node}'s agent feeding its watchdog"), LONG, || async {
+        (lab.watchdog_device_stats(node).ok()?.keepalives > fed + 3).then_some(())
+    })
+    .await;
 }
 
 fn ready(pod: &Pod) -> bool {
