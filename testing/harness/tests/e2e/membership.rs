@@ -7,23 +7,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, ResourceExt};
 use nodemedic_api::self_remediation::{CONFIG_NAME, SelfNodeRemediationConfig};
-use nodemedic_lab::{Event, Lab, LabConfig, NodeSpec};
+use nodemedic_lab::{Lab, LabConfig, NodeSpec};
 
 use crate::{
     selfremediation::{cluster, exe, running_pod, snr},
-    support::{NS, assert_witness, eventually, scenario},
+    support::{NS, assert_witness, eventually, recorded_running, scenario},
 };
 use scenario::{LabWatchdog, node_of};
-
-/// When the lab saw `pod` Running.
-fn running_at(lab: &Lab, pod: &Pod) -> jiff::Timestamp {
-    lab.timeline()
-        .entries()
-        .into_iter()
-        .find(|e| matches!(&e.event, Event::PodPhase { pod: p, phase, .. } if Some(&p.uid) == pod.metadata.uid.as_ref() && phase == "Running"))
-        .map(|e| e.at)
-        .expect("the pod's Running is recorded")
-}
 
 /// The provable safe time the manager reports for the registered agents.
 pub(crate) async fn safe_time(client: &Client) -> Duration {
@@ -42,7 +32,7 @@ pub(crate) async fn safe_time(client: &Client) -> Duration {
 pub(crate) async fn creation_to_running(lab: &Lab, node: &str, moved: &Pod) -> Duration {
     let remediation = snr(&lab.client(), node).await.expect("the remediation");
     let created = remediation.creation_timestamp().expect("created").0;
-    Duration::try_from(running_at(lab, moved).duration_since(created)).expect("after")
+    Duration::try_from(recorded_running(lab, moved).await.duration_since(created)).expect("after")
 }
 
 /// A node added to a running cluster is a member within seconds of its agent starting; a Node

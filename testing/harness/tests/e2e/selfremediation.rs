@@ -15,8 +15,8 @@ use nodemedic_lab::{Event, Lab, LabConfig, wait};
 use serde_json::json;
 
 use crate::support::{
-    NS, apply_seed, apply_seed_check, assert_witness, event_with, eventually, lab, list, scenario, start_controller,
-    taints,
+    NS, apply_seed, apply_seed_check, assert_witness, event_with, eventually, lab, list, recorded_running, scenario,
+    start_controller, taints,
 };
 use scenario::{LabWatchdog, node_of};
 
@@ -210,13 +210,7 @@ async fn partition_fences(config: LabConfig, more: usize, watchdog: LabWatchdog)
     let cut_refs: Vec<&str> = cut.iter().map(String::as_str).collect();
     lab.partition(&cut_refs).await.expect("partition");
     let moved = running_pod(&client, &cut_refs).await;
-    let moved_at = lab
-        .timeline()
-        .entries()
-        .into_iter()
-        .find(|e| matches!(&e.event, Event::PodPhase { pod, phase, .. } if Some(&pod.uid) == moved.metadata.uid.as_ref() && phase == "Running"))
-        .expect("recorded")
-        .at;
+    let moved_at = recorded_running(&lab, &moved).await;
     for node in &cut {
         let fenced_at = eventually(&format!("{node} fenced"), LONG, || async {
             lab.timeline()

@@ -110,6 +110,22 @@ where
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// When the lab's observer saw `pod` Running. The observer learns it from its own watch, which
+/// may deliver it after a test's read already found the pod Running: wait for the record.
+pub async fn recorded_running(lab: &Lab, pod: &k8s_openapi::api::core::v1::Pod) -> jiff::Timestamp {
+    let uid = pod.metadata.uid.clone().expect("a pod read from the API has a uid");
+    eventually("the pod's Running in the lab's timeline", Duration::from_secs(30), || async {
+        lab.timeline()
+            .entries()
+            .into_iter()
+            .find(|e| {
+                matches!(&e.event, nodemedic_lab::Event::PodPhase { pod, phase, .. } if pod.uid == uid && phase == "Running")
+            })
+            .map(|e| e.at)
+    })
+    .await
+}
+
 /// Events (events.k8s.io) with this reason whose note contains `text`.
 pub async fn event_with(client: &Client, reason: &str, text: &str) -> Option<k8s_openapi::api::events::v1::Event> {
     let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
