@@ -24,7 +24,7 @@ cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/node-containerd-v$CONTAINERD_VERSION-cni-v$CNI_PLUGINS_VERSION"
 sources=$root/testing/lab/node-images
 mkdir -p "$out"
-export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local GOGC=400
+export GOFLAGS=-mod=mod CGO_ENABLED=0 GOTOOLCHAIN=local
 log() { printf '[build-node] %s\n' "$*" >&2; }
 
 for tool in umoci skopeo runc; do

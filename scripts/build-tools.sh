@@ -50,7 +50,7 @@ validator_src="$here/bundle-validate"
 validator_sum=$(cat "$validator_src/main.go" "$validator_src/go.mod" "$validator_src/go.sum" | sha256sum | cut -c1-16)
 if [ "$(cat "$out/bundle-validate.sources" 2>/dev/null)" != "$validator_sum" ] || [ ! -x "$out/bundle-validate" ]; then
   log "building the OLM bundle validator ($(sed -n 's/^require github.com\/operator-framework\/api //p' "$validator_src/go.mod"); first time only, a few minutes)"
-  (cd "$validator_src" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$out/bundle-validate" .)
+  (cd "$validator_src" && GOFLAGS=-mod=readonly go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$out/bundle-validate" .)
   echo "$validator_sum" >"$out/bundle-validate.sources"
 fi
 
@@ -63,7 +63,8 @@ if [ "$(cat "$out/olm.sources" 2>/dev/null)" != "$olm_sum" ] || [ ! -x "$out/olm
     cd "$olm_src"
     export GOFLAGS=-mod=readonly
     # The tags opm's own release build uses: no gpgme (cgo), SQLite's JSON functions.
-    go build -trimpath -tags containers_image_openpgp,json1 -ldflags "-s -w" -o "$out/" \
+    # -s -w leave the debug information out, so the compiler need not produce it either.
+    go build -trimpath -tags containers_image_openpgp,json1 -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$out/" \
       github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
       github.com/operator-framework/operator-lifecycle-manager/cmd/catalog \
       github.com/operator-framework/operator-registry/cmd/opm

@@ -12,3 +12,8 @@ case "$first_proxy" in
   *) export GOPROXY="$first_proxy|$first_proxy|$first_proxy" ;;
 esac
 unset first_proxy
+
+# The compiler collects garbage less often: about 6% less CPU for the control plane's build from
+# an empty cache (559 CPU-seconds instead of 597), at about the same peak memory; every Go build
+# from an empty cache sits on a fresh CI run's path.
+export GOGC=400

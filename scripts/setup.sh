@@ -15,6 +15,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.env"
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 log() { printf '[setup] %s\n' "$*" >&2; }
+# Runs a build script and says what it cost (near nothing once its cache holds the result): with
+# every cache empty the Go builds are most of a CI run's work, and these lines say which.
+build() {
+  local TIMEFORMAT="[setup] $1: %0R s, %0U+%0S CPU-seconds"
+  time bash "$here/$1" >/dev/null
+}
 
 if [ "$(id -u)" != 0 ]; then
   log "ERROR: run as root (the lab creates network namespaces, bridges and nftables rules)"
@@ -59,7 +65,7 @@ lab() {
       "$moto_venv/bin/pip" install -q --disable-pip-version-check "moto[ec2,proxy]==$MOTO_VERSION"; } &
     moto=$!
   fi
-  bash "$here/build-controlplane.sh" >/dev/null
+  build build-controlplane.sh
   if [ -n "$sushy" ] && ! wait "$sushy"; then
     log "ERROR: installing sushy-tools into $venv failed (see above); remove $venv and run again"
     exit 1
@@ -75,10 +81,10 @@ lab() {
 # Debian's Prometheus and promtool (rebalancing); containerd, the CNI plugins and the pause and
 # writer images (real lab nodes).
 later() {
-  bash "$here/build-node.sh" >/dev/null
-  bash "$here/build-tools.sh" >/dev/null
-  bash "$here/build-machine-layer.sh" >/dev/null
-  bash "$here/build-descheduler.sh" >/dev/null
+  build build-node.sh
+  build build-tools.sh
+  build build-machine-layer.sh
+  build build-descheduler.sh
 }
 
 phase=${1:-all}
