@@ -271,8 +271,9 @@ step "meanwhile: cargo clippy, unit and property tests, doc tests, lab-free test
 # The unit, doc and lab-free tests build in the lab-test profile, for the whole workspace: its
 # features resolve as the lab-test build's do (testing/harness's dev-dependencies see to it), so
 # they reuse its dependencies. In the dev profile they built their own from nothing: 504
-# CPU-seconds for the unit tests and 216 for nodemedic-api's lab-free target (`-p` resolves that
-# package's features alone), half the CPU a warm run's first twenty minutes had to spare.
+# CPU-seconds for the unit tests, 216 and 131 for the lab-free targets (`-p` resolves one
+# package's features alone); in this profile only the workspace's test crates compile (at most
+# 227 CPU-seconds, measured with tokio's dependants rebuilt too), on an idle machine.
 lab_free_tests() {
   local json target manifest executable
   json=$(mktemp)
