@@ -11,6 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.env"
 # shellcheck source=go-env.sh
 . "$here/go-env.sh"
+# shellcheck source=go-module.sh
+. "$here/go-module.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/k8s-v$KUBERNETES_VERSION-etcd-v$ETCD_VERSION-kwok-v$KWOK_VERSION"
@@ -25,46 +27,18 @@ have() {
   [ -x "$out/$1" ] && "$out/$1" $flag >/dev/null 2>&1
 }
 
-# One Go module builds all six: its single dependency graph (each shared module at the highest
-# version any of them requires) compiles the Kubernetes libraries, gRPC and OpenTelemetry once,
-# where a module per component (kwok pins other patch releases of client-go and apiserver, etcd
-# another gRPC) compiled them up to three times. Measured on 2 cores from an empty build cache:
-# 733 CPU-seconds as three modules, 597 as one, 559 with GOGC=400, 481 without debug information;
-# this build sits on a fresh CI run's critical path.
+# One Go module builds all of them (scripts/go-module.sh), with the later tools: each shared library
+# at one version, compiled once. Measured on 2 cores from an empty build cache: 733 CPU-seconds as
+# three modules, 597 as one, 559 with GOGC=400, 481 without debug information; this build sits on
+# a fresh CI run's critical path.
 build_all() (
   if have kube-apiserver && have kube-controller-manager && have kube-scheduler && have kubectl \
     && have kubelet && have kube-proxy && have etcd && have kwok; then
     return
   fi
   log "building Kubernetes v$KUBERNETES_VERSION, etcd v$ETCD_VERSION and kwok v$KWOK_VERSION (first time only, ~4 min on 2 cores)"
-  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  cd "$work"
-  go mod init local/controlplane >/dev/null 2>&1
-  # etcd's server/v3 has local replace directives, so `go install` refuses it; its main is one call.
-  mkdir etcd
-  cat > etcd/main.go <<'GO'
-package main
-
-import (
-	"os"
-
-	"go.etcd.io/etcd/server/v3/etcdmain"
-)
-
-func main() { etcdmain.Main(os.Args) }
-GO
-  # k8s.io/kubernetes maps its staging modules with local replace directives, which do not
-  # propagate to a consumer. Mirror them with the published v0.<minor>.<patch> tags instead,
-  # taking the list from the release's own go.mod so a new staging module is never missed. kwok
-  # builds against the same ones.
-  local staging=v0.${KUBERNETES_VERSION#1.}
-  go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" >/dev/null
-  local gomod; gomod=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$KUBERNETES_VERSION.mod
-  grep -oE '^\s+k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | while read -r m; do
-    go mod edit -replace "$m=$m@$staging"
-  done
-  go get "k8s.io/kubernetes@v$KUBERNETES_VERSION" "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" \
-    "sigs.k8s.io/kwok@v$KWOK_VERSION" >/dev/null
+  local module; module=$(shared_module)
+  cd "$module"
   local v=k8s.io/component-base/version minor; minor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)
   local ldflags="-s -w -X $v.gitVersion=v$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor \
     -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z \
@@ -76,7 +50,7 @@ GO
   # Go's panics and stack traces read the symbol table, which stays.
   # The kubelet and kube-proxy share most of the control plane's packages: about 46 CPU-seconds
   # more in this build.
-  go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" -o "$out/" \
+  go build "${shared_build_flags[@]}" -ldflags "$ldflags" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \

@@ -4,6 +4,8 @@
 #                 KubeDescheduler's policy runs in
 #   prometheus    Prometheus and promtool, from Debian's package (extracted: no service starts),
 #   promtool      which scrape the lab's node exporters and check the chart's recording rules
+# The descheduler builds in the control plane's Go module (scripts/go-module.sh), linking the
+# Kubernetes libraries its build compiled.
 # Idempotent: binaries that run are kept. Prints the directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,6 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.env"
 # shellcheck source=go-env.sh
 . "$here/go-env.sh"
+# shellcheck source=go-module.sh
+. "$here/go-module.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/rebalancing-descheduler-v$DESCHEDULER_VERSION-prometheus-$PROMETHEUS_DEBIAN_VERSION"
@@ -20,16 +24,11 @@ log() { printf '[build-descheduler] %s\n' "$*" >&2; }
 
 if ! { [ -x "$out/descheduler" ] && "$out/descheduler" version >/dev/null 2>&1; }; then
   log "building the descheduler v$DESCHEDULER_VERSION (first time only, a few minutes)"
-  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  module=$(shared_module)
   (
-    cd "$work"
-    go mod init local/descheduler >/dev/null 2>&1
-    # The module replaces k8s.io/kube-openapi, which `go install` refuses and a consumer does not
-    # inherit: repeat the replace here.
-    go mod edit -replace "k8s.io/kube-openapi=k8s.io/kube-openapi@$DESCHEDULER_KUBE_OPENAPI"
-    go get "sigs.k8s.io/descheduler@v$DESCHEDULER_VERSION" >/dev/null
+    cd "$module"
     v=sigs.k8s.io/descheduler/pkg/version
-    go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X $v.version=v$DESCHEDULER_VERSION -X $v.buildDate=1970-01-01T00:00:00Z \
+    go build "${shared_build_flags[@]}" -ldflags "-s -w -X $v.version=v$DESCHEDULER_VERSION -X $v.buildDate=1970-01-01T00:00:00Z \
       -X $v.gitbranch=release-${DESCHEDULER_VERSION%.*} -X $v.gitsha1=v$DESCHEDULER_VERSION" \
       -o "$out/descheduler" sigs.k8s.io/descheduler/cmd/descheduler
   )

@@ -7,6 +7,10 @@
 #                        Machine API CRDs (github.com/openshift/api, machine/v1beta1), whose
 #                        controller the lab plays itself (none can be had here), and OpenShift's
 #                        ClusterVersion and MachineConfigPool CRDs (upgrade signals)
+# The manager builds in the control plane's Go module (scripts/go-module.sh), linking the
+# Kubernetes libraries its build compiled.
+# Usage: build-machine-layer.sh [--crds-only]   (--crds-only: the CRDs, downloads only, as
+# `scripts/setup.sh lab` fetches them for the tests that install them without the manager)
 # Idempotent: a manager that runs (--help) and present CRDs are kept. Prints the directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -14,6 +18,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.env"
 # shellcheck source=go-env.sh
 . "$here/go-env.sh"
+# shellcheck source=go-module.sh
+. "$here/go-module.sh"
+case "${1:-}" in
+  "") crds_only=false ;;
+  --crds-only) crds_only=true ;;
+  *) echo "usage: build-machine-layer.sh [--crds-only]" >&2; exit 2 ;;
+esac
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/machine-layer-capi-v$CLUSTER_API_VERSION-openshift-api-$OPENSHIFT_API_VERSION"
@@ -24,23 +35,6 @@ log() { printf '[build-machine-layer] %s\n' "$*" >&2; }
 module_dir() {
   (cd "$cache" && go mod download -json "$1") | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
-
-if ! { [ -x "$out/cluster-api-manager" ] && "$out/cluster-api-manager" --help >/dev/null 2>&1; }; then
-  log "building the Cluster API v$CLUSTER_API_VERSION core manager (first time only, a few minutes)"
-  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  (
-    cd "$work"
-    go mod init local/clusterapi >/dev/null 2>&1
-    # The module replaces its own api module with ./api, which `go install` refuses and a
-    # consumer does not inherit: pin the published api module of the same release instead.
-    go mod edit -replace "sigs.k8s.io/cluster-api/api=sigs.k8s.io/cluster-api/api@v$CLUSTER_API_VERSION"
-    go get "sigs.k8s.io/cluster-api@v$CLUSTER_API_VERSION" >/dev/null
-    v=sigs.k8s.io/cluster-api/version
-    go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X $v.gitVersion=v$CLUSTER_API_VERSION -X $v.gitMajor=1 \
-      -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
-      -o "$out/cluster-api-manager" sigs.k8s.io/cluster-api/core
-  )
-fi
 
 capi=$(module_dir "sigs.k8s.io/cluster-api@v$CLUSTER_API_VERSION")
 for crd in "$capi"/core/config/crd/bases/*.yaml; do
@@ -73,5 +67,21 @@ for entry in "${upgrades[@]}"; do
     install -m 0644 "$dir/${entry%%:*}" "$out/crds/${entry#*:}"
   fi
 done
+if [ "$crds_only" = true ]; then
+  echo "$out"
+  exit 0
+fi
+if ! { [ -x "$out/cluster-api-manager" ] && "$out/cluster-api-manager" --help >/dev/null 2>&1; }; then
+  log "building the Cluster API v$CLUSTER_API_VERSION core manager (first time only, a few minutes)"
+  module=$(shared_module)
+  (
+    cd "$module"
+    v=sigs.k8s.io/cluster-api/version
+    go build "${shared_build_flags[@]}" -ldflags "-s -w -X $v.gitVersion=v$CLUSTER_API_VERSION -X $v.gitMajor=1 \
+      -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" \
+      -o "$out/cluster-api-manager" sigs.k8s.io/cluster-api/core
+  )
+fi
+
 "$out/cluster-api-manager" --help >/dev/null 2>&1 || { log "ERROR: $out/cluster-api-manager does not run"; exit 1; }
 echo "$out"

@@ -9,6 +9,9 @@
 #   kube-network-policies-v<version>           NetworkPolicies on real nodes, for the labs that ask
 #                                              (sigs.k8s.io/kube-network-policies, patched: see
 #                                              testing/lab/node-patches)
+# containerd, the registrar and kube-network-policies build in the control plane's Go module
+# (scripts/go-module.sh), linking the Kubernetes libraries, gRPC and OpenTelemetry its build
+# compiled; the CNI plugins (on a newer OpenTelemetry) and the images keep modules of their own.
 # Idempotent: nothing is built when every binary answers and the images (and the patched
 # kube-network-policies) match their sources.
 # Prints the directory.
@@ -19,6 +22,8 @@ root=$(cd "$here/.." && pwd)
 . "$here/versions.env"
 # shellcheck source=go-env.sh
 . "$here/go-env.sh"
+# shellcheck source=go-module.sh
+. "$here/go-module.sh"
 
 cache=${NODEMEDIC_CACHE:-$HOME/.cache/nodemedic}
 out="$cache/bin/node-containerd-v$CONTAINERD_VERSION-cni-v$CNI_PLUGINS_VERSION"
@@ -40,19 +45,18 @@ have_binaries() {
 
 build_binaries() (
   log "building containerd v$CONTAINERD_VERSION and the CNI plugins v$CNI_PLUGINS_VERSION (first time only, ~2 min on 2 cores)"
-  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  cd "$work"
-  go mod init local/node >/dev/null 2>&1
-  go get "github.com/containerd/containerd/v2@v$CONTAINERD_VERSION" \
-    "github.com/containernetworking/plugins@v$CNI_PLUGINS_VERSION" >/dev/null
-  local c=github.com/containerd/containerd/v2 p=github.com/containernetworking/plugins/plugins
+  local c=github.com/containerd/containerd/v2 p=github.com/containernetworking/plugins/plugins module work
   local stamp="-s -w -X $c/version.Version=v$CONTAINERD_VERSION -X $c/version.Package=$c"
+  module=$(shared_module)
+  cd "$module"
   # No btrfs snapshotter (it needs cgo); the shim without its gRPC server (ttrpc only), as
   # containerd's own release build makes it.
-  go build -trimpath -tags no_btrfs -gcflags=all=-dwarf=false -ldflags "$stamp" -o "$out/" \
-    "$c/cmd/containerd" "$c/cmd/ctr"
-  go build -trimpath -tags no_grpc -gcflags=all=-dwarf=false -ldflags "$stamp" -o "$out/" \
-    "$c/cmd/containerd-shim-runc-v2"
+  go build "${shared_build_flags[@]}" -tags no_btrfs -ldflags "$stamp" -o "$out/" "$c/cmd/containerd" "$c/cmd/ctr"
+  go build "${shared_build_flags[@]}" -tags no_grpc -ldflags "$stamp" -o "$out/" "$c/cmd/containerd-shim-runc-v2"
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  cd "$work"
+  go mod init local/node >/dev/null 2>&1
+  go get "github.com/containernetworking/plugins@v$CNI_PLUGINS_VERSION" >/dev/null
   go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$out/" \
     "$p/main/bridge" "$p/ipam/host-local" "$p/main/loopback" "$p/meta/portmap"
 )
@@ -78,12 +82,11 @@ have_binaries || build_binaries
 have_binaries || { log "ERROR: containerd or a CNI plugin did not build into $out"; exit 1; }
 # The registrar, with the kubelet's own registration API (k8s.io/kubelet of the pinned release).
 registrar() (
-  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  cd "$work"
-  go mod init local/csi-registrar >/dev/null 2>&1
-  cp "$sources/csi-registrar/main.go" .
-  go get "k8s.io/kubelet@v0.${KUBERNETES_VERSION#1.}" google.golang.org/grpc >/dev/null
-  go build -trimpath -ldflags "-s -w" -o "$out/csi-registrar" .
+  local module; module=$(shared_module)
+  mkdir -p "$module/csi-registrar"
+  cp "$sources/csi-registrar/main.go" "$module/csi-registrar/"
+  cd "$module"
+  go build "${shared_build_flags[@]}" -ldflags "-s -w" -o "$out/csi-registrar" ./csi-registrar
 )
 
 # The images and the registrar follow their sources: a changed program is rebuilt.
@@ -95,21 +98,14 @@ if [ "$(cat "$out/sources.digest" 2>/dev/null)" != "$digest" ] || [ ! -x "$out/c
   registrar
   echo "$digest" >"$out/sources.digest"
 fi
-# kube-network-policies from its module's source with the lab's patch: this kernel has no
-# nftables `queue` expression (CONFIG_NFT_QUEUE), so it queues through x_tables' NFQUEUE target
-# (nft_compat); and it takes a kubeconfig (it runs as a node's process, not a pod).
+# kube-network-policies with the lab's patch (scripts/go-module.sh applies it to the module's
+# copy): this kernel has no nftables `queue` expression (CONFIG_NFT_QUEUE), so it queues through
+# x_tables' NFQUEUE target (nft_compat); and it takes a kubeconfig (it runs as a node's process,
+# not a pod).
 network_policies() (
-  local work; work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-  local module=sigs.k8s.io/kube-network-policies@v$KUBE_NETWORK_POLICIES_VERSION
-  local source
-  source=$(go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-  [ -d "$source" ] || { log "ERROR: go mod download $module found no source"; exit 1; }
-  cp -r "$source/." "$work/" && chmod -R u+w "$work"
-  cd "$work"
-  git apply "$patch"
-  # -mod=readonly: the module's own go.mod and go.sum pin every dependency (the patch imports
-  # only packages of modules it already requires).
-  GOFLAGS=-mod=readonly go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$policies.partial" ./cmd
+  local module; module=$(shared_module)
+  cd "$module"
+  go build "${shared_build_flags[@]}" -ldflags "-s -w" -o "$policies.partial" sigs.k8s.io/kube-network-policies/cmd
   mv "$policies.partial" "$policies"
 )
 patch=$root/testing/lab/node-patches/kube-network-policies.patch

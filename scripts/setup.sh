@@ -2,13 +2,19 @@
 # Installs everything nodemedic's tests, demo and benchmarks need on a fresh Debian bookworm
 # machine (as root). Idempotent: every step checks first and does nothing when already done.
 #
-# Usage: setup.sh [all|packages|lab|later]   (default: all, in that order)
+# Usage: setup.sh [all|packages|lab|later|PART]   (default: all, in that order)
 #   packages  Debian packages and Rust lint tools: what building the workspace needs
-#   lab       the Redfish BMC emulator and the control plane: what every lab test needs
-#   later     Helm, the machine layer, the descheduler, Prometheus and what real lab nodes run
-#             besides the kubelet (containerd, the CNI plugins, two images): what only some tests need
+#   lab       the Redfish BMC emulator, the control plane and the machine layers' CRDs: what every
+#             lab test needs
+#   later     what only some tests need, its parts in this order:
+#     chart-tools    Helm, the Prometheus operator's CRDs and the OLM bundle validator
+#     node           what real lab nodes run besides the kubelet (containerd, the CNI plugins, two
+#                    images, kube-network-policies)
+#     machine-layer  Cluster API's manager
+#     descheduler    the upstream descheduler, Prometheus and promtool
+#     olm            OLM's two operators and opm
 # The test driver runs the phases apart, so that the Go builds overlap the Rust build and the
-# first lab test (scripts/test.sh).
+# lab tests, each test waiting only for the part it needs (scripts/test.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -47,8 +53,9 @@ packages() {
   done
 }
 
-# The Redfish BMC emulator and the EC2 emulator (moto), each in its own virtualenv, and the
-# control plane (kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok).
+# The Redfish BMC emulator and the EC2 emulator (moto), each in its own virtualenv, the control
+# plane (kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok) and the machine layers'
+# CRDs (downloads only: the tests that install them need nothing else of the later parts).
 lab() {
   local venv="$cache/venv-sushy-tools-$SUSHY_TOOLS_VERSION" sushy=""
   local moto_venv="$cache/venv-moto-$MOTO_VERSION" moto=""
@@ -65,7 +72,13 @@ lab() {
       "$moto_venv/bin/pip" install -q --disable-pip-version-check "moto[ec2,proxy]==$MOTO_VERSION"; } &
     moto=$!
   fi
+  bash "$here/build-machine-layer.sh" --crds-only >/dev/null &
+  local crds=$!
   build build-controlplane.sh
+  if ! wait "$crds"; then
+    log "ERROR: fetching the machine layers' CRDs failed (see above)"
+    exit 1
+  fi
   if [ -n "$sushy" ] && ! wait "$sushy"; then
     log "ERROR: installing sushy-tools into $venv failed (see above); remove $venv and run again"
     exit 1
@@ -76,21 +89,29 @@ lab() {
   fi
 }
 
-# Helm and the Prometheus operator CRDs (the chart and its test); Cluster API's core manager and
-# CRDs and the OpenShift Machine API CRDs (machine remediation); the upstream descheduler and
-# Debian's Prometheus and promtool (rebalancing); containerd, the CNI plugins and the pause and
-# writer images (real lab nodes).
+# The later parts, cheapest first among those most tests wait for: the chart's tools and the
+# machine layer and descheduler share the control plane's compiled libraries (scripts/go-module.sh),
+# real nodes' parts build their own, and OLM (one test) builds the most.
+later_parts=(chart-tools node machine-layer descheduler olm)
+part() {
+  case "$1" in
+    chart-tools) build build-tools.sh ;;
+    node) build build-node.sh ;;
+    machine-layer) build build-machine-layer.sh ;;
+    descheduler) build build-descheduler.sh ;;
+    olm) build build-olm.sh ;;
+  esac
+}
 later() {
-  build build-node.sh
-  build build-tools.sh
-  build build-machine-layer.sh
-  build build-descheduler.sh
+  local p
+  for p in "${later_parts[@]}"; do part "$p"; done
 }
 
 phase=${1:-all}
 case "$phase" in
   all) packages; lab; later ;;
   packages | lab | later) "$phase" ;;
-  *) log "ERROR: unknown phase '$phase': use all, packages, lab or later"; exit 2 ;;
+  chart-tools | node | machine-layer | descheduler | olm) part "$phase" ;;
+  *) log "ERROR: unknown phase '$phase': use all, packages, lab, later or one of later's parts (${later_parts[*]})"; exit 2 ;;
 esac
 log "ready ($phase)"

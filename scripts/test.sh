@@ -97,7 +97,7 @@ against_budget() {
   fi
 }
 later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready checks_ready=$report_dir/checks.ready
-rm -f "$later_ready" "$images_ready" "$checks_ready"
+rm -f "$report_dir"/*.ready
 background_jobs=""
 report() {
   local status=$?
@@ -205,13 +205,25 @@ print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["na
 step "the control plane"
 collect "$lab_setup" "$lab_setup_log" "setup.sh lab"
 
-# The tools only later tests need, then the checks that use them, at a low priority: below the
-# labs', above the lints' and unit tests' (nothing waits for those). At the lowest, with every cache
-# empty, they took until 1,855 s and the lanes waited on them (ci-20261206T094652Z).
+# The tools only later tests need (setup.sh's later parts, one by one), then the checks that use
+# them, at a low priority: below the labs', above the lints' and unit tests' (nothing waits for
+# those). Each part writes its own ready file (later_parts below), so a test waits for what it
+# needs and no more: with one file for all of them, the lanes ran out of other tests at about
+# 1,750 s and waited for the last of four builds until 2,327 s (ci-20261206T164803Z).
+later_parts="chart-tools node machine-layer descheduler olm"
 later_tools() {
   renice -n 10 -p "$BASHPID" >/dev/null
   ionice -c2 -n7 -p "$BASHPID"
-  bash scripts/setup.sh later
+  local part status
+  for part in $later_parts; do
+    status=0
+    marking "$report_dir/$part.ready" bash scripts/setup.sh "$part" || status=$?
+    if [ "$status" -ne 0 ]; then
+      # The tests that wait for a part not built fail at once, saying so, instead of waiting.
+      for part in $later_parts; do [ -e "$report_dir/$part.ready" ] || echo "$status" >"$report_dir/$part.ready"; done
+      return "$status"
+    fi
+  done
 
   echo "the chart's Prometheus rules (promtool check and test)"
   # shellcheck source=versions.env
@@ -326,24 +338,41 @@ for target in $LAB_TEST_TARGETS; do
   lanes+=(--target "$target" "$executable" "testing/${package#nodemedic-}")
 done
 # The expected seconds (the times of an earlier run, as bench/results/ci-*.test-times.tsv keeps them)
-# only order the queue, longest first. The tests of the modules after `--after` need the Go tools
-# of `setup.sh later` (Helm, Cluster API, the descheduler, Prometheus: nodemedic_lab::{tools_dir,
-# machine_layer_dir, rebalancing_dir}, Lab::{install_machine_crds, start_machine_layer}) or the images; on a fresh machine the other tests run
-# while those are still being built.
-later_modules=bundle,chart,defaults,descheduler,fenceagents,machine_layer,machines,out_of_the_box,real_nodes,on_real_nodes,safety_nets
-# A test module that renders the chart or reads the later tools' folders and is not in the list
-# would fail on a fresh machine only (with warm caches the tools are there already).
-for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
-  module=$(basename "$file" .rs)
-  if grep -qE 'chart_defaults::|tools_dir\(|machine_layer_dir\(|rebalancing_dir\(|install_machine_crds\(|start_machine_layer\(' "$file" && [[ ",$later_modules," != *",$module,"* ]]; then
-    echo "$file uses the tools of setup.sh later: add $module to later_modules in scripts/test.sh" >&2
-    exit 1
-  fi
+# only order the queue, longest first. The test modules below wait for the later part they need
+# (nodemedic_lab::{tools_dir, machine_layer_dir, rebalancing_dir, real_node::node_dir}, Lab::
+# start_machine_layer, NodeSpec::real) or the images; on a fresh machine the other tests run while
+# those are still being built.
+declare -A later_modules=(
+  [chart-tools]=bundle,chart,defaults,network_policy,out_of_the_box,on_real_nodes
+  [node]=network_policy,on_real_nodes,real_nodes
+  [machine-layer]=machine_layer
+  [descheduler]=descheduler
+  [olm]=bundle
+)
+# What in a test module's source says it needs a later part.
+declare -A later_uses=(
+  [chart-tools]='chart_defaults::|tools_dir\(|real_nodes::'
+  [node]='\.real\(\)|node_dir\(|real_nodes::'
+  [machine-layer]='machine_layer_dir\(|start_machine_layer\('
+  [descheduler]='rebalancing_dir\('
+  [olm]='join\("(olm|opm|catalog|olm-crds)"\)'
+)
+# A module that uses a part and does not wait for it would fail on a fresh machine only (with warm
+# caches the tools are there already).
+waits=()
+for part in $later_parts; do
+  for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
+    module=$(basename "$file" .rs)
+    if grep -qE "${later_uses[$part]}" "$file" && [[ ",${later_modules[$part]}," != *",$module,"* ]]; then
+      echo "$file uses what setup.sh $part makes: add $module to later_modules[$part] in scripts/test.sh" >&2
+      exit 1
+    fi
+  done
+  waits+=(--after "$report_dir/$part.ready" "${later_modules[$part]}")
 done
 lab_status=0
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
-  --skip "$OUTAGE_TEST" --after "$later_ready" "$later_modules" \
-  --after "$images_ready" bundle,images,on_real_nodes \
+  --skip "$OUTAGE_TEST" "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
   --grow "$LAB_TEST_LANES_LATER" "$checks_ready,$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
