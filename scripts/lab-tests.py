@@ -22,8 +22,8 @@ until READY_FILE exists, holding the exit status of what they need (tools still 
 `--after`s waits for all of them. Lanes run other tests meanwhile.
 
 `--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
-READY_FILES holds an exit status (whatever it is): the machine's other work (builds, lints, unit
-tests) has ended and more labs fit beside each other. Tests started from then on are told how many
+READY_FILES holds an exit status (whatever it is): the builds beside the lanes have ended and more
+labs fit beside each other. Tests started from then on are told how many
 short-timings labs may run at once (NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS, which the lab's slot locks
 obey), so the extra lanes do not just wait for a slot.
 """
@@ -129,7 +129,7 @@ class Run:
         with self.lock:
             self.env = {**os.environ, SLOTS_VAR: str(lanes)}
             at = time.monotonic() - self.started
-            sys.stdout.write(f"at {at:.0f}s: the machine's other work has ended; {lanes} lanes from now on\n")
+            sys.stdout.write(f"at {at:.0f}s: the builds beside the lanes have ended; {lanes} lanes from now on\n")
             sys.stdout.flush()
         added = [threading.Thread(target=self.lane, args=(n,)) for n in range(first, lanes + 1)]
         for lane in added:

@@ -5,14 +5,14 @@
 #
 # On a fresh machine the control plane's Go build and the Rust build the lab tests run go side by
 # side, at the same priority (profile lab-test: unoptimised dependencies, quicker to build). The
-# first lab test is the ten-minute control-plane outage test, which holds its lab for about 23
-# minutes, most of it waiting on a stopped API server or etcd; its lab runs on Kubernetes' default
-# timings, which tolerate a busy machine, so the other lab tests (short timings) run beside it at
-# once, a few side by side (scripts/lab-tests.py, one per short-timings lab the machine runs at
-# once), and the outage test yields them the CPU (nice 5). The images and the Go builds only later
-# tests need are made meanwhile at a low priority (nice 10), the lints, the unit tests and the
-# lab-free tests at the lowest (nice 19): the lab's processes keep theirs, and what lab tests wait
-# for comes before what nothing waits for.
+# first lab tests are the two ten-minute control-plane outage tests, side by side, each holding its
+# lab for about 12 minutes, most of it waiting on a stopped API server or etcd; their labs run on
+# Kubernetes' default timings, which tolerate a busy machine, so the other lab tests (short
+# timings) run beside them at once, a few side by side (scripts/lab-tests.py, one per
+# short-timings lab the machine runs at once), and the outage tests yield them the CPU (nice 5).
+# The images and the Go builds only later tests need are made meanwhile at a low priority (nice
+# 10), the lints, the unit tests and the lab-free tests at the lowest (nice 19): the lab's
+# processes keep theirs, and what lab tests wait for comes before what nothing waits for.
 #
 # Each phase's start and duration, and the slowest tests, are printed at the end (also when a
 # phase fails), and kept in $TEST_REPORT_DIR (target/test-report).
@@ -125,14 +125,17 @@ trap report EXIT
 # busy the machine was while the lab tests ran says whether more of them fit side by side.
 vmstat -n -t 10 >"$report_dir/vmstat.log" 2>&1 &
 vmstat_pid=$!
-OUTAGE_TEST=outages::ten_minute_api_server_and_etcd_outages_fence_nobody_and_remediate_nothing_healthy
+OUTAGE_TESTS="outages::a_ten_minute_api_server_outage_fences_nobody_and_remediates_nothing_healthy
+  outages::a_ten_minute_etcd_outage_fences_nobody_and_remediates_nothing_healthy"
 # Every integration-test target and where it runs below; a new one must be added here. The lab's
-# own tests and the end-to-end tests run in lanes side by side, beside the outage test.
+# own tests and the end-to-end tests run in lanes side by side, beside the outage tests.
 LAB_TEST_TARGETS="nodemedic-lab:it nodemedic-harness:e2e"
 # One lane per short-timings lab the machine runs at once (nodemedic_lab::short_timings_slots),
-# and one more once the builds, lints and unit tests beside them have ended: two labs alone left
-# the CPU 60% idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests
-# waiting on their labs' timings, not on the CPU.
+# and one more once the builds beside them (nice 10) have ended: two labs alone left the CPU 60%
+# idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests waiting on their
+# labs' timings, not on the CPU. The lints and unit tests (nice 19) take only what the labs leave:
+# the third lane waiting for them too kept two lanes until 2,092 s of ci-20261206T190223Z, then
+# left the CPU 22-38% idle for the last seven minutes.
 LAB_TEST_LANES=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 LAB_TEST_LANES_LATER=$(( LAB_TEST_LANES < 4 ? LAB_TEST_LANES + 1 : 4 ))
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
@@ -261,7 +264,7 @@ in_background "setup.sh later, the chart's Prometheus rules, the descheduler's p
 later=$!
 background_jobs="$build $later"
 
-step "the build, then the outage test"
+step "the build, then the outage tests"
 wait "$build" || { echo "cargo build (profile lab-test) failed" >&2; exit 1; }
 # The lab tests run from these executables: `cargo test -p <one package>` would resolve features
 # for that package alone and rebuild half the workspace first.
@@ -270,14 +273,16 @@ for target in $LAB_TEST_TARGETS; do
   [ -n "$executable" ] || { echo "cargo built no executable for $target" >&2; exit 1; }
 done
 e2e=$(built_test "$build_json" e2e)
-# Every lab test's whole output, kept (scripts/lab-tests.py --logs), the outage test's too.
+# Every lab test's whole output, kept (scripts/lab-tests.py --logs), the outage tests' too.
 mkdir -p "$report_dir/logs"
-log=$report_dir/logs/$OUTAGE_TEST.log
-# Run from the package's folder, as cargo runs its tests.
-in_background "the outage test (background)" "$log" \
-  bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$e2e" "$OUTAGE_TEST"
-outage=$!
-background_jobs="$outage $later"
+outages=""
+for outage_test in $OUTAGE_TESTS; do
+  # Run from the package's folder, as cargo runs its tests.
+  in_background "the outage test $outage_test (background)" "$report_dir/logs/$outage_test.log" \
+    bash -c 'cd testing/harness && exec nice -n 5 "$0" --exact "$1" --nocapture' "$e2e" "$outage_test"
+  outages="$outages $!"
+done
+background_jobs="$outages $later"
 
 step "meanwhile: cargo clippy, unit and property tests, doc tests, lab-free tests (background)"
 # The unit, doc and lab-free tests build in the lab-test profile, for the whole workspace: its
@@ -314,7 +319,7 @@ checks_log=$(mktemp)
 in_background "clippy, unit, property, doc and lab-free tests (background)" "$checks_log" \
   marking "$checks_ready" checks
 checks=$!
-background_jobs="$outage $later $checks"
+background_jobs="$outages $later $checks"
 
 step "meanwhile: the images the container test runs (background)"
 # As `make image` builds them, but from the executables under test.
@@ -327,9 +332,9 @@ build_test_images() {
 images_log=$(mktemp)
 in_background "the images the container test runs (background)" "$images_log" marking "$images_ready" build_test_images
 images=$!
-background_jobs="$outage $later $checks $images"
+background_jobs="$outages $later $checks $images"
 
-step "the lab tests, $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER (beside the outage test)"
+step "the lab tests, $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER (beside the outage tests)"
 lanes=()
 for target in $LAB_TEST_TARGETS; do
   executable=$(built_test "$build_json" "${target#*:}")
@@ -371,9 +376,10 @@ for part in $later_parts; do
   waits+=(--after "$report_dir/$part.ready" "${later_modules[$part]}")
 done
 lab_status=0
+# shellcheck disable=SC2046 # one --skip NAME pair per outage test
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
-  --skip "$OUTAGE_TEST" "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
-  --grow "$LAB_TEST_LANES_LATER" "$checks_ready,$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
+  $(for outage_test in $OUTAGE_TESTS; do echo --skip "$outage_test"; done) "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
+  --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
 collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"
@@ -385,15 +391,23 @@ collect "$images" "$images_log" "building the images"
 step "clippy, unit, property, doc and lab-free tests"
 collect "$checks" "$checks_log" "clippy or the unit, doc or lab-free tests"
 
-step "the outage test"
-status=0
-wait "$outage" || status=$?
+step "the outage tests"
+failed=""
+# shellcheck disable=SC2086 # one pid per word, in the order of OUTAGE_TESTS
+set -- $outages
+for outage_test in $OUTAGE_TESTS; do
+  status=0
+  wait "$1" || status=$?
+  shift
+  cat "$report_dir/logs/$outage_test.log" >&2
+  outage_seconds=$(sort -n "$phases" | awk -F'\t' -v name="the outage test $outage_test (background)" \
+    '$3 == name { printf "%.1f", $2 - $1 }')
+  printf '%s\t%s\t%s\t%s\n' "$outage_seconds" "nodemedic-harness:e2e" "$outage_test" \
+    "$([ "$status" -eq 0 ] && echo ok || echo FAILED)" >>"$test_times"
+  [ "$status" -eq 0 ] || failed="$failed $outage_test (exit $status)"
+done
 background_jobs=""
-cat "$log" >&2
-outage_seconds=$(sort -n "$phases" | awk -F'\t' '$3 == "the outage test (background)" { printf "%.1f", $2 - $1 }')
-printf '%s\t%s\t%s\t%s\n' "$outage_seconds" "nodemedic-harness:e2e" "$OUTAGE_TEST" \
-  "$([ "$status" -eq 0 ] && echo ok || echo FAILED)" >>"$test_times"
-if [ "$status" -ne 0 ]; then
-  echo "the outage test failed (exit $status)" >&2
-  exit "$status"
+if [ -n "$failed" ]; then
+  echo "outage tests failed:$failed" >&2
+  exit 1
 fi

@@ -220,7 +220,7 @@ impl LabConfig {
     pub fn kinds(&self) -> &'static [LabKind] {
         if self.alone {
             // In this order wherever both are taken, so two labs never wait on each other.
-            &[LabKind::ShortTimingsAlone, LabKind::Tolerant]
+            &[LabKind::ShortTimingsAlone, LabKind::TolerantAlone]
         } else if self.fleet > 0 {
             // One kwok renewing thousands of leases keeps a core busy on its own.
             &[LabKind::ShortTimingsAlone]
@@ -261,7 +261,7 @@ mod tests {
         // A benchmark holds every lock, in the one order every lab takes them.
         assert_eq!(
             defaults.alone().kinds(),
-            [LabKind::ShortTimingsAlone, LabKind::Tolerant]
+            [LabKind::ShortTimingsAlone, LabKind::TolerantAlone]
         );
     }
 }

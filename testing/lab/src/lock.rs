@@ -7,9 +7,10 @@
 //! at most [`MOST_SHORT_TIMINGS_LABS`], each taking one slot. A lab that keeps
 //! the CPU busy on its own (a fleet of thousands of nodes, a benchmark) takes every slot, so no
 //! short-timings lab runs beside it. A lab whose timings tolerate a busy machine (Kubernetes'
-//! defaults: a node is Unknown after 50 s of silence, a watchdog waits a minute) holds a lock of
-//! its own beside them: it stalls the others for nothing more than the CPU it uses, and it is
-//! idle most of the time (the ten-minute outage test waits on a stopped API server). A last lock,
+//! defaults: a node is Unknown after 50 s of silence, a watchdog waits a minute) takes one of a
+//! few slots of their own beside them: it stalls the others for nothing more than the CPU it uses,
+//! and it is idle most of the time (the ten-minute outage tests wait on a stopped API server or
+//! etcd); a benchmark takes all of them too. A last lock,
 //! held briefly, covers the sweep and the choice of a lab's network, which two labs starting at
 //! once must not make together.
 
@@ -104,8 +105,11 @@ pub enum LabKind {
     ShortTimings,
     /// Short timings and busy enough to starve another: takes every short-timings slot.
     ShortTimingsAlone,
-    /// Timings that tolerate seconds of stall: may run beside short-timings labs.
+    /// Timings that tolerate seconds of stall: takes one of the [`TOLERANT_SLOTS`], and may run
+    /// beside short-timings labs.
     Tolerant,
+    /// Keeps every other lab on tolerant timings off the machine: takes every tolerant slot.
+    TolerantAlone,
 }
 
 impl LabKind {
@@ -114,7 +118,8 @@ impl LabKind {
         match self {
             Self::ShortTimings => "every slot for a short-timings lab is taken on this machine",
             Self::ShortTimingsAlone => "other labs on short timings are running on this machine",
-            Self::Tolerant => "another lab on Kubernetes' default timings is running on this machine",
+            Self::Tolerant => "every slot for a lab on Kubernetes' default timings is taken on this machine",
+            Self::TolerantAlone => "other labs on Kubernetes' default timings are running on this machine",
         }
     }
 }
@@ -145,7 +150,17 @@ fn slot_file(slot: usize) -> String {
     }
 }
 
-const TOLERANT_LOCK: &str = "/run/nodemedic/lab-tolerant.lock";
+/// Labs on tolerant timings that run at once: idle most of the time (the outage tests wait on a
+/// stopped API server or etcd), two cost the short-timings labs beside them little CPU, and the
+/// two ten-minute outages run side by side instead of one after the other.
+const TOLERANT_SLOTS: usize = 2;
+
+fn tolerant_slot_file(slot: usize) -> String {
+    match slot {
+        0 => "/run/nodemedic/lab-tolerant.lock".to_owned(),
+        n => format!("/run/nodemedic/lab-tolerant-{}.lock", n + 1),
+    }
+}
 
 /// Held for the lab's whole life: the locks of each kind the lab counts as.
 pub(crate) struct LabLock {
@@ -157,7 +172,8 @@ impl LabLock {
         let mut locks = Vec::new();
         for &kind in kinds {
             match kind {
-                LabKind::ShortTimings => locks.push(any_slot(kind).await?),
+                LabKind::ShortTimings => locks.push(any_slot(kind, short_timings_slots(), slot_file).await?),
+                LabKind::Tolerant => locks.push(any_slot(kind, TOLERANT_SLOTS, tolerant_slot_file).await?),
                 // Every slot in the one order every lab takes them, so two never wait on each
                 // other; every slot there can be, not only those this process counts, so a lab
                 // started with more slots (SHORT_TIMINGS_SLOTS_VAR) never runs beside this one.
@@ -166,19 +182,23 @@ impl LabLock {
                         locks.push(lock(slot_file(slot), kind.waits_for()).await?);
                     }
                 }
-                LabKind::Tolerant => locks.push(lock(TOLERANT_LOCK.to_owned(), kind.waits_for()).await?),
+                LabKind::TolerantAlone => {
+                    for slot in 0..TOLERANT_SLOTS {
+                        locks.push(lock(tolerant_slot_file(slot), kind.waits_for()).await?);
+                    }
+                }
             }
         }
         Ok(Self { _locks: locks })
     }
 }
 
-/// The first free short-timings slot, waiting for one when all are taken.
-async fn any_slot(kind: LabKind) -> Result<Flock<File>> {
+/// The first free one of `slots` slots (`file` names each), waiting for one when all are taken.
+async fn any_slot(kind: LabKind, slots: usize, file: fn(usize) -> String) -> Result<Flock<File>> {
     let mut said = false;
     loop {
-        for slot in 0..short_timings_slots() {
-            if let Some(lock) = try_lock(&slot_file(slot))? {
+        for slot in 0..slots {
+            if let Some(lock) = try_lock(&file(slot))? {
                 return Ok(lock);
             }
         }

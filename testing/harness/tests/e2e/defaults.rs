@@ -71,8 +71,8 @@ async fn held_back_under_reads(lab: &Lab, process: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_plane_or_lossy_links() {
     // Kubernetes' node timings with the lab device's watchdog short (the agents program their
-    // own 2 s anyway): such a lab takes a short-timings slot rather than the one slot of labs
-    // that tolerate a busy machine, which the outage test holds for 25 minutes.
+    // own 2 s anyway): such a lab takes a short-timings slot rather than one of the slots of labs
+    // that tolerate a busy machine, which the two outage tests hold for 12 minutes.
     let timings = Timings {
         watchdog_timeout: Duration::from_secs(10),
         ..Timings::kubernetes_defaults()
