@@ -477,8 +477,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_pending_peers_read_holds_the_next_round_back_never() {
-        let sent = Instant::now();
+        // One reading of the paused clock: a second, real one would drift under load.
         let clock = tokio::time::Instant::now();
+        let sent = clock.into_std();
         let hanging_peers = peers_answering_after(Duration::from_secs(5));
         let done = finish_by(sent + Duration::from_secs(4), hanging_peers).await;
         assert!(done.is_none(), "given up on, read again next round");
@@ -498,8 +499,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_licence_read_waits_for_the_peers_only_until_its_timeout() {
-        let start = Instant::now();
+        // One reading of the paused clock: a second, real one would drift under load.
         let clock = tokio::time::Instant::now();
+        let start = clock.into_std();
         let hanging_peers = peers_answering_after(Duration::from_secs(5));
         tokio::pin!(hanging_peers);
         let (intents, peers) = read_side_by_side(
@@ -520,8 +522,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_licence_read_that_answers_leaves_the_peers_for_after_the_licence() {
-        let start = Instant::now();
+        // One reading of the paused clock: a second, real one would drift under load.
         let clock = tokio::time::Instant::now();
+        let start = clock.into_std();
         let slow_peers = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
             Some(Ok(7))
