@@ -2,7 +2,7 @@
 """Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
 
     lab-tests.py --lanes N --times TIMES_FILE [--logs DIR] [--expected EXPECTED_FILE] [--skip NAME]...
-                 [--after READY_FILE MODULES] [--grow LANES READY_FILES]
+                 [--after READY_FILE MODULES] [--grow LANES READY_FILES] [--alone MODULES]
                  --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
@@ -20,6 +20,11 @@ TIMES_FILE, and with `--logs DIR` its whole output (`--nocapture`, passing or no
 until READY_FILE exists, holding the exit status of what they need (tools still being built):
 0 lets them run, anything else fails them without running. A module named after several
 `--after`s waits for all of them. Lanes run other tests meanwhile.
+
+`--alone MODULES` runs the tests of the comma-separated MODULES first, one at a time, before any
+other starts: a lab that needs the machine's short-timings labs to itself (`LabConfig::fleet`,
+`.alone()`) otherwise waits for every lane's lab to end at once, which with lanes taking turns
+took 550 s of ci-20261206T204222Z for a test of 200 s, its lane idle all along.
 
 `--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
 READY_FILES holds an exit status (whatever it is): the builds beside the lanes have ended and more
@@ -192,6 +197,7 @@ def main() -> int:
     parser.add_argument("--skip", action="append", default=[])
     parser.add_argument("--after", nargs=2, action="append", default=[], metavar=("READY_FILE", "MODULES"))
     parser.add_argument("--grow", nargs=2, metavar=("LANES", "READY_FILES"))
+    parser.add_argument("--alone", default="", metavar="MODULES")
     parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
     args = parser.parse_args()
 
@@ -204,8 +210,15 @@ def main() -> int:
     tests.sort(key=lambda t: expected.get((t.label, t.name), float("inf")), reverse=True)
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
-    run = Run(list(tests), args.times, args.logs)
-    print(f"{len(tests)} tests in {args.lanes} lanes, longest first", flush=True)
+    alone_modules = [m for m in args.alone.split(",") if m]
+    alone = [t for t in tests if t.name.split("::")[0] in alone_modules]
+    run = Run([t for t in tests if t not in alone], args.times, args.logs)
+    if alone:
+        print(f"{len(alone)} tests alone first, then the others", flush=True)
+        first = Run(alone, args.times, args.logs)
+        first.lane(1)
+        run.failed += first.failed
+    print(f"{len(run.queue)} tests in {args.lanes} lanes, longest first", flush=True)
     lanes = [threading.Thread(target=run.lane, args=(n + 1,)) for n in range(args.lanes)]
     if args.grow and int(args.grow[0]) > args.lanes:
         grown = (int(args.grow[0]), args.lanes + 1, args.grow[1].split(","))

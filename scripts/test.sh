@@ -8,7 +8,8 @@
 # first lab tests are the two ten-minute control-plane outage tests, side by side, each holding its
 # lab for about 12 minutes, most of it waiting on a stopped API server or etcd; their labs run on
 # Kubernetes' default timings, which tolerate a busy machine, so the other lab tests (short
-# timings) run beside them at once, a few side by side (scripts/lab-tests.py, one per
+# timings) run beside them at once: first those whose labs need the short-timings labs to
+# themselves, one at a time, then the rest a few side by side (scripts/lab-tests.py, one per
 # short-timings lab the machine runs at once), and the outage tests yield them the CPU (nice 5).
 # The images and the Go builds only later tests need are made meanwhile at a low priority (nice
 # 10), the lints, the unit tests and the lab-free tests at the lowest (nice 19): the lab's
@@ -131,14 +132,19 @@ OUTAGE_TESTS="outages::a_ten_minute_api_server_outage_fences_nobody_and_remediat
 # own tests and the end-to-end tests run in lanes side by side, beside the outage tests.
 LAB_TEST_TARGETS="nodemedic-lab:it nodemedic-harness:e2e"
 # One lane per short-timings lab the machine runs at once (nodemedic_lab::short_timings_slots),
-# and one more once the builds beside them (nice 10) have ended: two labs alone left the CPU 60%
-# idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests waiting on their
-# labs' timings, not on the CPU. The lints and unit tests (nice 19) take only what the labs leave:
-# the third lane waiting for them too kept two lanes until 2,092 s of ci-20261206T190223Z, then
-# left the CPU 22-38% idle for the last seven minutes.
+# and one more once the builds, lints and unit tests beside them have ended: two labs alone left
+# the CPU 60% idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests
+# waiting on their labs' timings, not on the CPU. A lab burns CPU for as long as it runs (its
+# control plane, kwok, the agents), so a third lane that starts while the machine is still busy
+# slows every lab and costs more CPU than it saves: starting it once the builds alone had ended
+# took a warm run from 1,770 s (ci-20261206T174007Z) to 1,858 s (ci-20261206T204222Z, 0% idle
+# for 24 minutes), and on empty caches gained nothing (2,484 s and 2,481 s).
 LAB_TEST_LANES=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 LAB_TEST_LANES_LATER=$(( LAB_TEST_LANES < 4 ? LAB_TEST_LANES + 1 : 4 ))
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
+# The test modules whose labs need the short-timings labs to themselves (LabConfig::fleet,
+# .alone()): they run first, one at a time, before the lanes start (scripts/lab-tests.py --alone).
+ALONE_MODULES=footprint
 
 step "setup: Debian packages and lint tools"
 bash scripts/setup.sh packages
@@ -334,7 +340,7 @@ in_background "the images the container test runs (background)" "$images_log" ma
 images=$!
 background_jobs="$outages $later $checks $images"
 
-step "the lab tests, $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER (beside the outage tests)"
+step "the lab tests, those alone first, then $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER (beside the outage tests)"
 lanes=()
 for target in $LAB_TEST_TARGETS; do
   executable=$(built_test "$build_json" "${target#*:}")
@@ -375,11 +381,20 @@ for part in $later_parts; do
   done
   waits+=(--after "$report_dir/$part.ready" "${later_modules[$part]}")
 done
+# A module whose lab waits for the machine alone, run in a lane, waits for every other lane's lab
+# to end at once: the check that each is named.
+for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
+  module=$(basename "$file" .rs)
+  if grep -qE 'LabConfig::fleet\(|\.alone\(\)' "$file" && [[ ",$ALONE_MODULES," != *",$module,"* ]]; then
+    echo "$file starts a lab that runs alone: add $module to ALONE_MODULES in scripts/test.sh" >&2
+    exit 1
+  fi
+done
 lab_status=0
 # shellcheck disable=SC2046 # one --skip NAME pair per outage test
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
   $(for outage_test in $OUTAGE_TESTS; do echo --skip "$outage_test"; done) "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
-  --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
+  --alone "$ALONE_MODULES" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready,$checks_ready" "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
 collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"

@@ -158,7 +158,7 @@ pub enum Decision {
 
 pub(crate) fn next(f: &Facts) -> Decision {
     if f.deleting {
-        return Decision::Cleanup;
+        return let_go(f);
     }
     if f.step.finished() {
         return Decision::Idle;
@@ -195,6 +195,18 @@ pub(crate) fn next(f: &Facts) -> Decision {
         Step::PoweringOff | Step::ConfirmingOff | Step::PoweringOn => agent_step(f, action),
         Step::RecoveringWorkloads => recover(f, action),
         Step::Done | Step::Failed => Decision::Idle,
+    }
+}
+
+/// A deleted remediation: undone and let go, except that a power-on under way is let finish.
+/// Cancelling it could leave the released node powered off, and a slow BMC's `on` can return
+/// after the node it brought back looked healthy and the health check deleted this CR; its
+/// success is recorded before the CR goes.
+fn let_go(f: &Facts) -> Decision {
+    match (&f.step, &f.run) {
+        (Step::PoweringOn, Run::Running(Step::PoweringOn)) => Decision::AwaitRun,
+        (Step::PoweringOn, Run::Finished(Step::PoweringOn, RunOutcome::Succeeded)) => Decision::Advance(Step::Done),
+        _ => Decision::Cleanup,
     }
 }
 
@@ -426,6 +438,48 @@ mod tests {
     }
 
     #[test]
+    fn a_power_on_under_way_at_the_deletion_is_let_finish_and_recorded() {
+        let powered_on = Facts {
+            deleting: true,
+            step: Step::PoweringOn,
+            run: Run::Finished(Step::PoweringOn, RunOutcome::Succeeded),
+            ..facts()
+        };
+        assert_eq!(next(&powered_on), Decision::Advance(Step::Done));
+        let done = Facts {
+            step: Step::Done,
+            ..powered_on.clone()
+        };
+        assert_eq!(next(&done), Decision::Cleanup);
+        let powering_on = Facts {
+            run: Run::Running(Step::PoweringOn),
+            ..powered_on.clone()
+        };
+        assert_eq!(next(&powering_on), Decision::AwaitRun, "the power-on is let finish");
+        let failed = Facts {
+            run: Run::Finished(
+                Step::PoweringOn,
+                RunOutcome::Failed {
+                    timed_out: true,
+                    message: "no answer".into(),
+                },
+            ),
+            ..powered_on.clone()
+        };
+        assert_eq!(next(&failed), Decision::Cleanup);
+        let powering_off = Facts {
+            step: Step::PoweringOff,
+            run: Run::Running(Step::PoweringOff),
+            ..powered_on
+        };
+        assert_eq!(
+            next(&powering_off),
+            Decision::Cleanup,
+            "a fence not yet done is stopped"
+        );
+    }
+
+    #[test]
     fn a_health_check_timeout_after_the_fence_still_powers_the_node_on() {
         let f = Facts {
             timed_out_by_health_check: true,
@@ -557,6 +611,25 @@ mod tests {
                     prop_assert_eq!(&f.run, &Run::Finished(Step::ConfirmingOff, RunOutcome::Succeeded));
                 }
                 _ => {}
+            }
+        }
+
+        /// A deleted remediation is let go at once, or once its power-on under way returns and
+        /// a success is recorded; nothing new is done to the node once it is deleted.
+        #[test]
+        fn a_deletion_is_let_go(f in arb_facts().prop_filter("deleting", |f| f.deleting)) {
+            match next(&f) {
+                Decision::Cleanup => {}
+                Decision::AwaitRun => {
+                    prop_assert_eq!(f.step, Step::PoweringOn);
+                    prop_assert_eq!(&f.run, &Run::Running(Step::PoweringOn));
+                }
+                Decision::Advance(Step::Done) => {
+                    prop_assert_eq!(f.step, Step::PoweringOn);
+                    prop_assert_eq!(&f.run, &Run::Finished(Step::PoweringOn, RunOutcome::Succeeded));
+                    prop_assert_eq!(next(&Facts { step: Step::Done, ..f }), Decision::Cleanup);
+                }
+                other => prop_assert!(false, "{:?} for a deleted remediation", other),
             }
         }
 
