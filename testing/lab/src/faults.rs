@@ -42,15 +42,36 @@ impl Inner {
     /// lock, so a boot under way sees the new epoch and stays off, and no boot can start a
     /// process or mark the node powered between the kill and the condition.
     pub(crate) fn power_off(&self, node: &str, cause: &str) -> Result<()> {
+        self.power_off_if(node, cause, || true).map(|_| ())
+    }
+
+    /// The power-off of a watchdog that expired when the node had lost its power `power_losses`
+    /// times, unless it lost it again since (a crash whose kill was still under way when the
+    /// watchdog fired: the machine is off, and a reset would boot it again). Whether it powered
+    /// the node off.
+    pub(crate) fn power_off_on_expiry(&self, node: &str, power_losses: u64) -> Result<bool> {
+        self.power_off_if(node, "watchdog", || self.watchdogs.powered_since(node, power_losses))
+    }
+
+    /// Powers the node off if `wanted`, asked under the process lock: no other power-off can be
+    /// under way then. Whether it did.
+    fn power_off_if(&self, node: &str, cause: &str, wanted: impl FnOnce() -> bool) -> Result<bool> {
         self.index(node)?;
         let mut procs = self
             .resources
             .processes
             .lock()
             .map_err(|_| Error::Invalid("process table poisoned".into()))?;
+        if !wanted() {
+            return Ok(false);
+        }
         let power = procs.power.entry(node.to_owned()).or_default();
         power.epoch += 1;
         power.booting = None;
+        // The watchdog's timer loses its power at once, not once every process is dead: a kill
+        // that takes longer than its timeout would otherwise see it fire, and reset a node that
+        // was switched off.
+        self.watchdogs.power_lost(node);
         // A real node's pods run in namespaces of their own and outlive their kubelet: its
         // cgroup holds them all. Killed first: a frozen node's processes die only once thawed,
         // which the cgroup's kill does, and waiting for one of them before it would never end.
@@ -64,7 +85,6 @@ impl Inner {
         for pid in self.resources.net.pids(node) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
         }
-        self.watchdogs.power_lost(node);
         if let Err(error) = self.resources.net.set_link(node, false) {
             tracing::warn!(%error, node, "the powered-off node's link stays up");
         }
@@ -77,7 +97,7 @@ impl Inner {
             c.powered = false;
             c.frozen = false;
         })?;
-        Ok(())
+        Ok(true)
     }
 
     /// Boots the node: after the boot delay, starts its processes again. A second power-on

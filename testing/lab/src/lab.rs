@@ -987,14 +987,19 @@ async fn restart_kwok_after_its_startup_race(inner: Arc<Inner>) {
     }
 }
 
-async fn power_cycle_on_expiry(inner: Arc<Inner>, mut expired: mpsc::UnboundedReceiver<String>) {
-    while let Some(node) = expired.recv().await {
+async fn power_cycle_on_expiry(inner: Arc<Inner>, mut expired: mpsc::UnboundedReceiver<(String, u64)>) {
+    while let Some((node, power_losses)) = expired.recv().await {
         inner.timeline.record(Event::WatchdogExpired { node: node.clone() });
         tracing::info!(%node, "lab watchdog expired: power-cycling the node");
         let inner = inner.clone();
         tokio::spawn(async move {
-            if let Err(error) = inner.power_off(&node, "watchdog") {
-                tracing::warn!(%error, %node, "watchdog power-off failed");
+            match inner.power_off_on_expiry(&node, power_losses) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(%node, "the node lost its power meanwhile: it stays off");
+                    return;
+                }
+                Err(error) => tracing::warn!(%error, %node, "watchdog power-off failed"),
             }
             if let Err(error) = inner.power_on(&node, "watchdog").await {
                 tracing::warn!(%error, %node, "watchdog power-on failed");

@@ -24,6 +24,8 @@ pub(crate) struct State {
     deadline: Option<Instant>,
     /// Bumped on each arm so a stale handle's feeds do not re-arm a fired watchdog.
     generation: u64,
+    /// How many times the node lost its power: an expiry's reset is moot once it did since.
+    power_losses: u64,
     /// What the emulated device was programmed with since the node last booted (a driver
     /// starts again from its default at boot).
     pub device_timeout: Option<Duration>,
@@ -70,6 +72,7 @@ impl Watchdogs {
         {
             state.deadline = None;
             state.generation += 1;
+            state.power_losses += 1;
             state.device_timeout = None;
         }
     }
@@ -102,30 +105,69 @@ impl Watchdogs {
             .unwrap_or(false)
     }
 
-    /// Sends the name of every node whose watchdog expires, once per expiry.
-    pub(crate) fn expiries(&self, tx: mpsc::UnboundedSender<String>) -> tokio::task::JoinHandle<()> {
+    /// Whether the node has lost no power since it had lost it `power_losses` times.
+    pub(crate) fn powered_since(&self, node: &str, power_losses: u64) -> bool {
+        self.0
+            .lock()
+            .map(|all| all.get(node).is_some_and(|s| s.power_losses == power_losses))
+            .unwrap_or(false)
+    }
+
+    /// Sends every node whose watchdog expires, once per expiry, with how many times it had lost
+    /// its power then ([`Watchdogs::powered_since`]).
+    pub(crate) fn expiries(&self, tx: mpsc::UnboundedSender<(String, u64)>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(50));
             loop {
                 tick.tick().await;
                 let now = Instant::now();
-                let expired: Vec<String> = match this.0.lock() {
+                let expired: Vec<(String, u64)> = match this.0.lock() {
                     Ok(mut all) => all
                         .iter_mut()
                         .filter(|(_, s)| s.deadline.is_some_and(|d| d <= now))
                         .map(|(node, s)| {
                             s.deadline = None;
                             s.generation += 1;
-                            node.clone()
+                            (node.clone(), s.power_losses)
                         })
                         .collect(),
                     Err(_) => Vec::new(),
                 };
-                for node in expired {
-                    let _ = tx.send(node);
+                for expiry in expired {
+                    let _ = tx.send(expiry);
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_expiry_is_moot_once_the_node_lost_its_power_since() {
+        let watchdogs = Watchdogs::default();
+        watchdogs.register("a");
+        watchdogs.with_node("a", |s| s.arm(Duration::from_millis(10)));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _expiries = watchdogs.expiries(tx);
+        let (node, power_losses) = rx.recv().await.expect("the watchdog expires");
+        assert_eq!(node, "a");
+        assert!(
+            watchdogs.powered_since("a", power_losses),
+            "nothing since: the reset is due"
+        );
+        // A crash that was already killing the node's processes when the watchdog fired.
+        watchdogs.power_lost("a");
+        assert!(
+            !watchdogs.powered_since("a", power_losses),
+            "the node is off: no reset boots it"
+        );
+        // Armed and expired again after its next boot: that expiry's reset is due.
+        watchdogs.with_node("a", |s| s.arm(Duration::from_millis(10)));
+        let (_, again) = rx.recv().await.expect("the watchdog expires again");
+        assert!(watchdogs.powered_since("a", again));
     }
 }

@@ -284,6 +284,27 @@ fn a_remediation_excuses_fences_while_in_flight_and_its_escalation_too() {
 }
 
 #[test]
+fn a_partition_that_ends_as_the_watchdog_resets_the_node_is_one_outage_with_the_reset() {
+    // Cut off 5 s, connected again 1 s, reset by its watchdog (its licence ran out in the
+    // partition) and back 4 s later: 9 s unseen, as long as a health check needs. The
+    // remediation created then is the outage's, and so is the fence of the node reading it.
+    let outage = |reconnected: i64| {
+        let mut s = Script::default();
+        s.partition(0, &["a"])
+            .cond(5, "a", true, false)
+            .power_off(5 + reconnected, "a", "watchdog")
+            .power_on(9 + reconnected, "a")
+            .remediation(10 + reconnected, "a", "created")
+            .power_off(10 + reconnected, "a", "software-reboot");
+        s
+    };
+    assert_eq!(false_fences(&outage(1), &params()), 0);
+    // Connected 2 s, a lease renewal and the tolerance: the node controller saw it back, and
+    // neither outage alone lasted the 9 s (the watchdog's reset is still the licence's lapse).
+    assert_eq!(false_fences(&outage(2), &params()), 1);
+}
+
+#[test]
 fn without_agents_only_a_remediation_excuses_a_reset() {
     let mut none = params();
     none.agents = None;

@@ -29,6 +29,7 @@ fn params() -> Params {
         detection: Detection {
             after: Duration::from_secs(9),
             lag: Duration::from_secs(10),
+            renewal: Duration::from_secs(1),
         },
         control_plane_one_at_a_time: true,
         control_plane_settle: Duration::from_secs(15),

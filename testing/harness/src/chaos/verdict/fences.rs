@@ -96,6 +96,10 @@ pub struct Detection {
     /// every second, and the health check reads the node afresh before it creates one; a few
     /// seconds, on a loaded machine.
     pub lag: Duration,
+    /// How often a kubelet renews its lease: a node connected again for less than that (and
+    /// [`TOLERANCE`]) may renew nothing, and the outages on either side are one to the node
+    /// controller (a partition that ends just as its watchdog resets the node, say).
+    pub renewal: Duration,
 }
 
 /// Why a fence is not false.
@@ -204,9 +208,10 @@ pub fn remediations(entries: &[Entry]) -> BTreeMap<&str, Vec<Remediated>> {
 pub fn justified(remediations: &[Remediated], disconnected: &[Span], detection: &Detection) -> Vec<bool> {
     let tolerance = signed(TOLERANCE);
     let lag = signed(detection.lag);
+    let outages = bridged(disconnected, signed(detection.renewal) + tolerance);
     let mut out: Vec<bool> = Vec::with_capacity(remediations.len());
     for r in remediations {
-        let from_outage = disconnected.iter().any(|s| {
+        let from_outage = outages.iter().any(|s| {
             // When a health check could have called it unhealthy: the outage must last that long.
             let seen = s.from + signed(detection.after);
             seen <= r.created + tolerance && s.to.is_none_or(|to| seen <= to + tolerance && r.created <= to + lag)
@@ -216,6 +221,22 @@ pub fn justified(remediations: &[Remediated], disconnected: &[Span], detection: 
             .zip(&out)
             .any(|(earlier, ok)| *ok && earlier.removed.is_none_or(|gone| r.created <= gone + lag));
         out.push(from_outage || escalates);
+    }
+    out
+}
+
+/// `spans` with every gap shorter than `gap` closed.
+fn bridged(spans: &[Span], gap: SignedDuration) -> Vec<Span> {
+    let mut sorted = spans.to_vec();
+    sorted.sort_by_key(|s| s.from);
+    let mut out: Vec<Span> = Vec::with_capacity(sorted.len());
+    for s in sorted {
+        match out.last_mut() {
+            Some(last) if last.to.is_none_or(|to| s.from.duration_since(to) < gap) => {
+                last.to = last.to.zip(s.to).map(|(a, b)| a.max(b));
+            }
+            _ => out.push(s),
+        }
     }
     out
 }

@@ -111,6 +111,7 @@ impl Params {
             detection: Detection {
                 after: timings.node_monitor_grace.saturating_sub(renewal) + duration,
                 lag: REPORT_LAG,
+                renewal,
             },
             // Every lab node is control-plane and worker, as in the seed's compact clusters.
             control_plane_one_at_a_time: true,
