@@ -97,7 +97,7 @@ against_budget() {
     printf 'OVER the %s-minute budget (%s caches) by %ss' "$budget_minutes" "$caches" $((seconds - budget))
   fi
 }
-later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready checks_ready=$report_dir/checks.ready
+later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready
 rm -f "$report_dir"/*.ready
 background_jobs=""
 report() {
@@ -132,13 +132,12 @@ OUTAGE_TESTS="outages::a_ten_minute_api_server_outage_fences_nobody_and_remediat
 # own tests and the end-to-end tests run in lanes side by side, beside the outage tests.
 LAB_TEST_TARGETS="nodemedic-lab:it nodemedic-harness:e2e"
 # One lane per short-timings lab the machine runs at once (nodemedic_lab::short_timings_slots),
-# and one more once the builds, lints and unit tests beside them have ended: two labs alone left
-# the CPU 60% idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests
-# waiting on their labs' timings, not on the CPU. A lab burns CPU for as long as it runs (its
-# control plane, kwok, the agents), so a third lane that starts while the machine is still busy
-# slows every lab and costs more CPU than it saves: starting it once the builds alone had ended
-# took a warm run from 1,770 s (ci-20261206T174007Z) to 1,858 s (ci-20261206T204222Z, 0% idle
-# for 24 minutes), and on empty caches gained nothing (2,484 s and 2,481 s).
+# and one more once the builds beside them (nice 10) have ended: two labs alone left the CPU 60%
+# idle (the last eleven minutes of ci-20261206T134041Z), the tail of short tests waiting on their
+# labs' timings, not on the CPU. The lints and unit tests (nice 19) take what the labs leave:
+# waiting for them too kept two lanes until 1,398 s of ci-20261206T215958Z (2,036 s in all), where
+# the third lane from the start ended at 1,858 s (ci-20261206T204222Z) though the footprint test,
+# then run in a lane, held a lane idle for 350 s (it now runs first, ALONE_MODULES).
 LAB_TEST_LANES=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 LAB_TEST_LANES_LATER=$(( LAB_TEST_LANES < 4 ? LAB_TEST_LANES + 1 : 4 ))
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
@@ -323,7 +322,7 @@ checks() {
 }
 checks_log=$(mktemp)
 in_background "clippy, unit, property, doc and lab-free tests (background)" "$checks_log" \
-  marking "$checks_ready" checks
+  checks
 checks=$!
 background_jobs="$outages $later $checks"
 
@@ -394,7 +393,7 @@ lab_status=0
 # shellcheck disable=SC2046 # one --skip NAME pair per outage test
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
   $(for outage_test in $OUTAGE_TESTS; do echo --skip "$outage_test"; done) "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
-  --alone "$ALONE_MODULES" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready,$checks_ready" "${lanes[@]}" || lab_status=$?
+  --alone "$ALONE_MODULES" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
 collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"
