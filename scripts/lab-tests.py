@@ -2,7 +2,8 @@
 """Runs lab tests in parallel lanes, one test per process, longest first, and records each one's time.
 
     lab-tests.py --lanes N --times TIMES_FILE [--logs DIR] [--expected EXPECTED_FILE] [--skip NAME]...
-                 [--after READY_FILE MODULES] [--grow LANES READY_FILES] [--alone MODULES]
+                 [--after READY_FILE MODULES] [--grow LANES READY_FILES]... [--alone MODULES]
+                 [--at-most COUNT MODULES]
                  --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
@@ -26,11 +27,15 @@ other starts: a lab that needs the machine's short-timings labs to itself (`LabC
 `.alone()`) otherwise waits for every lane's lab to end at once, which with lanes taking turns
 took 550 s of ci-20261206T204222Z for a test of 200 s, its lane idle all along.
 
+`--at-most COUNT MODULES` runs at most COUNT tests of the comma-separated MODULES at once; a lane
+takes another test meanwhile (scripts/test.sh runs the labs of real nodes one at a time).
+
 `--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
 READY_FILES holds an exit status (whatever it is): the builds beside the lanes have ended and more
 labs fit beside each other. Tests started from then on are told how many
 short-timings labs may run at once (NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS, which the lab's slot locks
-obey), so the extra lanes do not just wait for a slot.
+obey), so the extra lanes do not just wait for a slot. Several `--grow`s grow in stages, each
+from the lanes of the one before (each naming at least the ready files of the one before).
 """
 
 import argparse
@@ -78,6 +83,10 @@ def made(ready_files: list[str]) -> str | None:
     return "0"
 
 
+def module(test: Test) -> str:
+    return test.name.split("::")[0]
+
+
 def listed(label: str, executable: str, folder: str) -> list[Test]:
     out = subprocess.run(
         [executable, "--list", "--format", "terse"], cwd=folder, check=True, capture_output=True, text=True
@@ -110,6 +119,13 @@ class Run:
         self.started = time.monotonic()
         # The environment of the tests started from now on (see grow).
         self.env = dict(os.environ)
+        # Tests of the limited modules (--at-most) that are running, and how many may.
+        self.limited: set[str] = set()
+        self.limit = 0
+        self.running_limited = 0
+
+    def allowed(self, test: Test) -> bool:
+        return module(test) not in self.limited or self.running_limited < self.limit
 
     def next_test(self) -> tuple[Test, str] | None:
         """The first test whose needs are made, waiting while none is; None when none is left."""
@@ -119,7 +135,9 @@ class Run:
                     return None
                 for index, test in enumerate(self.queue):
                     status = ready(test)
-                    if status is not None:
+                    if status is not None and self.allowed(test):
+                        if module(test) in self.limited:
+                            self.running_limited += 1
                         return self.queue.pop(index), status
             time.sleep(1)
 
@@ -132,9 +150,12 @@ class Run:
                     return
             time.sleep(1)
         with self.lock:
-            self.env = {**os.environ, SLOTS_VAR: str(lanes)}
+            earlier = self.env.get(SLOTS_VAR, "")
+            slots = max(lanes, int(earlier) if earlier.isdigit() else 0)
+            self.env = {**os.environ, SLOTS_VAR: str(slots)}
             at = time.monotonic() - self.started
-            sys.stdout.write(f"at {at:.0f}s: the builds beside the lanes have ended; {lanes} lanes from now on\n")
+            made_now = ", ".join(os.path.basename(f) for f in ready_files)
+            sys.stdout.write(f"at {at:.0f}s: {made_now} made; {lanes} lanes from now on\n")
             sys.stdout.flush()
         added = [threading.Thread(target=self.lane, args=(n,)) for n in range(first, lanes + 1)]
         for lane in added:
@@ -149,6 +170,9 @@ class Run:
                 self.run_one(number, test)
             else:
                 self.record(number, test, time.monotonic(), 0.0, 1, f"not run: one of {test.after} says {status}\n")
+            if module(test) in self.limited:
+                with self.lock:
+                    self.running_limited -= 1
 
     def run_one(self, lane: int, test: Test) -> None:
         began = time.monotonic()
@@ -196,8 +220,9 @@ def main() -> int:
     parser.add_argument("--expected")
     parser.add_argument("--skip", action="append", default=[])
     parser.add_argument("--after", nargs=2, action="append", default=[], metavar=("READY_FILE", "MODULES"))
-    parser.add_argument("--grow", nargs=2, metavar=("LANES", "READY_FILES"))
+    parser.add_argument("--grow", nargs=2, action="append", default=[], metavar=("LANES", "READY_FILES"))
     parser.add_argument("--alone", default="", metavar="MODULES")
+    parser.add_argument("--at-most", nargs=2, metavar=("COUNT", "MODULES"))
     parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
     args = parser.parse_args()
 
@@ -213,6 +238,9 @@ def main() -> int:
     alone_modules = [m for m in args.alone.split(",") if m]
     alone = [t for t in tests if t.name.split("::")[0] in alone_modules]
     run = Run([t for t in tests if t not in alone], args.times, args.logs)
+    if args.at_most:
+        run.limit = int(args.at_most[0])
+        run.limited = set(args.at_most[1].split(","))
     if alone:
         print(f"{len(alone)} tests alone first, then the others", flush=True)
         first = Run(alone, args.times, args.logs)
@@ -220,9 +248,12 @@ def main() -> int:
         run.failed += first.failed
     print(f"{len(run.queue)} tests in {args.lanes} lanes, longest first", flush=True)
     lanes = [threading.Thread(target=run.lane, args=(n + 1,)) for n in range(args.lanes)]
-    if args.grow and int(args.grow[0]) > args.lanes:
-        grown = (int(args.grow[0]), args.lanes + 1, args.grow[1].split(","))
-        lanes.append(threading.Thread(target=run.grow, args=grown))
+    before = args.lanes
+    for grow_to, ready_files in sorted(args.grow, key=lambda g: int(g[0])):
+        if int(grow_to) > before:
+            grown = (int(grow_to), before + 1, ready_files.split(","))
+            lanes.append(threading.Thread(target=run.grow, args=grown))
+            before = int(grow_to)
     for lane in lanes:
         lane.start()
     for lane in lanes:

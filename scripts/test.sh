@@ -97,7 +97,7 @@ against_budget() {
     printf 'OVER the %s-minute budget (%s caches) by %ss' "$budget_minutes" "$caches" $((seconds - budget))
   fi
 }
-later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready
+later_ready=$report_dir/later-tools.ready images_ready=$report_dir/images.ready checks_ready=$report_dir/checks.ready
 rm -f "$report_dir"/*.ready
 background_jobs=""
 report() {
@@ -137,9 +137,13 @@ LAB_TEST_TARGETS="nodemedic-lab:it nodemedic-harness:e2e"
 # labs' timings, not on the CPU. The lints and unit tests (nice 19) take what the labs leave:
 # waiting for them too kept two lanes until 1,398 s of ci-20261206T215958Z (2,036 s in all), where
 # the third lane from the start ended at 1,858 s (ci-20261206T204222Z) though the footprint test,
-# then run in a lane, held a lane idle for 350 s (it now runs first, ALONE_MODULES).
+# then run in a lane, held a lane idle for 350 s (it now runs first, ALONE_MODULES). And one more
+# again once the lints and unit tests have ended too: with three lanes the CPU was 14-46% idle in
+# the last seven minutes of ci-20261206T223845Z, the short tests at the end waiting on their labs'
+# timings.
 LAB_TEST_LANES=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 LAB_TEST_LANES_LATER=$(( LAB_TEST_LANES < 4 ? LAB_TEST_LANES + 1 : 4 ))
+LAB_TEST_LANES_LAST=$(( LAB_TEST_LANES_LATER < 4 ? LAB_TEST_LANES_LATER + 1 : 4 ))
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 # The test modules whose labs need the short-timings labs to themselves (LabConfig::fleet,
 # .alone()): they run first, one at a time, before the lanes start (scripts/lab-tests.py --alone).
@@ -322,7 +326,7 @@ checks() {
 }
 checks_log=$(mktemp)
 in_background "clippy, unit, property, doc and lab-free tests (background)" "$checks_log" \
-  checks
+  marking "$checks_ready" checks
 checks=$!
 background_jobs="$outages $later $checks"
 
@@ -339,7 +343,7 @@ in_background "the images the container test runs (background)" "$images_log" ma
 images=$!
 background_jobs="$outages $later $checks $images"
 
-step "the lab tests, those alone first, then $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER (beside the outage tests)"
+step "the lab tests, those alone first, then $LAB_TEST_LANES at a time, then $LAB_TEST_LANES_LATER, then $LAB_TEST_LANES_LAST (beside the outage tests)"
 lanes=()
 for target in $LAB_TEST_TARGETS; do
   executable=$(built_test "$build_json" "${target#*:}")
@@ -380,6 +384,10 @@ for part in $later_parts; do
   done
   waits+=(--after "$report_dir/$part.ready" "${later_modules[$part]}")
 done
+# The modules whose labs run real nodes (those that wait for setup.sh node) run one at a time: each
+# costs more CPU than any other lab, and three at once on two cores stalled the agents' watchdog
+# feeds past the chart's 2 s default, resetting every node of one (ci-20261206T223845Z); two at once
+# reset one (ci-20261206T215958Z). Their 710-745 s in all fit in one lane beside the others.
 # A module whose lab waits for the machine alone, run in a lane, waits for every other lane's lab
 # to end at once: the check that each is named.
 for file in testing/harness/tests/e2e/*.rs testing/lab/tests/it/*.rs; do
@@ -393,7 +401,8 @@ lab_status=0
 # shellcheck disable=SC2046 # one --skip NAME pair per outage test
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
   $(for outage_test in $OUTAGE_TESTS; do echo --skip "$outage_test"; done) "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
-  --alone "$ALONE_MODULES" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" "${lanes[@]}" || lab_status=$?
+  --alone "$ALONE_MODULES" --at-most 1 "${later_modules[node]}" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" \
+  --grow "$LAB_TEST_LANES_LAST" "$later_ready,$images_ready,$checks_ready" "${lanes[@]}" || lab_status=$?
 
 step "the tools only later tests need, the chart's rules, the descheduler's policies"
 collect "$later" "$later_log" "setup.sh later, promtool or the descheduler's policies"

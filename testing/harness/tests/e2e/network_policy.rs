@@ -128,6 +128,13 @@ impl<'a> Probe<'a> {
 /// Waits until every probe's connections (run side by side) end as expected.
 async fn until(lab: &Lab, what: &str, probes: &[Probe<'_>]) {
     wait::until(what, LONG, || async {
+        // The probes aim at addresses read once: a reset node's pods come back elsewhere, and the
+        // wait would blame the policy for its own stale aim.
+        let fenced = fences(lab);
+        assert!(
+            fenced.is_empty(),
+            "a node was fenced during the policy check: {fenced:?}"
+        );
         let seen: Vec<Result<Vec<Outcome>>> = std::thread::scope(|scope| {
             let running: Vec<_> = probes.iter().map(|p| scope.spawn(|| p.run(lab))).collect();
             running
@@ -154,6 +161,21 @@ async fn until(lab: &Lab, what: &str, probes: &[Probe<'_>]) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Every power-off and watchdog expiry of the lab so far.
+fn fences(lab: &Lab) -> Vec<String> {
+    lab.timeline()
+        .entries()
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                &e.event,
+                nodemedic_lab::Event::Power { on: false, .. } | nodemedic_lab::Event::WatchdogExpired { .. }
+            )
+        })
+        .map(|e| format!("{} {:?}", e.at, e.event))
+        .collect()
 }
 
 /// The leading controller's address, where the agents send their peer reports.
