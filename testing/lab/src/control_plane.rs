@@ -7,14 +7,31 @@ use crate::{Timings, binaries::Binaries, pki::LabPki, process::ProcessSpec};
 
 pub(crate) const API_PORT: u16 = 6443;
 
-pub(crate) struct Ports {
-    pub etcd_client: u16,
-    pub etcd_peer: u16,
+/// Where the lab's etcd listens: a loopback address of the lab's own (127.213.<slot>.1, from its
+/// network slot), out of its nodes' reach, on etcd's usual ports. A port the kernel handed out as
+/// free (bind to port 0, then close) could be any process's by the time etcd bound it, and was
+/// another's once with four labs starting side by side (ci-20261206T231226Z: "bind: address
+/// already in use").
+pub(crate) struct EtcdAddress(pub Ipv4Addr);
+
+impl EtcdAddress {
+    pub(crate) fn of_lab(host_ip: Ipv4Addr) -> Self {
+        let [_, b, c, d] = host_ip.octets();
+        Self(Ipv4Addr::new(127, b, c, d))
+    }
+
+    fn client(&self) -> String {
+        format!("http://{}:2379", self.0)
+    }
+
+    fn peer(&self) -> String {
+        format!("http://{}:2380", self.0)
+    }
 }
 
-pub(crate) fn etcd(bins: &Binaries, data_dir: &Path, ports: &Ports) -> ProcessSpec {
-    let client = format!("http://127.0.0.1:{}", ports.etcd_client);
-    let peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
+pub(crate) fn etcd(bins: &Binaries, data_dir: &Path, address: &EtcdAddress) -> ProcessSpec {
+    let client = address.client();
+    let peer = address.peer();
     ProcessSpec::new(
         &bins.etcd,
         [
@@ -81,7 +98,7 @@ pub(crate) fn apiserver(
     bins: &Binaries,
     pki: &LabPki,
     ip: Ipv4Addr,
-    ports: &Ports,
+    etcd: &EtcdAddress,
     timings: &Timings,
     audit: &Audit<'_>,
     admission: Option<&Path>,
@@ -91,7 +108,7 @@ pub(crate) fn apiserver(
     ProcessSpec::new(
         &bins.kube_apiserver,
         [
-            format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
+            format!("--etcd-servers={}", etcd.client()),
             format!("--bind-address={ip}"),
             format!("--advertise-address={ip}"),
             format!("--secure-port={API_PORT}"),

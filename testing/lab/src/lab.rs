@@ -23,7 +23,7 @@ use crate::{
     Error, LabConfig, NodeSpec, Result,
     binaries::{self, Binaries},
     container::{ContainerSpec, Containers},
-    control_plane::{self, API_PORT, Ports},
+    control_plane::{self, API_PORT, EtcdAddress},
     error::io,
     lock::{self, LabLock, SetupLock},
     membership::{Namespaces, NodeTable, NodeTasks},
@@ -273,15 +273,8 @@ impl Lab {
         let kubeconfig = dir.join("kubeconfig");
         pki.kubeconfig("admin", &server, &kubeconfig)?;
 
-        let ports = Ports {
-            etcd_client: free_port()?,
-            etcd_peer: free_port()?,
-        };
-        start_process(
-            &resources,
-            "etcd",
-            control_plane::etcd(&bins, &shm.join("etcd"), &ports),
-        )?;
+        let etcd = EtcdAddress::of_lab(net.host_ip());
+        start_process(&resources, "etcd", control_plane::etcd(&bins, &shm.join("etcd"), &etcd))?;
         let audit_policy = dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, control_plane::audit_policy()).map_err(io("writing the audit policy"))?;
         let audit = control_plane::Audit {
@@ -304,7 +297,7 @@ impl Lab {
                 &bins,
                 &pki,
                 net.host_ip(),
-                &ports,
+                &etcd,
                 &config.timings,
                 &audit,
                 admission.as_deref(),
@@ -322,11 +315,6 @@ impl Lab {
             "kube-scheduler",
             control_plane::scheduler(&bins, &kubeconfig),
         )?;
-        std::fs::write(
-            resources.dir.join("ports"),
-            format!("etcd {} {}\n", ports.etcd_client, ports.etcd_peer),
-        )
-        .map_err(io("recording ports"))?;
 
         crate::crds::install(&client, nodemedic_api::crds::all()).await?;
         if config.storage {
