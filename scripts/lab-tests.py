@@ -32,9 +32,9 @@ takes another test meanwhile (scripts/test.sh runs the labs of real nodes one at
 
 `--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
 READY_FILES holds an exit status (whatever it is): the builds beside the lanes have ended and more
-labs fit beside each other. Tests started from then on are told how many
-short-timings labs may run at once (NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS, which the lab's slot locks
-obey), so the extra lanes do not just wait for a slot. Several `--grow`s grow in stages, each
+labs fit beside each other. Every test, those running too, is then let run that many
+short-timings labs at once (the file NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS_FILE names, which the
+lab's slot locks read again while they wait), so the extra lanes do not just wait for a slot. Several `--grow`s grow in stages, each
 from the lanes of the one before (each naming at least the ready files of the one before).
 """
 
@@ -58,8 +58,9 @@ class Test:
     after: list[str] = field(default_factory=list)
 
 
-# Read by the lab (nodemedic_lab's slot locks): how many short-timings labs run at once.
-SLOTS_VAR = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS"
+# Read by the lab (nodemedic_lab's slot locks) while a lab waits for a slot: the file that holds
+# how many short-timings labs run at once.
+SLOTS_FILE_VAR = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS_FILE"
 
 
 def ready(test: Test) -> str | None:
@@ -117,8 +118,10 @@ class Run:
         self.lock = threading.Lock()
         self.failed: list[str] = []
         self.started = time.monotonic()
-        # The environment of the tests started from now on (see grow).
-        self.env = dict(os.environ)
+        # How many short-timings labs run at once (see grow), in a file every test is told of.
+        self.slots = 0
+        self.slots_file = os.path.join(tempfile.mkdtemp(prefix="lab-tests-"), "short-timings-slots")
+        self.env = {**os.environ, SLOTS_FILE_VAR: self.slots_file}
         # Tests of the limited modules (--at-most) that are running, and how many may.
         self.limited: set[str] = set()
         self.limit = 0
@@ -150,9 +153,7 @@ class Run:
                     return
             time.sleep(1)
         with self.lock:
-            earlier = self.env.get(SLOTS_VAR, "")
-            slots = max(lanes, int(earlier) if earlier.isdigit() else 0)
-            self.env = {**os.environ, SLOTS_VAR: str(slots)}
+            self.set_slots(lanes)
             at = time.monotonic() - self.started
             made_now = ", ".join(os.path.basename(f) for f in ready_files)
             sys.stdout.write(f"at {at:.0f}s: {made_now} made; {lanes} lanes from now on\n")
@@ -162,6 +163,15 @@ class Run:
             lane.start()
         for lane in added:
             lane.join()
+
+    def set_slots(self, slots: int) -> None:
+        """Lets up to `slots` short-timings labs run at once (never fewer than before), from the
+        labs' next look on, in tests already running too."""
+        self.slots = max(self.slots, slots)
+        written = self.slots_file + ".new"
+        with open(written, "w", encoding="utf-8") as file:
+            file.write(f"{self.slots}\n")
+        os.replace(written, self.slots_file)
 
     def lane(self, number: int) -> None:
         while picked := self.next_test():
@@ -238,6 +248,8 @@ def main() -> int:
     alone_modules = [m for m in args.alone.split(",") if m]
     alone = [t for t in tests if t.name.split("::")[0] in alone_modules]
     run = Run([t for t in tests if t not in alone], args.times, args.logs)
+    # One lab per lane until a grow: a file that says nothing would leave one per core.
+    run.set_slots(args.lanes)
     if args.at_most:
         run.limit = int(args.at_most[0])
         run.limited = set(args.at_most[1].split(","))

@@ -127,12 +127,22 @@ impl LabKind {
 /// Names how many short-timings labs run at once instead of one per core: a test runner that
 /// knows the machine's other work has ended (scripts/lab-tests.py `--grow`) lets more labs in.
 const SHORT_TIMINGS_SLOTS_VAR: &str = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS";
+/// Names a file that holds that count instead, read again while a lab waits for a slot: a runner
+/// that adds lanes rewrites it, and a test started before sees the new slots. With the count in
+/// its environment, a test started as the third lane was added waited 7 minutes for one of the
+/// two slots it knew while the third was free (ci-20261206T231226Z).
+const SHORT_TIMINGS_SLOTS_FILE_VAR: &str = "NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS_FILE";
 
-/// How many short-timings labs this machine runs at once: one per core, or as many as
-/// [`SHORT_TIMINGS_SLOTS_VAR`] says; at most [`MOST_SHORT_TIMINGS_LABS`] either way.
+/// How many short-timings labs this machine runs at once: one per core, or as many as the file
+/// [`SHORT_TIMINGS_SLOTS_FILE_VAR`] names or else [`SHORT_TIMINGS_SLOTS_VAR`] says; at most
+/// [`MOST_SHORT_TIMINGS_LABS`] either way.
 pub(crate) fn short_timings_slots() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    slots_for(cores, std::env::var(SHORT_TIMINGS_SLOTS_VAR).ok().as_deref())
+    let from_file = std::env::var(SHORT_TIMINGS_SLOTS_FILE_VAR)
+        .ok()
+        .and_then(|path| std::fs::read_to_string(path).ok());
+    let asked = from_file.or_else(|| std::env::var(SHORT_TIMINGS_SLOTS_VAR).ok());
+    slots_for(cores, asked.as_deref())
 }
 
 /// A value that is not a count is ignored (one slot per core), so a typo cannot let every lab in.
@@ -172,8 +182,8 @@ impl LabLock {
         let mut locks = Vec::new();
         for &kind in kinds {
             match kind {
-                LabKind::ShortTimings => locks.push(any_slot(kind, short_timings_slots(), slot_file).await?),
-                LabKind::Tolerant => locks.push(any_slot(kind, TOLERANT_SLOTS, tolerant_slot_file).await?),
+                LabKind::ShortTimings => locks.push(any_slot(kind, short_timings_slots, slot_file).await?),
+                LabKind::Tolerant => locks.push(any_slot(kind, || TOLERANT_SLOTS, tolerant_slot_file).await?),
                 // Every slot in the one order every lab takes them, so two never wait on each
                 // other; every slot there can be, not only those this process counts, so a lab
                 // started with more slots (SHORT_TIMINGS_SLOTS_VAR) never runs beside this one.
@@ -193,11 +203,12 @@ impl LabLock {
     }
 }
 
-/// The first free one of `slots` slots (`file` names each), waiting for one when all are taken.
-async fn any_slot(kind: LabKind, slots: usize, file: fn(usize) -> String) -> Result<Flock<File>> {
+/// The first free one of `slots()` slots (`file` names each, the count asked again at each look),
+/// waiting for one when all are taken.
+async fn any_slot(kind: LabKind, slots: fn() -> usize, file: fn(usize) -> String) -> Result<Flock<File>> {
     let mut said = false;
     loop {
-        for slot in 0..slots {
+        for slot in 0..slots() {
             if let Some(lock) = try_lock(&file(slot))? {
                 return Ok(lock);
             }
