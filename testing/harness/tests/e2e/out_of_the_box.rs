@@ -153,12 +153,11 @@ async fn a_fresh_install_remediates_with_its_default_check_and_seed_001_works_th
             .map(|_| ())
     })
     .await;
-    assert!(
-        event_with(&client, "DefaultHealthCheckUpdated", DEFAULT_CHECK)
-            .await
-            .is_some(),
-        "the update is reported on the ConfigMap"
-    );
+    // The event is published after the check is written: waited for, not read once.
+    eventually("the update reported on the ConfigMap", LONG, || async {
+        event_with(&client, "DefaultHealthCheckUpdated", DEFAULT_CHECK).await
+    })
+    .await;
 
     // The user's edit stays: neither a restarted controller nor a release with other defaults
     // writes the check again.
