@@ -164,7 +164,7 @@ async fn until(lab: &Lab, what: &str, probes: &[Probe<'_>]) {
 }
 
 /// Every power-off and watchdog expiry of the lab so far.
-fn fences(lab: &Lab) -> Vec<String> {
+pub(crate) fn fences(lab: &Lab) -> Vec<String> {
     lab.timeline()
         .entries()
         .into_iter()

@@ -483,18 +483,7 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
         listed.items.into_iter().find(|p| agent_on(p) && ready(p))
     })
     .await;
-    let fenced: Vec<String> = lab
-        .timeline()
-        .entries()
-        .into_iter()
-        .filter(|e| {
-            matches!(
-                &e.event,
-                nodemedic_lab::Event::Power { on: false, .. } | nodemedic_lab::Event::WatchdogExpired { .. }
-            )
-        })
-        .map(|e| format!("{:?}", e.event))
-        .collect();
+    let fenced = network_policy::fences(&lab);
     assert!(fenced.is_empty(), "a node was fenced: {fenced:?}");
     assert!(snr(&client, node).await.is_none(), "node-2 was remediated");
 }
