@@ -279,10 +279,7 @@ async fn topology_and_duplicates_spread_pods_predictive_evicts_nothing_and_exclu
         (nodes_of(&pods) == ["node-1", "node-2"]).then_some(())
     })
     .await;
-    eventually("the descheduler's eviction event", LONG, || async {
-        event_with(&client, "RemoveDuplicates", "sigs.k8s.io/descheduler").await
-    })
-    .await;
+    event_with(&client, "RemoveDuplicates", "sigs.k8s.io/descheduler").await;
     eventually("the budget refusing the held pods' eviction", LONG, || async {
         let log = descheduler_log(&lab).await;
         log.lines()

@@ -237,10 +237,7 @@ async fn a_wrong_password_fails_every_attempt_without_showing_it_and_the_health_
         "the password leaked: {everything}"
     );
     // Repeats of an event become a series (kube's recorder): the first attempt's note stays.
-    eventually("an event for the failed attempts", LONG, || async {
-        event_with(&client, "FenceAgentAttemptFailed", "attempt 1 of 2").await
-    })
-    .await;
+    event_with(&client, "FenceAgentAttemptFailed", "attempt 1 of 2").await;
     let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
         .list(&Default::default())
         .await
@@ -452,10 +449,7 @@ async fn an_unanswering_bmc_times_out_each_attempt_and_configuration_mistakes_ar
         message.contains("Secret late (named by sharedSecretName) does not exist"),
         "{message}"
     );
-    eventually("the SecretMissing event", LONG, || async {
-        event_with(&client, "SecretMissing", "Secret late").await
-    })
-    .await;
+    event_with(&client, "SecretMissing", "Secret late").await;
     assert_eq!(waiting.status.as_ref().and_then(|s| s.attempts), None, "an agent ran");
     assert_eq!(
         bmc_power(&lab, &b),
@@ -559,10 +553,7 @@ async fn a_stale_unknown_with_a_renewing_kubelet_fences_nothing_until_the_renewa
         .patch_status(&a, &PatchParams::default(), &Patch::Strategic(&stale))
         .await
         .expect("mark the node Unknown");
-    eventually("the health check holding the remediation back", LONG, || async {
-        event_with(&client, "RemediationHeldBack", &a).await
-    })
-    .await;
+    event_with(&client, "RemediationHeldBack", &a).await;
     assert!(
         history.find(|_| true).is_none(),
         "a remediation was created while the kubelet renewed: {:?}",

@@ -214,10 +214,7 @@ async fn over_budget_nothing_is_remediated_and_the_check_says_why() {
         "{}",
         condition.message
     );
-    let event = eventually("a RemediationSkipped event", LONG, || {
-        event_with(&client, "RemediationSkipped", "should equal or exceed 2")
-    })
-    .await;
+    let event = event_with(&client, "RemediationSkipped", "should equal or exceed 2").await;
     assert!(event.note.as_deref().is_some_and(|n| n.contains("is 1")), "{event:?}");
     assert!(
         list::<SelfNodeRemediation>(&client, NS).await.is_empty(),
@@ -442,17 +439,12 @@ async fn pause_exclusion_and_a_maintenance_lease_hold_remediation_back() {
     lab.crash("node-2").await.expect("crash");
     unhealthy_listed(&client, "workers", "node-1").await;
     unhealthy_listed(&client, "workers", "node-2").await;
-    eventually("the exclusion to be explained", LONG, || {
-        event_with(&client, "RemediationSkipped", "exclude-from-remediation=true")
-    })
-    .await;
-    eventually("the lease to be explained", LONG, || {
-        event_with(
-            &client,
-            "RemediationSkipped",
-            "node lease is already taken by node-maintenance",
-        )
-    })
+    event_with(&client, "RemediationSkipped", "exclude-from-remediation=true").await;
+    event_with(
+        &client,
+        "RemediationSkipped",
+        "node lease is already taken by node-maintenance",
+    )
     .await;
     assert!(snr_for(&client, "node-1").await.is_empty() && snr_for(&client, "node-2").await.is_empty());
 
@@ -497,10 +489,7 @@ async fn one_control_plane_node_at_a_time_and_the_healthy_delay() {
         (all.len() == 1).then_some(())
     })
     .await;
-    eventually("the wait to be explained", LONG, || {
-        event_with(&client, "RemediationSkipped", "one at a time")
-    })
-    .await;
+    event_with(&client, "RemediationSkipped", "one at a time").await;
     let first = list::<SelfNodeRemediation>(&client, NS).await.remove(0);
     let (a, b) = if first.name_any() == "node-1" {
         ("node-1", "node-2")
@@ -739,10 +728,7 @@ async fn a_seed_check_selecting_no_nodes_says_so_and_names_the_label_to_use() {
         "{}",
         condition.message
     );
-    eventually("a NoNodesSelected event", LONG, || {
-        event_with(&client, "NoNodesSelected", "node-role.kubernetes.io/control-plane")
-    })
-    .await;
+    event_with(&client, "NoNodesSelected", "node-role.kubernetes.io/control-plane").await;
     let table = crate::status::status(&lab, &[]);
     assert!(
         table.contains("WARNING: NodeHealthCheck nhc-snr-3node selects no nodes"),

@@ -330,10 +330,7 @@ async fn replaced(
         !before.values().any(|n| n == new_node),
         "{new} on an old node {new_node}"
     );
-    eventually(&format!("a MachineDeleted event for {old}"), LONG, || {
-        event_with(client, "MachineDeleted", &old)
-    })
-    .await;
+    event_with(client, "MachineDeleted", &old).await;
     new_node.clone()
 }
 
@@ -406,10 +403,7 @@ async fn machine_deletion_replaces_an_openshift_machine() {
     lab.crash(&a).await.expect("crash");
     let moved = running_pod(&client, &[&a]).await;
     println!("{a} crashed: db-0 Running on {} (its Machine deleted)", node_of(&moved));
-    eventually("a WorkloadsReleased event", LONG, || {
-        event_with(&client, "WorkloadsReleased", &a)
-    })
-    .await;
+    event_with(&client, "WorkloadsReleased", &a).await;
     let new_node = replaced(&client, &history, OPENSHIFT, &a, &before).await;
     println!("{a}'s Machine replaced: new node {new_node}");
     assert_witness(&lab);

@@ -323,7 +323,7 @@ async fn maintenance_drains_at_the_budgets_pace_gives_the_node_back_and_guards_e
         Some(1.0)
     );
     for reason in ["BeginMaintenance", "CordonNode", "SucceedMaintenance"] {
-        eventually(reason, LONG, || event_with(&client, reason, "node-1")).await;
+        event_with(&client, reason, "node-1").await;
     }
 
     // A second maintenance for the same node, and one for a node that does not exist.
@@ -370,10 +370,7 @@ async fn maintenance_drains_at_the_budgets_pace_gives_the_node_back_and_guards_e
         .then_some(())
     })
     .await;
-    eventually("RemovedMaintenance", LONG, || {
-        event_with(&client, "RemovedMaintenance", "node-1")
-    })
-    .await;
+    event_with(&client, "RemovedMaintenance", "node-1").await;
 
     // A budget that allows nothing: the drain keeps trying and names the pod, then the drain
     // timeout fails it and gives the node back.
@@ -398,7 +395,7 @@ async fn maintenance_drains_at_the_budgets_pace_gives_the_node_back_and_guards_e
         .expect("blocking")[0]
         .reason;
     assert!(reason.contains("disruption budget"), "{reason}");
-    eventually("DrainBlocked", LONG, || event_with(&client, "DrainBlocked", "pinned-")).await;
+    event_with(&client, "DrainBlocked", "pinned-").await;
     let failed = in_phase(&client, "stuck", MaintenancePhase::Failed).await;
     let error = failed
         .status
@@ -473,10 +470,7 @@ async fn maintenance_and_the_health_check_take_turns_through_the_node_lease() {
     lab.wait_ready_status("node-1", "Unknown", LONG)
         .await
         .expect("node-1 silent");
-    eventually("the health check to skip node-1", LONG, || {
-        event_with(&client, "RemediationSkipped", "node node-1: it is labelled")
-    })
-    .await;
+    event_with(&client, "RemediationSkipped", "node node-1: it is labelled").await;
     assert!(
         far(&client, "node-1").await.is_none(),
         "a node in maintenance is not remediated"
@@ -532,10 +526,7 @@ async fn maintenance_and_the_health_check_take_turns_through_the_node_lease() {
         node_state(&client, "node-2").await,
         (false, false, false, Some(holder.clone()))
     );
-    eventually("WaitingForLease", LONG, || {
-        event_with(&client, "WaitingForLease", &holder)
-    })
-    .await;
+    event_with(&client, "WaitingForLease", &holder).await;
     assert!(far(&client, "node-2").await.is_some());
 
     // The BMC answers again: the node is fenced and back, the health check lets go, the

@@ -15,8 +15,8 @@ use nodemedic_lab::{Event, Lab, LabConfig, wait};
 use serde_json::json;
 
 use crate::support::{
-    NS, apply_seed, apply_seed_check, assert_witness, event_with, eventually, lab, list, recorded_running, scenario,
-    start_controller, taints,
+    NS, apply_seed, apply_seed_check, assert_witness, event_with, events_so_far, eventually, lab, list,
+    recorded_running, scenario, start_controller, taints,
 };
 use scenario::{LabWatchdog, node_of};
 
@@ -298,7 +298,7 @@ async fn manager_and_agent_restarts_mid_remediation_duplicate_nothing_and_lose_n
     lab.restart_process("controller").expect("manager restart");
     running_pod(&client, &[&a]).await;
     assert!(
-        event_with(&client, "SafeTimeRestarted", &a).await.is_none(),
+        events_so_far(&client, "SafeTimeRestarted", &a).await.is_empty(),
         "the new manager continues the wait instead of starting it again"
     );
     phase_reached(&client, &a, phases::FENCING_COMPLETED).await;
@@ -424,12 +424,7 @@ async fn config_deletion_disables_self_remediation(client: &Client, lab: &Lab) {
     };
     let disabled = eventually("Disabled=True", LONG, || condition("True")).await;
     assert_eq!(disabled.reason, "ConfigurationNotFound", "{disabled:?}");
-    assert!(
-        event_with(client, "RemediationDisabled", "self remediation is disabled")
-            .await
-            .is_some(),
-        "a RemediationDisabled event"
-    );
+    event_with(client, "RemediationDisabled", "self remediation is disabled").await;
     let t = taints(client, "node-2").await;
     assert!(
         t.iter().all(|t| !t.starts_with("remediation.medik8s.io/")),
@@ -554,10 +549,7 @@ async fn a_deliberately_stopped_agent_closes_its_watchdog_and_the_manager_stops_
         (ds.metadata.uid != before.metadata.uid && tolerates).then_some(())
     })
     .await;
-    eventually("the AgentsRecreated event", LONG, || {
-        event_with(&client, "AgentsRecreated", "re-creating")
-    })
-    .await;
+    event_with(&client, "AgentsRecreated", "re-creating").await;
 }
 
 /// A pod deleted as it starts: in a container the agent is PID 1, which the kernel spares a

@@ -126,17 +126,34 @@ pub async fn recorded_running(lab: &Lab, pod: &k8s_openapi::api::core::v1::Pod) 
     .await
 }
 
-/// Events (events.k8s.io) with this reason whose note contains `text`.
-pub async fn event_with(client: &Client, reason: &str, text: &str) -> Option<k8s_openapi::api::events::v1::Event> {
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+/// Waits for an event (events.k8s.io) with this reason whose note contains `text`. Events are
+/// published after the change they report, so a test never reads them once: it waits.
+pub async fn event_with(client: &Client, reason: &str, text: &str) -> k8s_openapi::api::events::v1::Event {
+    let what = format!("a {reason} event whose note contains {text:?}");
+    eventually(&what, EVENT_WAIT, || async {
+        events_so_far(client, reason, text).await.into_iter().next()
+    })
+    .await
+}
+
+/// The events with this reason whose note contains `text`, read once: only for a test that
+/// checks an event was never published.
+pub async fn events_so_far(client: &Client, reason: &str, text: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let Ok(events) = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .ok()?;
+    else {
+        return Vec::new();
+    };
     events
         .items
         .into_iter()
-        .find(|e| e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(text)))
+        .filter(|e| e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(text)))
+        .collect()
 }
+
+/// How long a test waits for an event before it fails.
+const EVENT_WAIT: Duration = Duration::from_secs(180);
 
 /// Fails the test, with the timeline, if a stateful pod ever ran twice.
 pub fn assert_witness(lab: &Lab) {
