@@ -133,7 +133,8 @@ async fn until(lab: &Lab, what: &str, probes: &[Probe<'_>]) {
         let fenced = fences(lab);
         assert!(
             fenced.is_empty(),
-            "a node was fenced during the policy check: {fenced:?}"
+            "a node was fenced during the policy check: {fenced:?}\n{}",
+            agents_last_words(lab, &fenced)
         );
         let seen: Vec<Result<Vec<Outcome>>> = std::thread::scope(|scope| {
             let running: Vec<_> = probes.iter().map(|p| scope.spawn(|| p.run(lab))).collect();
@@ -176,6 +177,35 @@ pub(crate) fn fences(lab: &Lab) -> Vec<String> {
         })
         .map(|e| format!("{} {:?}", e.at, e.event))
         .collect()
+}
+
+/// The last lines the agents of the nodes named in `fenced` logged: why each stopped feeding its
+/// watchdog (its licence, or a feed that came late).
+pub(crate) fn agents_last_words(lab: &Lab, fenced: &[String]) -> String {
+    let mut said = String::new();
+    for node in lab
+        .nodes()
+        .into_iter()
+        .filter(|n| fenced.iter().any(|f| f.contains(&format!("{n:?}"))))
+    {
+        let Ok(pods) = lab.node_host_path(&node, "/var/log/pods") else {
+            continue;
+        };
+        let agents = std::fs::read_dir(pods).into_iter().flatten().flatten();
+        for pod in agents.filter(|p| p.file_name().to_string_lossy().contains("_nodemedic-agent-")) {
+            let logs = std::fs::read_dir(pod.path().join("agent"))
+                .into_iter()
+                .flatten()
+                .flatten();
+            for log in logs {
+                let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+                said.push_str(&format!("== {node}: {}\n{tail}\n", log.path().display()));
+            }
+        }
+    }
+    said
 }
 
 /// The leading controller's address, where the agents send their peer reports.

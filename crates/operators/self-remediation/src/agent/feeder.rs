@@ -48,6 +48,8 @@ pub(super) fn spawn(
         disarm_requests,
         kicks,
         interval,
+        last_feed: None,
+        feeding: false,
     };
     std::thread::spawn(move || feeder.run());
     Kick(kick)
@@ -60,6 +62,10 @@ struct Feeder {
     disarm_requests: mpsc::Receiver<DisarmRequest>,
     kicks: mpsc::Receiver<()>,
     interval: Duration,
+    /// The last feed while the licence has been held without a break.
+    last_feed: Option<Instant>,
+    /// Whether the licence allowed feeding at the last look.
+    feeding: bool,
 }
 
 impl Feeder {
@@ -73,6 +79,7 @@ impl Feeder {
                 Err(_) => (false, None),
             };
             self.metrics.set_feeding(feed && self.wd.is_some());
+            self.licence_held(feed, fenced.is_some());
             if let Ok(reply) = self.disarm_requests.try_recv() {
                 let result = match (fenced, self.wd.as_mut()) {
                     (Some(why), _) => Err(format!("fencing: {}", describe(why))),
@@ -100,8 +107,11 @@ impl Feeder {
                             tracing::warn!(%error, "no immediate reset; the watchdog resets the node when it runs out");
                         }
                     }
-                } else if feed && let Err(error) = w.feed() {
-                    tracing::error!(%error, "cannot feed the watchdog");
+                } else if feed {
+                    match w.feed() {
+                        Ok(()) => fed(&mut self.last_feed, &self.metrics, w.timeout()),
+                        Err(error) => tracing::error!(%error, "cannot feed the watchdog"),
+                    }
                 }
                 if let Err(error) = w.poll() {
                     tracing::error!(%error, "the software watchdog could not reboot the node");
@@ -111,11 +121,45 @@ impl Feeder {
         }
     }
 
+    /// Says when the licence starts or stops allowing feeds: a node that resets should have said
+    /// why in its last lines.
+    fn licence_held(&mut self, feed: bool, fenced: bool) {
+        if feed == self.feeding || fenced {
+            return;
+        }
+        self.feeding = feed;
+        if feed {
+            tracing::info!("licence held: feeding the watchdog");
+        } else {
+            self.last_feed = None;
+            tracing::warn!(
+                "the licence ran out: the watchdog is no longer fed, and resets the node unless it is renewed"
+            );
+        }
+    }
+
     /// Until the next tick or a kick, whichever comes first.
     fn wait(&self) {
         if let Err(mpsc::RecvTimeoutError::Disconnected) = self.kicks.recv_timeout(self.interval) {
             // The licence loop is gone (the agent is stopping): ticks only.
             std::thread::sleep(self.interval);
+        }
+    }
+}
+
+/// Records the gap since the last feed, and warns when it came close to the timeout: a feeder
+/// that does not get the CPU it needs resets a healthy node.
+fn fed(last_feed: &mut Option<Instant>, metrics: &Metrics, timeout: Duration) {
+    let now = Instant::now();
+    if let Some(last) = last_feed.replace(now) {
+        let gap = now - last;
+        metrics.fed_after(gap);
+        if gap > timeout / 2 {
+            tracing::warn!(
+                gap_ms = gap.as_millis() as u64,
+                timeout_ms = timeout.as_millis() as u64,
+                "a watchdog feed came late: the agent got too little CPU"
+            );
         }
     }
 }
@@ -162,6 +206,8 @@ mod tests {
             kicks,
             // Far past the test's deadline: only the kick can make it feed in time.
             interval: Duration::from_secs(3600),
+            last_feed: None,
+            feeding: false,
         };
         let thread = std::thread::spawn(move || feeder.run());
         let kick = Kick(kick);
@@ -182,5 +228,30 @@ mod tests {
         kick.licence_may_have_changed();
         assert_eq!(replied.blocking_recv().expect("a reply"), Ok(()));
         thread.join().expect("the feeder stops once disarmed");
+    }
+
+    #[test]
+    fn the_gap_between_feeds_is_measured_and_a_lapse_starts_a_new_count() {
+        let metrics = Metrics::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let mut last_feed = Some(Instant::now() - Duration::from_millis(1700));
+        fed(&mut last_feed, &metrics, Duration::from_secs(2));
+        // The first feed after a lapse (no last feed) has no gap to count.
+        fed(&mut None, &metrics, Duration::from_secs(2));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(
+            text.contains("nodemedic_agent_watchdog_feed_gap_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodemedic_agent_watchdog_feed_gap_seconds_bucket{le=\"1.5\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodemedic_agent_watchdog_feed_gap_seconds_bucket{le=\"2.0\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -8,7 +8,7 @@ use nodemedic_kube::{
 };
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 
@@ -19,7 +19,7 @@ pub(super) struct ResultLabels {
     pub result: &'static str,
 }
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Metrics {
     pub(super) api_checks: Family<ResultLabels, Counter>,
     pub(super) vote_rounds: Family<ResultLabels, Counter>,
@@ -28,11 +28,34 @@ pub struct Metrics {
     feeding: Gauge,
     fenced: Gauge,
     pub(super) epoch: Gauge,
+    feed_gaps: Histogram,
+}
+
+/// Gaps between watchdog feeds, in seconds: the feed interval is at most 1 s and the shortest
+/// timeout nodemedic programs is 2 s, so the upper buckets show how close a node came to a reset.
+const FEED_GAP_BUCKETS: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            api_checks: Family::default(),
+            vote_rounds: Family::default(),
+            votes_cast: Family::default(),
+            endpoint_checks: Family::default(),
+            feeding: Gauge::default(),
+            fenced: Gauge::default(),
+            epoch: Gauge::default(),
+            feed_gaps: Histogram::new(FEED_GAP_BUCKETS),
+        }
+    }
 }
 
 impl Metrics {
     pub(crate) fn set_feeding(&self, on: bool) {
         self.feeding.set(on as i64);
+    }
+    pub(crate) fn fed_after(&self, gap: std::time::Duration) {
+        self.feed_gaps.observe(gap.as_secs_f64());
     }
     pub fn fenced(&self) {
         self.fenced.set(1);
@@ -76,6 +99,11 @@ impl Metrics {
             "nodemedic_agent_feeding",
             "1 while the agent holds a licence and feeds its watchdog",
             m.feeding.clone(),
+        );
+        registry.register(
+            "nodemedic_agent_watchdog_feed_gap_seconds",
+            "Time between consecutive watchdog feeds while the agent held its licence",
+            m.feed_gaps.clone(),
         );
         registry.register(
             "nodemedic_agent_fenced",
