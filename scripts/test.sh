@@ -20,6 +20,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_started=$EPOCHREALTIME
+# Clippy lints the workspace's crates as they compile, in the builds the tests need anyway:
+# clippy-driver as the workspace's rustc wrapper, as `cargo clippy` itself sets it up, with
+# `-D warnings`. Between them the lab-test build and the workspace's test builds compile every
+# target `cargo clippy --all-targets` lints (every integration-test target is run, see below).
+# A `cargo clippy` of its own checked every dependency again, in a profile of its own: 12.5
+# minutes at nice 19 in ci-20261207T013604Z, on a CPU the lab tests had saturated.
+export RUSTC_WORKSPACE_WRAPPER=clippy-driver
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 repo=$PWD
 report_dir=${TEST_REPORT_DIR:-${CARGO_TARGET_DIR:-target}/test-report}
 mkdir -p "$report_dir"
@@ -293,7 +301,7 @@ for outage_test in $OUTAGE_TESTS; do
 done
 background_jobs="$outages $later"
 
-step "meanwhile: cargo clippy, unit and property tests, doc tests, lab-free tests (background)"
+step "meanwhile: unit and property tests (linted as they build), doc tests, lab-free tests (background)"
 # The unit, doc and lab-free tests build in the lab-test profile, for the whole workspace: its
 # features resolve as the lab-test build's do (testing/harness's dev-dependencies see to it), so
 # they reuse its dependencies. In the dev profile they built their own from nothing: 504
@@ -319,7 +327,6 @@ lab_free_tests() {
 checks() {
   renice -n 19 -p "$BASHPID" >/dev/null
   ionice -c3 -p "$BASHPID"
-  cargo clippy --workspace --all-targets --locked -- -D warnings
   cargo test --workspace --locked --profile lab-test --lib --bins
   cargo test --workspace --locked --profile lab-test --doc
   lab_free_tests
