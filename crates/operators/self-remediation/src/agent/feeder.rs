@@ -70,6 +70,9 @@ struct Feeder {
 
 impl Feeder {
     fn run(mut self) {
+        if self.wd.is_some() {
+            say_how_scheduled(crate::watchdog::linux::raise_this_thread());
+        }
         // Stop feeding this long before the licence ends: a feed is a check, then a write.
         let margin = Duration::from_millis(50);
         let mut reset_asked = false;
@@ -144,6 +147,18 @@ impl Feeder {
             // The licence loop is gone (the agent is stopping): ticks only.
             std::thread::sleep(self.interval);
         }
+    }
+}
+
+/// Says how the feeder thread runs: a node short of CPU resets unless it runs first.
+fn say_how_scheduled(scheduling: crate::watchdog::linux::FeederScheduling) {
+    use crate::watchdog::linux::FeederScheduling::{Nice, Ordinary, Realtime};
+    match scheduling {
+        Realtime => tracing::info!("the watchdog is fed from a real-time thread"),
+        Nice => tracing::info!("the watchdog is fed from a thread at nice -20 (real time refused)"),
+        Ordinary => tracing::warn!(
+            "the watchdog is fed from an ordinary thread (no CAP_SYS_NICE): a node short of CPU may reset"
+        ),
     }
 }
 

@@ -1,5 +1,6 @@
-//! `/dev/watchdog`: the Linux watchdog API (Documentation/watchdog/watchdog-api.rst). The ioctls
-//! are the only `unsafe` code in nodemedic; each call passes a pointer to a live, correctly
+//! `/dev/watchdog`: the Linux watchdog API (Documentation/watchdog/watchdog-api.rst), and the
+//! scheduling of the thread that feeds it. The ioctls and the two scheduling calls are the only
+//! `unsafe` code in nodemedic; each call passes plain integers or a pointer to a live, correctly
 //! typed local for exactly the duration of the call.
 #![allow(unsafe_code)]
 
@@ -118,6 +119,36 @@ fn set_timeout(fd: i32, seconds: libc_int) -> nix::Result<libc_int> {
     Ok(seconds)
 }
 
+/// How the kernel schedules the thread that feeds the watchdog ([`raise_this_thread`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FeederScheduling {
+    /// SCHED_FIFO at the lowest real-time priority: it runs before any ordinary thread.
+    Realtime,
+    /// Real time refused; the highest nice level instead.
+    Nice,
+    /// Neither allowed: it waits for the CPU like any other thread.
+    Ordinary,
+}
+
+/// Asks the kernel to run the calling thread before ordinary work. A feeder that waits for the
+/// CPU behind a loaded node's other threads misses the watchdog's deadline and resets a healthy
+/// node; the `watchdog` daemon's `realtime` option and SBD run theirs so for the same reason.
+/// Real time is refused without CAP_SYS_NICE, and in a cgroup that has no real-time runtime
+/// (CONFIG_RT_GROUP_SCHED, as a pod's cgroup under cgroup v1): then the highest nice level,
+/// which weighs 88 times an ordinary thread against the agent's own threads.
+pub(crate) fn raise_this_thread() -> FeederScheduling {
+    let lowest_realtime = nix::libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `lowest_realtime` is a live local for the call.
+    if unsafe { nix::libc::sched_setscheduler(0, nix::libc::SCHED_FIFO, &lowest_realtime) } == 0 {
+        return FeederScheduling::Realtime;
+    }
+    // SAFETY: integers only; on Linux the nice level is per thread, and 0 is the calling one.
+    if unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, -20) } == 0 {
+        return FeederScheduling::Nice;
+    }
+    FeederScheduling::Ordinary
+}
+
 pub(crate) fn identity_text(raw: &[u8]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).trim().to_owned()
@@ -179,6 +210,44 @@ impl Watchdog for LinuxWatchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling policy and nice level, as /proc reports them (fields 41
+    /// and 19 of its stat, counted after the command's closing parenthesis).
+    fn policy_and_nice() -> (i64, i64) {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+        let fields: Vec<i64> = stat[stat.rfind(')').expect("comm") + 2..]
+            .split(' ')
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        (fields[38], fields[16])
+    }
+
+    #[test]
+    fn the_feeder_thread_runs_before_ordinary_threads_when_the_kernel_allows_it() {
+        let (scheduling, after) = std::thread::spawn(|| (raise_this_thread(), policy_and_nice()))
+            .join()
+            .expect("thread");
+        match scheduling {
+            FeederScheduling::Realtime => assert_eq!(after.0, i64::from(nix::libc::SCHED_FIFO), "{after:?}"),
+            FeederScheduling::Nice => assert_eq!(after, (i64::from(nix::libc::SCHED_OTHER), -20)),
+            FeederScheduling::Ordinary => assert_eq!(after, (i64::from(nix::libc::SCHED_OTHER), 0)),
+        }
+        // Root in the machine's root cgroup (as CI runs) gets real time.
+        let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let root_cpu_cgroup = cgroups.lines().any(|l| {
+            let mut fields = l.splitn(3, ':').skip(1);
+            let controllers = fields.next().unwrap_or_default();
+            controllers.split(',').any(|c| c == "cpu") && fields.next() == Some("/")
+        });
+        if nix::unistd::Uid::effective().is_root() && root_cpu_cgroup {
+            assert_eq!(scheduling, FeederScheduling::Realtime);
+        }
+        assert_eq!(
+            policy_and_nice(),
+            (i64::from(nix::libc::SCHED_OTHER), 0),
+            "only the calling thread"
+        );
+    }
 
     #[test]
     fn identities_end_at_the_first_nul() {
