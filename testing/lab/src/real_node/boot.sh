@@ -11,6 +11,12 @@ fail() { echo "nodemedic lab: node $NODE cannot boot: $*" >&2; exit 125; }
 # joining a cpuset while another boot writes its parent's CPUs fails.
 exec 9>"$CGROUP_LOCK"
 flock 9 || fail "cannot take the lab's cgroup lock $CGROUP_LOCK"
+# Above the node's own level (every lab's, this lab's), the CPU weight of eight busy threads
+# instead of one: under cgroup v1 each level competes with the host's threads one for one, so at
+# the default weight every real node of the machine together got one thread's share, and an image
+# import or a watchdog feed waited behind a CI run's dozens of runnable threads. A node is a
+# machine of its own; this keeps it from starving, not from sharing.
+NODES_CPU_SHARES=8192
 for root in /sys/fs/cgroup/*; do
   [ -e "$root/cgroup.procs" ] || continue
   dir=$root
@@ -20,6 +26,9 @@ for root in /sys/fs/cgroup/*; do
     if [ -e "$dir/cpuset.cpus" ] && [ -z "$(cat "$dir/cpuset.cpus")" ]; then
       cat "$parent/cpuset.cpus" >"$dir/cpuset.cpus" && cat "$parent/cpuset.mems" >"$dir/cpuset.mems" ||
         fail "cannot set up cpuset $dir"
+    fi
+    if [ -e "$dir/cpu.shares" ] && [ "$part" != "$NODE" ]; then
+      echo "$NODES_CPU_SHARES" >"$dir/cpu.shares" || fail "cannot set the CPU weight of $dir"
     fi
   done
   echo $$ >"$dir/cgroup.procs" || fail "cannot join cgroup $dir"

@@ -526,7 +526,19 @@ mod tests {
             .output()
             .expect("runs");
         let refused = String::from_utf8_lossy(&output.stderr);
+        let shares = |path: String| {
+            std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{path}/cpu.shares")).map(|s| s.trim().to_owned())
+        };
+        let weights = (shares(cgroup::lab_path(&lab)), shares(cgroup::path(&lab, "node-x")));
         cgroup::remove(&cgroup::lab_path(&lab)).expect("the empty cgroup goes");
+        // The levels above the node weigh eight busy threads; the nodes share them evenly.
+        assert_eq!(
+            (
+                weights.0.expect("the lab's weight"),
+                weights.1.expect("the node's weight")
+            ),
+            ("8192".to_owned(), "1024".to_owned())
+        );
         assert_eq!(output.status.code(), Some(125), "{refused}");
         assert!(
             refused.contains("node node-x cannot boot") && refused.contains("file/kubelet"),
