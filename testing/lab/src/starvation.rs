@@ -25,12 +25,45 @@ fn write(path: PathBuf, value: &str) -> Result<()> {
     std::fs::write(&path, value).map_err(io(format!("writing {value} to {}", path.display())))
 }
 
+/// Real-time runtime (microseconds per second) for the levels of a starved process's cpu
+/// cgroup: all labs', each lab's, each starved process's. Under CONFIG_RT_GROUP_SCHED a cgroup
+/// without any refuses a real-time thread (the agent's watchdog feeder) with EINVAL; each level
+/// must hold its children's sum, so eight labs of five starved processes fit.
+const REALTIME_US: [(usize, u64); 3] = [(3, 400_000), (2, 50_000), (1, 10_000)];
+
+/// Lets the cpu cgroup `dir` (`.../nodemedic/<lab>/starved-<name>`) and the two levels above it
+/// take real-time threads, as a kernel without real-time group scheduling lets any cgroup: a
+/// CPU quota then throttles the process's ordinary threads and not its watchdog feeder.
+fn allow_realtime(dir: &std::path::Path) -> Result<()> {
+    for (up, runtime) in REALTIME_US {
+        let Some(level) = dir.ancestors().nth(up - 1) else {
+            continue;
+        };
+        let file = level.join("cpu.rt_runtime_us");
+        if !file.exists() {
+            // A kernel without real-time group scheduling: nothing to allow.
+            return Ok(());
+        }
+        let current: u64 = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if current < runtime {
+            write(file, &runtime.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// Makes the cgroup in `hierarchy` and the freezer's, and moves `pid` into both.
 fn enter(lab: &str, name: &str, hierarchy: &str, pid: u32) -> Result<PathBuf> {
     let mut made = PathBuf::new();
     for h in [hierarchy, "freezer"] {
         let dir = cgroup(lab, name, h);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating cgroup {}", dir.display())))?;
+        if h == "cpu" {
+            allow_realtime(&dir)?;
+        }
         write(dir.join("cgroup.procs"), &pid.to_string())?;
         if h == hierarchy {
             made = dir;
@@ -169,5 +202,28 @@ impl Lab {
         leave(self.id(), &hog, &["cpu"])?;
         self.starvation_fault(process, "release-memory");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs root, as every lab does.
+    #[test]
+    fn a_process_with_a_real_time_thread_can_be_starved() {
+        let mut realtime = std::process::Command::new("chrt")
+            .args(["--fifo", "1", "sleep", "60"])
+            .spawn()
+            .expect("chrt");
+        let lab = format!("unit-{}", std::process::id());
+        let entered = enter(&lab, "feeder", "cpu", realtime.id());
+        let left = leave(&lab, "feeder", &["cpu"]);
+        let _ = realtime.kill();
+        let _ = realtime.wait();
+        let _ = std::fs::remove_dir(cgroup(&lab, "feeder", "cpu").parent().expect("the lab's cgroup"));
+        let _ = std::fs::remove_dir(cgroup(&lab, "feeder", "freezer").parent().expect("the lab's cgroup"));
+        entered.expect("a real-time process enters a starved cgroup");
+        left.expect("and leaves it");
     }
 }
