@@ -64,6 +64,12 @@ pub async fn run(args: AgentArgs, mut stop: StopSignal) -> Result<()> {
     fencing_settings.sysfs = args.watchdog_class_dir.clone();
     fencing_settings.dev = args.device_dir.clone();
     fencing_settings.modprobe = Some(args.modprobe.clone()).filter(|m| !m.as_os_str().is_empty());
+    match watchdog::linux::lock_in_memory() {
+        Ok(()) => tracing::info!("the agent's pages are locked in memory: reclaim cannot delay a watchdog feed"),
+        Err(error) => {
+            tracing::warn!(%error, "cannot lock the agent in memory (no CAP_IPC_LOCK?): under memory pressure a watchdog feed may come late")
+        }
+    }
     let fencing = watchdog::open(&fencing_settings);
     for why in &fencing.passed_over {
         tracing::warn!(%why, "watchdog passed over");

@@ -149,6 +149,17 @@ pub(crate) fn raise_this_thread() -> FeederScheduling {
     FeederScheduling::Ordinary
 }
 
+/// Keeps every page the agent touches in memory (mlockall, pages locked as they are faulted
+/// in, as the `watchdog` daemon and SBD lock themselves). A feeder that must read its own code
+/// back from disk is late however it is scheduled: in a memory cgroup at its limit the kernel
+/// evicts a process's file pages first, its executable's included, and a feed then waits for
+/// the disk. Only pages already used are locked, so the agent's footprint stays as it was.
+pub(crate) fn lock_in_memory() -> nix::Result<()> {
+    use nix::sys::mman::{MlockAllFlags, mlockall};
+    let on_fault = MlockAllFlags::from_bits_retain(nix::libc::MCL_ONFAULT);
+    mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE | on_fault)
+}
+
 pub(crate) fn identity_text(raw: &[u8]) -> String {
     let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).trim().to_owned()
@@ -220,6 +231,26 @@ mod tests {
             .map(|f| f.parse().unwrap_or(0))
             .collect();
         (fields[38], fields[16])
+    }
+
+    #[test]
+    fn the_agents_pages_stay_in_memory_once_used() {
+        let locked_kib = || {
+            let status = std::fs::read_to_string("/proc/self/status").expect("status");
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmLck:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .expect("VmLck")
+        };
+        let locked = lock_in_memory();
+        let after = locked_kib();
+        // Undone at once: the other tests of this process run as they would.
+        nix::sys::mman::munlockall().expect("munlockall");
+        if nix::unistd::Uid::effective().is_root() {
+            locked.expect("root may lock its memory");
+            assert!(after > 0, "VmLck {after} kB");
+        }
     }
 
     #[test]
