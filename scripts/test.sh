@@ -155,7 +155,11 @@ LAB_TEST_LANES_LAST=$(( LAB_TEST_LANES_LATER < 4 ? LAB_TEST_LANES_LATER + 1 : 4 
 LAB_FREE_TEST_TARGETS="nodemedic-api:it nodemedic-descheduler:policies"
 # The test modules whose labs need the short-timings labs to themselves (LabConfig::fleet,
 # .alone()): they run first, one at a time, before the lanes start (scripts/lab-tests.py --alone).
-ALONE_MODULES=footprint
+# `defaults` too: its memory squeeze of one agent stalled the watchdog feeds of every agent of
+# its lab and of a chaos lab beside it (ci-20261207T021550Z and the two stopped runs after it),
+# though each agent feeds from a real-time thread with its pages locked; alone it passes. The
+# cause is not found yet (bench/results/README.md).
+ALONE_MODULES=footprint,defaults
 
 step "setup: Debian packages and lint tools"
 bash scripts/setup.sh packages
