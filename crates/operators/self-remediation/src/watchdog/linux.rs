@@ -255,13 +255,15 @@ mod tests {
 
     #[test]
     fn the_feeder_thread_runs_before_ordinary_threads_when_the_kernel_allows_it() {
+        // CI may run the suite under a nice value of its own: compare with where we started.
+        let before = policy_and_nice();
         let (scheduling, after) = std::thread::spawn(|| (raise_this_thread(), policy_and_nice()))
             .join()
             .expect("thread");
         match scheduling {
             FeederScheduling::Realtime => assert_eq!(after.0, i64::from(nix::libc::SCHED_FIFO), "{after:?}"),
             FeederScheduling::Nice => assert_eq!(after, (i64::from(nix::libc::SCHED_OTHER), -20)),
-            FeederScheduling::Ordinary => assert_eq!(after, (i64::from(nix::libc::SCHED_OTHER), 0)),
+            FeederScheduling::Ordinary => assert_eq!(after, before),
         }
         // Root in the machine's root cgroup (as CI runs) gets real time.
         let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -273,11 +275,7 @@ mod tests {
         if nix::unistd::Uid::effective().is_root() && root_cpu_cgroup {
             assert_eq!(scheduling, FeederScheduling::Realtime);
         }
-        assert_eq!(
-            policy_and_nice(),
-            (i64::from(nix::libc::SCHED_OTHER), 0),
-            "only the calling thread"
-        );
+        assert_eq!(policy_and_nice(), before, "only the calling thread");
     }
 
     #[test]
