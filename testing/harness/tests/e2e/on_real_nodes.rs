@@ -426,7 +426,7 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
     .await;
     established(&lab, node).await;
     let old_name = old.metadata.name.clone().expect("name");
-    let fed_before = lab.watchdog_device_stats(node).expect("stats").keepalives;
+    let opened_before = lab.watchdog_device_stats(node).expect("stats").opens;
     lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--grace-period=0", "--force"])
         .expect("the agent pod killed");
     eventually("another agent pod ready on node-2", LONG, || async {
@@ -438,9 +438,17 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
             .filter(ready)
     })
     .await;
+    // Feeds alone do not say whose they are: the killed agent may feed a few more times before
+    // its process ends (ci-20261207T033025Z labelled the node while the new agent was 0.3 s old
+    // and unarmed, and the old agent's watchdog reset the node). The new agent opens the device.
+    eventually("the new agent opened node-2's watchdog", LONG, || async {
+        (lab.watchdog_device_stats(node).ok()?.opens > opened_before).then_some(())
+    })
+    .await;
+    let fed_since_open = lab.watchdog_device_stats(node).expect("stats").keepalives;
     eventually("the new agent feeds node-2's watchdog", LONG, || async {
         let fed = lab.watchdog_device_stats(node).ok()?.keepalives;
-        (fed > fed_before + 3).then_some(())
+        (fed > fed_since_open + 3).then_some(())
     })
     .await;
 
