@@ -116,37 +116,118 @@ impl Lab {
     }
 
     /// Silences fleet nodes at once: kwok stops renewing their leases and reporting for them.
+    /// Returns once every label is written; a task then makes sure kwok heard of each (see
+    /// [`keep_silent`]).
     pub async fn silence_fleet_nodes(&self, nodes: &[String]) -> Result<()> {
         self.timeline()
             .note(format!("fault: {} fleet nodes silenced", nodes.len()));
-        self.label_fleet_nodes(nodes, SILENCED).await
+        let since = jiff::Timestamp::now();
+        label(&self.client(), nodes, SILENCED).await?;
+        let lease_seconds = self.inner.config.timings.node_lease_seconds;
+        tokio::spawn(keep_silent(self.inner.clone(), nodes.to_vec(), since, lease_seconds));
+        Ok(())
     }
 
     /// Gives silenced fleet nodes back to kwok, which makes them Ready again.
     pub async fn revive_fleet_nodes(&self, nodes: &[String]) -> Result<()> {
         self.timeline()
             .note(format!("healed: {} fleet nodes revived", nodes.len()));
-        self.label_fleet_nodes(nodes, MANAGED).await
+        label(&self.client(), nodes, MANAGED).await
     }
+}
 
-    async fn label_fleet_nodes(&self, nodes: &[String], value: &str) -> Result<()> {
-        let api = Api::<Node>::all(self.client());
-        let patch = json!({"metadata": {"labels": {FLEET_LABEL: value}}});
-        futures::stream::iter(nodes.iter().cloned())
-            .map(|name| {
-                let (api, patch) = (api.clone(), patch.clone());
-                async move {
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map(|_| ())
-                        .map_err(crate::Error::from)
-                }
-            })
-            .buffer_unordered(PARALLEL_WRITES)
-            .try_collect::<Vec<()>>()
-            .await?;
-        Ok(())
+async fn label(client: &kube::Client, nodes: &[String], value: &str) -> Result<()> {
+    let api = Api::<Node>::all(client.clone());
+    let patch = json!({"metadata": {"labels": {FLEET_LABEL: value}}});
+    futures::stream::iter(nodes.iter().cloned())
+        .map(|name| {
+            let (api, patch) = (api.clone(), patch.clone());
+            async move {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+                    .map_err(crate::Error::from)
+            }
+        })
+        .buffer_unordered(PARALLEL_WRITES)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Rounds of [`keep_silent`] before it leaves what kwok still renews as it is.
+const SILENCE_ROUNDS: usize = 3;
+
+/// kwok learns that a node is no longer its own from its watch of nodes, which says "deleted"
+/// when a node stops matching the label selector. An API server short of CPU closes a watcher
+/// that does not keep up ("Forcing nodes watcher close due to unresponsiveness", in
+/// ci-20261207T043900Z while 200 of 2,000 nodes were silenced); kwok watches again from a fresh
+/// list, where a node silenced meanwhile is simply absent, and goes on renewing its lease for
+/// good. So a node whose lease is still renewed a renewal period after its silence is handed back
+/// to kwok and silenced again, which its new watch does hear.
+async fn keep_silent(
+    inner: std::sync::Arc<crate::lab::Inner>,
+    nodes: Vec<String>,
+    since: jiff::Timestamp,
+    lease_seconds: u32,
+) {
+    let renewal = Duration::from_secs(u64::from(lease_seconds / 4).max(1));
+    let mut since = since;
+    for round in 1..=SILENCE_ROUNDS {
+        tokio::time::sleep(renewal + Duration::from_secs(10)).await;
+        if inner.resources.processes.lock().map(|p| p.closed).unwrap_or(true) {
+            return;
+        }
+        let still_renewed = match renewed_after(&inner.client, &nodes, since + jiff::SignedDuration::from_secs(5)).await
+        {
+            Ok(names) => names,
+            Err(error) => {
+                tracing::warn!(%error, "reading the silenced fleet nodes' leases");
+                return;
+            }
+        };
+        if still_renewed.is_empty() {
+            return;
+        }
+        inner.timeline.note(format!(
+            "lab: kwok missed the silence of {} fleet nodes (round {round}); silenced again",
+            still_renewed.len()
+        ));
+        tracing::warn!(
+            nodes = still_renewed.len(),
+            round,
+            "kwok still renews silenced fleet nodes: silencing them again"
+        );
+        since = jiff::Timestamp::now();
+        let again = async {
+            label(&inner.client, &still_renewed, MANAGED).await?;
+            label(&inner.client, &still_renewed, SILENCED).await
+        };
+        if let Err(error) = again.await {
+            tracing::warn!(%error, "silencing fleet nodes again");
+            return;
+        }
     }
+}
+
+/// Those of `nodes` whose lease was renewed after `after`.
+async fn renewed_after(client: &kube::Client, nodes: &[String], after: jiff::Timestamp) -> Result<Vec<String>> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+        .list(&ListParams::default())
+        .await?;
+    let renewed: std::collections::BTreeSet<String> = leases
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.renew_time.as_ref())
+                .is_some_and(|t| t.0 > after)
+        })
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    Ok(nodes.iter().filter(|n| renewed.contains(*n)).cloned().collect())
 }
 
 #[cfg(test)]
