@@ -41,6 +41,36 @@ pub(crate) async fn install(client: &Client, crds: Vec<CustomResourceDefinition>
     backdate_established(client).await
 }
 
+/// Waits until every CRD the API server has is established, then backdates the condition.
+/// `kubectl wait --for=condition=Established crd --all` is no such wait: it fails at once on a
+/// CRD created a moment ago whose status has no conditions yet ("<nil> is of the type <nil>",
+/// ci-20261207T055047Z), where this waits on.
+pub(crate) async fn all_established(client: &Client) -> Result<()> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    wait::until("every CRD Established", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            Ok(api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .all(established)
+                .then_some(()))
+        }
+    })
+    .await?;
+    backdate_established(client).await
+}
+
+impl crate::Lab {
+    /// Returns once every CRD of the cluster is established and serves creates at once (see
+    /// [`all_established`]): after CRDs applied with `kubectl`.
+    pub async fn crds_established(&self) -> Result<()> {
+        all_established(&self.client()).await
+    }
+}
+
 fn established(crd: &CustomResourceDefinition) -> bool {
     crd.status
         .as_ref()

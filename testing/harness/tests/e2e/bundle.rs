@@ -116,8 +116,7 @@ async fn olm_installs_the_bundle_from_a_catalog_and_its_csv_succeeds() {
     let tools = tools_dir();
     lab.kubectl(&["create", "-f", &tools.join("olm-crds").display().to_string()])
         .expect("OLM's CRDs");
-    lab.kubectl(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"])
-        .expect("OLM's CRDs established");
+    lab.crds_established().await.expect("OLM's CRDs established");
     let port = free_port();
 
     // OLM's operators serve their health on a fixed :8080 each: each runs in a node's network

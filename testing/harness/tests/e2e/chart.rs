@@ -53,13 +53,7 @@ async fn every_object_the_chart_renders_is_valid_against_a_real_api_server() {
             &tools_dir().join(crd).display().to_string(),
         ]);
     }
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-        "crd/prometheusrules.monitoring.coreos.com",
-    ]);
+    lab.crds_established().await.expect("the monitoring CRDs established");
 
     // Every template and toggle on.
     let out = Command::new(tools_dir().join("helm"))

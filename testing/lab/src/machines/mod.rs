@@ -51,19 +51,7 @@ impl Lab {
             &["--kubeconfig", &kubeconfig, "apply", "--server-side", "-f", &dir],
         )?;
         crate::crds::install(&self.client(), kinds::crds()).await?;
-        crate::cmd::run(
-            &kubectl,
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd",
-                "--all",
-            ],
-        )?;
-        crate::crds::backdate_established(&self.client()).await
+        crate::crds::all_established(&self.client()).await
     }
 
     /// Starts the machine layer in `namespace` (where the tests' Machines, MachineSets and
