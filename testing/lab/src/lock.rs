@@ -382,6 +382,29 @@ fn lab_id_of(name: &str) -> Option<String> {
         .then(|| id.to_owned())
 }
 
+/// A live lab's directory for a unit test that makes a lab's cgroups without a lab: while it
+/// exists a lab starting meanwhile (CI runs lab tests beside the unit tests) does not sweep them
+/// away as a dead lab's. Removed on drop.
+#[cfg(test)]
+pub(crate) struct LiveLabDir(PathBuf);
+
+#[cfg(test)]
+impl LiveLabDir {
+    pub(crate) fn new(lab: &str) -> Self {
+        let dir = labs_root().join(lab);
+        std::fs::create_dir_all(&dir).expect("the lab's directory");
+        std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).expect("owner.pid");
+        Self(dir)
+    }
+}
+
+#[cfg(test)]
+impl Drop for LiveLabDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

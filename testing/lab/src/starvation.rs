@@ -217,13 +217,10 @@ mod tests {
             .spawn()
             .expect("chrt");
         let lab = format!("unit-{}-starved", std::process::id());
-        // A live lab's directory, so that a lab starting meanwhile does not sweep the cgroup.
-        let lab_dir = crate::lock::labs_root().join(&lab);
-        std::fs::create_dir_all(&lab_dir).expect("the lab's directory");
-        std::fs::write(lab_dir.join("owner.pid"), std::process::id().to_string()).expect("owner.pid");
+        let live = crate::lock::LiveLabDir::new(&lab);
         let entered = enter(&lab, "feeder", "cpu", realtime.id());
         let left = leave(&lab, "feeder", &["cpu"]);
-        let _ = std::fs::remove_dir_all(&lab_dir);
+        drop(live);
         let _ = realtime.kill();
         let _ = realtime.wait();
         let _ = std::fs::remove_dir(cgroup(&lab, "feeder", "cpu").parent().expect("the lab's cgroup"));

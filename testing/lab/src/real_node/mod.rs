@@ -511,11 +511,7 @@ mod tests {
         let not_a_directory = scratch.path().join("file");
         std::fs::write(&not_a_directory, "").expect("file");
         let lab = format!("unit-{}", std::process::id());
-        // A live lab's directory, so that a lab starting meanwhile (CI runs lab tests beside the
-        // unit tests) does not sweep this cgroup away as a dead lab's.
-        let lab_dir = crate::lock::labs_root().join(&lab);
-        std::fs::create_dir_all(&lab_dir).expect("the lab's directory");
-        std::fs::write(lab_dir.join("owner.pid"), std::process::id().to_string()).expect("owner.pid");
+        let live = crate::lock::LiveLabDir::new(&lab);
         let output = std::process::Command::new("unshare")
             .args(["--mount", "--propagation", "slave", "--", "/bin/sh", "-c", BOOT, "boot"])
             .env("NODE", "node-x")
@@ -536,7 +532,7 @@ mod tests {
         };
         let weights = (shares(cgroup::lab_path(&lab)), shares(cgroup::path(&lab, "node-x")));
         cgroup::remove(&cgroup::lab_path(&lab)).expect("the empty cgroup goes");
-        std::fs::remove_dir_all(&lab_dir).expect("the lab's directory goes");
+        drop(live);
         // The levels above the node weigh eight busy threads; the nodes share them evenly.
         assert_eq!(
             (

@@ -106,7 +106,8 @@ impl<I: Moment> AgentState<I> {
         self.fence
     }
 
-    pub(crate) fn licence_until(&self) -> Option<I> {
+    /// When the licence ends (`None`: it has none, or is fenced).
+    pub fn licence_until(&self) -> Option<I> {
         self.licence_until
     }
 

@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -20,7 +20,7 @@ use crate::{
     Result,
     identity::PeerIdentity,
     protocol::{
-        agent::{AgentState, ApiRead, Intent, Round},
+        agent::{ApiRead, Intent, Round},
         membership::Configuration,
         rounds::{Answer, Record, Rounds},
     },
@@ -160,7 +160,7 @@ pub(super) struct Loop<'a> {
     pub args: &'a AgentArgs,
     pub clients: Clients,
     pub identity: PeerIdentity,
-    pub state: Arc<Mutex<AgentState<Instant>>>,
+    pub state: Arc<super::shared::SharedState>,
     pub metrics: Metrics,
     pub published: Published,
     /// The boot this process runs in, under which its licence is recorded for a successor.
@@ -360,8 +360,8 @@ impl Loop<'_> {
         Ok(())
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, AgentState<Instant>>> {
-        self.state.lock().map_err(|_| crate::Error::Poisoned)
+    fn lock(&self) -> Result<super::shared::Guard<'_>> {
+        self.state.lock()
     }
 
     /// Votes while the API cannot be read; moves to a newer configuration a voter names.

@@ -14,14 +14,11 @@ pub(crate) mod peers;
 mod publisher;
 mod register;
 mod settings;
+mod shared;
 mod shutdown;
 mod wake;
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::Instant,
-};
+use std::{net::SocketAddr, sync::Arc, time::Instant};
 
 pub use metrics::Metrics;
 use nodemedic_kube::shutdown::StopSignal;
@@ -98,7 +95,7 @@ pub async fn run(args: AgentArgs, mut stop: StopSignal) -> Result<()> {
     let mut initial = AgentState::<Instant>::new(&args.node, timing.licence);
     let boot = inherited::boot_key(args.boot_time_file.as_deref());
     take_over_licence(&args, boot.as_deref(), &mut initial);
-    let state = Arc::new(Mutex::new(initial));
+    let state = Arc::new(shared::SharedState::new(initial));
     let metrics = Metrics::default();
     let feeder = feeder::spawn(fencing.watchdog, state.clone(), metrics.clone(), disarm_requests);
     if let Some(bind) = args.metrics_bind {
@@ -203,7 +200,7 @@ fn serve_peers(
     args: &AgentArgs,
     identity: &PeerIdentity,
     fast: &kube::Client,
-    state: &Arc<Mutex<AgentState<Instant>>>,
+    state: &Arc<shared::SharedState>,
     metrics: &Metrics,
     detector_settings: Option<nodemedic_peer_detection::DetectorSettings>,
 ) -> tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>> {

@@ -1,11 +1,7 @@
 //! The peer protocol over mutual TLS: answering votes (and medik8s's IsHealthy), and asking for
 //! them.
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tonic::{
     Request, Response, Status,
@@ -14,10 +10,7 @@ use tonic::{
 
 use crate::{
     identity::{PeerIdentity, certificate_node},
-    protocol::{
-        agent::{AgentState, Verdict},
-        membership::Configuration,
-    },
+    protocol::{agent::Verdict, membership::Configuration},
 };
 
 // tonic's generated code says `pub` throughout.
@@ -39,7 +32,7 @@ use wire::{
     licence::{self as proto, VoteRequest, VoteResponse, licence_client::LicenceClient, licence_server},
 };
 
-pub(crate) type Shared = Arc<Mutex<AgentState<Instant>>>;
+pub(crate) type Shared = Arc<super::shared::SharedState>;
 
 /// Counts what the server did, for metrics.
 pub(crate) type OnVote = Arc<dyn Fn(&Verdict) + Send + Sync>;

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::{AgentArgs, licence};
-use crate::{Result, protocol::agent::AgentState, registration};
+use crate::{Result, registration};
 
 /// How long a stopping agent waits for its current licence round (an API read with its own
 /// timeout, a vote round, a registration write) to end.
@@ -40,7 +40,7 @@ pub(super) async fn stop(
     args: &AgentArgs,
     client: &Client,
     fast: &Client,
-    state: &std::sync::Mutex<AgentState<std::time::Instant>>,
+    state: &super::shared::SharedState,
     incarnation: &str,
     feeder: &mpsc::Sender<DisarmRequest>,
 ) {
