@@ -249,6 +249,7 @@ impl Lab {
         // when kept.
         std::os::unix::fs::symlink(shm.join("logs"), dir.join("logs")).map_err(io("linking the lab's logs"))?;
         let net = Network::plan(&id)?;
+        crate::cpu_share::create(&id)?;
         let node_names: Vec<String> = config.nodes.iter().map(|n| n.name.clone()).collect();
         let resources = Resources {
             dir: dir.clone(),

@@ -20,6 +20,7 @@ mod bmc;
 mod cmd;
 mod container;
 mod control_plane;
+mod cpu_share;
 mod crds;
 pub mod data_witness;
 mod error;

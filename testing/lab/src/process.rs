@@ -28,6 +28,9 @@ pub struct ProcessSpec {
     pub stdin: Option<String>,
     /// Run after the process is killed: what its kill does not reach (a container's own session).
     pub after_kill: Option<(String, Vec<String>)>,
+    /// It moves itself into a cgroup of its own (a real node's boot): the lab's CPU share
+    /// ([`crate::cpu_share`]) must not take it back.
+    pub(crate) joins_own_cgroup: bool,
 }
 
 impl ProcessSpec {
@@ -39,7 +42,13 @@ impl ProcessSpec {
             netns: None,
             stdin: None,
             after_kill: None,
+            joins_own_cgroup: false,
         }
+    }
+
+    pub(crate) fn joining_its_own_cgroup(mut self) -> Self {
+        self.joins_own_cgroup = true;
+        self
     }
 
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -58,6 +67,8 @@ pub(crate) struct Supervised {
     child: Option<Child>,
     /// Where this run's output starts in the log.
     log_start: u64,
+    /// The lab's id (its directory's name), whose CPU share the process runs in.
+    lab: Option<String>,
 }
 
 impl Supervised {
@@ -74,6 +85,7 @@ impl Supervised {
             sysrq_trigger,
             child: None,
             log_start: 0,
+            lab: dir.file_name().map(|n| n.to_string_lossy().into_owned()),
         }
     }
 
@@ -120,6 +132,12 @@ impl Supervised {
             command: format!("{} {}", self.spec.program.display(), self.spec.args.join(" ")),
             detail: e.to_string(),
         })?;
+        if !self.spec.joins_own_cgroup
+            && let Some(lab) = self.lab.as_deref()
+            && let Err(error) = crate::cpu_share::place(lab, child.id())
+        {
+            tracing::warn!(process = %self.name, %error, "it runs outside the lab's CPU share");
+        }
         if let (Some(input), Some(mut pipe)) = (&self.spec.stdin, child.stdin.take()) {
             use std::io::Write;
             pipe.write_all(input.as_bytes())

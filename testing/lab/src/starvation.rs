@@ -25,36 +25,6 @@ fn write(path: PathBuf, value: &str) -> Result<()> {
     std::fs::write(&path, value).map_err(io(format!("writing {value} to {}", path.display())))
 }
 
-/// Real-time runtime (microseconds per second) for the levels of a starved process's cpu
-/// cgroup: all labs', each lab's, each starved process's. Under CONFIG_RT_GROUP_SCHED a cgroup
-/// without any refuses a real-time thread (the agent's watchdog feeder) with EINVAL; each level
-/// must hold its children's sum, so eight labs of five starved processes fit.
-const REALTIME_US: [(usize, u64); 3] = [(3, 400_000), (2, 50_000), (1, 10_000)];
-
-/// Lets the cpu cgroup `dir` (`.../nodemedic/<lab>/starved-<name>`) and the two levels above it
-/// take real-time threads, as a kernel without real-time group scheduling lets any cgroup: a
-/// CPU quota then throttles the process's ordinary threads and not its watchdog feeder.
-fn allow_realtime(dir: &std::path::Path) -> Result<()> {
-    for (up, runtime) in REALTIME_US {
-        let Some(level) = dir.ancestors().nth(up - 1) else {
-            continue;
-        };
-        let file = level.join("cpu.rt_runtime_us");
-        if !file.exists() {
-            // A kernel without real-time group scheduling: nothing to allow.
-            return Ok(());
-        }
-        let current: u64 = std::fs::read_to_string(&file)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
-        if current < runtime {
-            write(file, &runtime.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 /// Makes the cgroup in `hierarchy` and the freezer's, and moves `pid` into both.
 fn enter(lab: &str, name: &str, hierarchy: &str, pid: u32) -> Result<PathBuf> {
     let mut made = PathBuf::new();
@@ -62,7 +32,7 @@ fn enter(lab: &str, name: &str, hierarchy: &str, pid: u32) -> Result<PathBuf> {
         let dir = cgroup(lab, name, h);
         std::fs::create_dir_all(&dir).map_err(io(format!("creating cgroup {}", dir.display())))?;
         if h == "cpu" {
-            allow_realtime(&dir)?;
+            crate::cpu_share::allow_realtime(&dir)?;
         }
         write(dir.join("cgroup.procs"), &pid.to_string())?;
         if h == hierarchy {
@@ -72,17 +42,26 @@ fn enter(lab: &str, name: &str, hierarchy: &str, pid: u32) -> Result<PathBuf> {
     Ok(made)
 }
 
-/// Moves every task of the cgroup back to the hierarchy's root and removes it.
+/// Moves every task of the cgroup back where the lab's processes run (the lab's CPU share in the
+/// cpu hierarchy, the root in the others) and removes it.
 fn leave(lab: &str, name: &str, hierarchies: &[&str]) -> Result<()> {
     for h in hierarchies.iter().chain(["freezer"].iter()) {
         let dir = cgroup(lab, name, h);
         if !dir.exists() {
             continue;
         }
+        let share = PathBuf::from(HIERARCHIES)
+            .join(h)
+            .join(crate::cpu_share::host_path(lab).trim_start_matches('/'));
+        let back = if share.exists() {
+            share
+        } else {
+            PathBuf::from(HIERARCHIES).join(h)
+        };
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.split_whitespace() {
             // A task that exited meanwhile is gone already.
-            let _ = std::fs::write(PathBuf::from(HIERARCHIES).join(h).join("cgroup.procs"), pid);
+            let _ = std::fs::write(back.join("cgroup.procs"), pid);
         }
         std::fs::remove_dir(&dir).map_err(io(format!("removing cgroup {}", dir.display())))?;
     }

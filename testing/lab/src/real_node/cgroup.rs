@@ -25,14 +25,20 @@ pub(crate) fn lab_path(lab: &str) -> String {
 }
 
 /// The lab ids that have a cgroup on this machine.
+/// (A real node's lab has one in the freezer hierarchy, every lab one in the cpu hierarchy:
+/// [`crate::cpu_share`].)
 pub(crate) fn labs() -> Vec<String> {
-    std::fs::read_dir(Path::new(HIERARCHIES).join("freezer").join(LABS))
+    let mut labs: Vec<String> = ["freezer", "cpu"]
         .into_iter()
+        .flat_map(|h| std::fs::read_dir(Path::new(HIERARCHIES).join(h).join(LABS)))
         .flatten()
         .flatten()
         .filter(|e| e.path().is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
+        .collect();
+    labs.sort();
+    labs.dedup();
+    labs
 }
 
 /// Each mounted hierarchy's root: the v1 controllers, the named `systemd` one and cgroup2.

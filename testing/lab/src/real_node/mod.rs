@@ -333,6 +333,7 @@ impl RealNode<'_> {
         .env("NODE_DIR", dir.display().to_string())
         .env("NODE_BIN", bins.bin.display().to_string())
         .env("CGROUP", self.cgroup())
+        .joining_its_own_cgroup()
         .env(
             "CGROUP_LOCK",
             self.lab_dir.join("nodes").join("cgroup.lock").display().to_string(),

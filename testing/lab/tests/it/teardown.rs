@@ -42,6 +42,13 @@ pub(crate) fn leftovers(id: &str) -> Vec<String> {
     if std::path::Path::new(&format!("/dev/shm/nodemedic-{id}")).exists() {
         found.push("tmpfs directory".into());
     }
+    // Every lab's processes share its cpu cgroup; a real node's are in the freezer's too.
+    for hierarchy in ["cpu", "freezer"] {
+        let cgroup = format!("/sys/fs/cgroup/{hierarchy}/nodemedic/{id}");
+        if std::path::Path::new(&cgroup).exists() {
+            found.push(format!("cgroup {cgroup}"));
+        }
+    }
     found
 }
 
@@ -55,6 +62,11 @@ async fn a_dropped_lab_removes_every_process_namespace_bridge_and_file() {
     lab.partition(&["node-1"]).await.expect("partition");
     lab.hang_bmc("node-2").await.expect("hang a BMC");
     let id = lab.id().to_owned();
+    let shared = std::fs::read_to_string(format!("/sys/fs/cgroup/cpu/nodemedic/{id}/host/cgroup.procs"));
+    assert!(
+        shared.is_ok_and(|pids| !pids.trim().is_empty()),
+        "the lab's processes run in the lab's CPU share"
+    );
     assert!(!leftovers(&id).is_empty(), "the probe sees a running lab");
     drop(lab);
     assert_eq!(leftovers(&id), Vec::<String>::new());
