@@ -18,10 +18,53 @@ use tokio::{sync::mpsc, time::Instant};
 
 use crate::watchdog_device::WatchdogDeviceStats;
 
+/// A lab timer this late was stalled with the rest of the lab's process; its expiries wait this
+/// long for the keep-alives queued meanwhile.
+const STALL: Duration = Duration::from_millis(250);
+
+/// The expiry timer's own stalls. While the lab's process was stalled its device threads were
+/// too: keep-alives the agents wrote in time wait in the kernel's queue for them. A hardware
+/// timer would have had them, so expiries are judged only once they are served (the device
+/// threads run first).
+struct Stalls {
+    period: Duration,
+    last_tick: Instant,
+    judge_from: Instant,
+}
+
+impl Stalls {
+    fn new(now: Instant, period: Duration) -> Self {
+        Self {
+            period,
+            last_tick: now,
+            judge_from: now,
+        }
+    }
+
+    /// Takes a tick at `now`; how long the timer was stalled before it, if that long.
+    fn stalled(&mut self, now: Instant) -> Option<Duration> {
+        let stalled = (now - self.last_tick).saturating_sub(self.period);
+        self.last_tick = now;
+        (stalled > STALL).then(|| {
+            self.judge_from = now + STALL;
+            stalled
+        })
+    }
+
+    fn may_judge(&self, now: Instant) -> bool {
+        now >= self.judge_from
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct State {
     /// Armed with this deadline, or disarmed.
     deadline: Option<Instant>,
+    /// When it was last armed or fed.
+    fed_at: Option<Instant>,
+    /// The gap before the last keep-alive, when it came more than half the timeout after the
+    /// one before: taken by the device to say so (outside the lock).
+    pub late_keepalive: Option<Duration>,
     /// Bumped on each arm so a stale handle's feeds do not re-arm a fired watchdog.
     generation: u64,
     /// How many times the node lost its power: an expiry's reset is moot once it did since.
@@ -35,7 +78,9 @@ pub(crate) struct State {
 impl State {
     pub(crate) fn arm(&mut self, timeout: Duration) -> u64 {
         self.generation += 1;
-        self.deadline = Some(Instant::now() + timeout);
+        let now = Instant::now();
+        self.deadline = Some(now + timeout);
+        self.fed_at = Some(now);
         self.generation
     }
 
@@ -47,7 +92,11 @@ impl State {
     pub(crate) fn feed(&mut self, generation: u64, timeout: Duration) -> bool {
         let current = self.current(generation);
         if current {
-            self.deadline = Some(Instant::now() + timeout);
+            let now = Instant::now();
+            let gap = self.fed_at.map(|at| now - at);
+            self.late_keepalive = gap.filter(|gap| *gap > timeout / 2);
+            self.deadline = Some(now + timeout);
+            self.fed_at = Some(now);
         }
         current
     }
@@ -118,10 +167,21 @@ impl Watchdogs {
     pub(crate) fn expiries(&self, tx: mpsc::UnboundedSender<(String, u64)>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let period = Duration::from_millis(50);
+            let mut tick = tokio::time::interval(period);
+            let mut stalls = Stalls::new(Instant::now(), period);
             loop {
                 tick.tick().await;
                 let now = Instant::now();
+                if let Some(stalled) = stalls.stalled(now) {
+                    tracing::warn!(
+                        stalled_ms = stalled.as_millis() as u64,
+                        "the lab's watchdog timer ran late (the lab process was stalled): expiries wait for queued keep-alives"
+                    );
+                }
+                if !stalls.may_judge(now) {
+                    continue;
+                }
                 let expired: Vec<(String, u64)> = match this.0.lock() {
                     Ok(mut all) => all
                         .iter_mut()
@@ -169,5 +229,38 @@ mod tests {
         watchdogs.with_node("a", |s| s.arm(Duration::from_millis(10)));
         let (_, again) = rx.recv().await.expect("the watchdog expires again");
         assert!(watchdogs.powered_since("a", again));
+    }
+
+    #[test]
+    fn a_keep_alive_after_more_than_half_the_timeout_is_told_late() {
+        let mut state = State::default();
+        let timeout = Duration::from_secs(3);
+        let generation = state.arm(timeout);
+        assert!(state.feed(generation, timeout));
+        assert_eq!(state.late_keepalive, None, "at once");
+        state.fed_at = Instant::now().checked_sub(Duration::from_millis(1600));
+        assert!(state.feed(generation, timeout));
+        assert!(
+            state
+                .late_keepalive
+                .is_some_and(|gap| gap >= Duration::from_millis(1600)),
+            "{:?}",
+            state.late_keepalive
+        );
+    }
+
+    #[test]
+    fn after_a_stall_of_the_lab_expiries_wait_for_the_queued_keep_alives() {
+        let start = Instant::now();
+        let period = Duration::from_millis(50);
+        let mut stalls = Stalls::new(start, period);
+        let at = |ms| start + Duration::from_millis(ms);
+        assert_eq!(stalls.stalled(at(50)), None);
+        assert!(stalls.may_judge(at(50)), "on time: judged at once");
+        assert_eq!(stalls.stalled(at(2050)), Some(Duration::from_millis(1950)));
+        assert!(!stalls.may_judge(at(2050)), "right after a stall");
+        assert_eq!(stalls.stalled(at(2100)), None);
+        assert!(!stalls.may_judge(at(2250)));
+        assert!(stalls.may_judge(at(2300)), "once the device threads had their turn");
     }
 }

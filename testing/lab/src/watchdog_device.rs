@@ -151,9 +151,17 @@ impl Device {
             if fed {
                 s.device_stats.keepalives += 1;
             }
-            fed
+            (fed, s.late_keepalive.take())
         });
-        if fed == Some(true) { Ok(()) } else { Err(Errno::ENODEV) }
+        if let Some((_, Some(gap))) = fed {
+            // As the device saw it: a gap the agent did not see was the lab's own stall.
+            tracing::warn!(node = %self.node, gap_ms = gap.as_millis() as u64, "a keep-alive reached the lab's watchdog late");
+        }
+        if matches!(fed, Some((true, _))) {
+            Ok(())
+        } else {
+            Err(Errno::ENODEV)
+        }
     }
 
     fn answer(&self, ino: INodeNo, generation: u64, cmd: u32, input: &[u8]) -> Answer {
