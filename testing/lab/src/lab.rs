@@ -688,7 +688,12 @@ impl Lab {
     /// A kubeconfig for a client certificate of `user` in `groups` (e.g. an agent's node
     /// identity), written into the lab directory.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        let file = user.replace(':', "-");
+        // Files of their own for each call: rewriting a certificate and key that a process started
+        // earlier is still reading gave it a truncated key (two controllers of one account,
+        // ci-20261207T092105Z).
+        static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = ISSUED.fetch_add(1, Ordering::Relaxed);
+        let file = format!("{}-{serial}", user.replace(':', "-"));
         self.inner.pki.issue_client(&file, user, groups)?;
         let path = self.dir().join(format!("{file}.kubeconfig"));
         self.inner.pki.kubeconfig(&file, &self.inner.server, &path)?;
