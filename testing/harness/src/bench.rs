@@ -112,6 +112,7 @@ mod tests {
         let r = |m, s| Reached {
             milestone: m,
             at: at(s),
+            revision: None,
             detail: String::new(),
         };
         let story = [

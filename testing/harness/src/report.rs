@@ -314,6 +314,7 @@ mod tests {
         let entries = vec![
             Entry {
                 at: at(0),
+                revision: None,
                 event: Event::PodPhase {
                     pod: pod.clone(),
                     node: Some("node-2".into()),
@@ -324,6 +325,7 @@ mod tests {
             },
             Entry {
                 at: at(10),
+                revision: None,
                 event: Event::Power {
                     node: "node-2".into(),
                     on: false,
@@ -332,6 +334,7 @@ mod tests {
             },
             Entry {
                 at: at(30),
+                revision: None,
                 event: Event::PodGone {
                     pod: pod.clone(),
                     node: Some("node-2".into()),
@@ -339,6 +342,7 @@ mod tests {
             },
             Entry {
                 at: at(34),
+                revision: None,
                 event: Event::PodPhase {
                     pod,
                     node: Some("node-1".into()),

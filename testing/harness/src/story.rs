@@ -60,6 +60,9 @@ pub struct Subject {
 pub struct Reached {
     pub milestone: Milestone,
     pub at: Timestamp,
+    /// The API's revision of the change, where a watch saw it (see `Entry::revision`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
     /// The entry's own words (which node the pod moved to, which phase ...).
     pub detail: String,
 }
@@ -128,6 +131,7 @@ fn reached(milestone: Milestone, e: &Entry) -> Reached {
     Reached {
         milestone,
         at: e.at,
+        revision: e.revision,
         detail: nodemedic_lab::timeline::describe(&e.event),
     }
 }
@@ -135,10 +139,10 @@ fn reached(milestone: Milestone, e: &Entry) -> Reached {
 /// Whether the milestones happened in the order a safe recovery must follow: detection before
 /// the remediation, fencing before the workload is deleted, deleted before it runs elsewhere.
 pub fn in_safe_order(reached: &[Reached]) -> Result<(), String> {
-    let at = |m: Milestone| reached.iter().find(|r| r.milestone == m).map(|r| r.at);
+    let find = |m: Milestone| reached.iter().find(|r| r.milestone == m);
     let missing: Vec<String> = Milestone::ALL
         .iter()
-        .filter(|m| at(**m).is_none())
+        .filter(|m| find(**m).is_none())
         .map(|m| format!("{m:?}"))
         .collect();
     if !missing.is_empty() {
@@ -157,11 +161,23 @@ pub fn in_safe_order(reached: &[Reached]) -> Result<(), String> {
         (Milestone::NodeBack, Milestone::RemediationRemoved),
     ];
     for (before, after) in must {
-        if at(before) > at(after) {
+        if let (Some(b), Some(a)) = (find(before), find(after))
+            && happened_before(a, b)
+        {
             return Err(format!("{after:?} came before {before:?}"));
         }
     }
     Ok(())
+}
+
+/// Two changes the API made are ordered by their revisions: the lab saw them through separate
+/// watches, and a watch may deliver later than another one that saw a later change. Anything
+/// else (a power loss is the lab's own act) is ordered by when the lab saw it.
+fn happened_before(a: &Reached, b: &Reached) -> bool {
+    match (a.revision, b.revision) {
+        (Some(a), Some(b)) => a < b,
+        _ => a.at < b.at,
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +188,7 @@ mod tests {
     fn entry(s: i64, event: Event) -> Entry {
         Entry {
             at: Timestamp::from_second(s).expect("time"),
+            revision: None,
             event,
         }
     }
@@ -196,20 +213,28 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_recovery_reads_as_nine_milestones_in_order() {
-        let ready = |s, status: &str| {
-            entry(
-                s,
-                Event::NodeReady {
-                    node: "node-2".into(),
-                    status: status.into(),
-                    reason: String::new(),
-                    since: None,
-                },
-            )
-        };
-        let entries = vec![
+    fn ready(s: i64, status: &str) -> Entry {
+        entry(
+            s,
+            Event::NodeReady {
+                node: "node-2".into(),
+                status: status.into(),
+                reason: String::new(),
+                since: None,
+            },
+        )
+    }
+
+    fn subject() -> Subject {
+        Subject {
+            node: "node-2".into(),
+            pod: "vm/db-0".into(),
+        }
+    }
+
+    /// node-2 fails at 1 s and comes back at 40 s; its remediation is removed at 45 s.
+    fn a_recovery() -> Vec<Entry> {
+        vec![
             ready(0, "True"),
             entry(
                 1,
@@ -249,11 +274,13 @@ mod tests {
             ),
             ready(40, "True"),
             remediation(45, "removed"),
-        ];
-        let subject = Subject {
-            node: "node-2".into(),
-            pod: "vm/db-0".into(),
-        };
+        ]
+    }
+
+    #[test]
+    fn a_recovery_reads_as_nine_milestones_in_order() {
+        let entries = a_recovery();
+        let subject = subject();
         let story = milestones(&entries, &subject);
         assert_eq!(story.iter().map(|r| r.milestone).collect::<Vec<_>>(), Milestone::ALL);
         assert_eq!(in_safe_order(&story), Ok(()));
@@ -265,5 +292,31 @@ mod tests {
         early.sort_by_key(|e| e.at);
         assert!(in_safe_order(&milestones(&early, &subject)).is_err());
         assert!(in_safe_order(&story[..5]).is_err_and(|e| e.contains("not reached")));
+    }
+
+    #[test]
+    fn changes_seen_through_separate_watches_are_ordered_by_the_api_s_revisions() {
+        let (back, removed) = (8, 9);
+        let seen = |back_at: i64, removed_at: i64, revisions: Option<(u64, u64)>| {
+            let mut entries = a_recovery();
+            entries[back].at = Timestamp::from_second(back_at).expect("time");
+            entries[removed].at = Timestamp::from_second(removed_at).expect("time");
+            entries[back].revision = revisions.map(|r| r.0);
+            entries[removed].revision = revisions.map(|r| r.1);
+            entries.sort_by_key(|e| e.at);
+            in_safe_order(&milestones(&entries, &subject()))
+        };
+        // The remediation's watch delivered first, yet the API wrote Ready=True before it.
+        assert_eq!(seen(45, 44, Some((900, 901))), Ok(()));
+        // Without revisions, what the lab saw is all there is.
+        assert_eq!(
+            seen(45, 44, None),
+            Err("RemediationRemoved came before NodeBack".to_string())
+        );
+        // Seen in order, written out of order: the revisions win.
+        assert_eq!(
+            seen(40, 45, Some((902, 901))),
+            Err("RemediationRemoved came before NodeBack".to_string())
+        );
     }
 }

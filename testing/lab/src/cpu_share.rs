@@ -44,6 +44,18 @@ pub(crate) fn create(lab: &str) -> Result<()> {
     allow_realtime(&host)
 }
 
+/// Where the lab's host processes run in the v1 `hierarchy` (mounted under `/sys/fs/cgroup`):
+/// the lab's share where it was made (the cpu hierarchy), the hierarchy's root otherwise.
+pub(crate) fn home(lab: &str, hierarchy: &str) -> PathBuf {
+    let root = Path::new(CPU).with_file_name(hierarchy);
+    let share = root.join(host_path(lab).trim_start_matches('/'));
+    if share.exists() {
+        share
+    } else {
+        root
+    }
+}
+
 /// Moves a process the lab just started into the lab's cgroup (none made: nothing to move into).
 pub(crate) fn place(lab: &str, pid: u32) -> Result<()> {
     let procs = dir(&host_path(lab)).join("cgroup.procs");

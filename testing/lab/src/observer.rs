@@ -65,6 +65,7 @@ async fn health_checks(client: Client, timeline: Timeline) {
         let Some(name) = check.metadata.name.clone() else {
             continue;
         };
+        let revision = check.metadata.resource_version.as_deref();
         let now: std::collections::BTreeSet<String> = check
             .status
             .as_ref()
@@ -73,18 +74,24 @@ async fn health_checks(client: Client, timeline: Timeline) {
             .unwrap_or_default();
         let before = listed.insert(name.clone(), now.clone()).unwrap_or_default();
         for node in now.difference(&before) {
-            timeline.record(Event::HealthCheck {
-                check: name.clone(),
-                node: node.clone(),
-                unhealthy: true,
-            });
+            timeline.record_seen(
+                revision,
+                Event::HealthCheck {
+                    check: name.clone(),
+                    node: node.clone(),
+                    unhealthy: true,
+                },
+            );
         }
         for node in before.difference(&now) {
-            timeline.record(Event::HealthCheck {
-                check: name.clone(),
-                node: node.clone(),
-                unhealthy: false,
-            });
+            timeline.record_seen(
+                revision,
+                Event::HealthCheck {
+                    check: name.clone(),
+                    node: node.clone(),
+                    unhealthy: false,
+                },
+            );
         }
     }
 }
@@ -111,6 +118,7 @@ async fn nodes(client: Client, timeline: Timeline) {
         let Some(name) = node.metadata.name.clone() else {
             continue;
         };
+        let revision = node.metadata.resource_version.as_deref();
         let ready = node
             .status
             .as_ref()
@@ -143,37 +151,49 @@ async fn nodes(client: Client, timeline: Timeline) {
             && peers.get(&name) != Some(&c.status)
         {
             peers.insert(name.clone(), c.status.clone());
-            timeline.record(Event::PeersReachable {
-                node: name.clone(),
-                status: c.status.clone(),
-                reason: c.reason.clone().unwrap_or_default(),
-            });
+            timeline.record_seen(
+                revision,
+                Event::PeersReachable {
+                    node: name.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone().unwrap_or_default(),
+                },
+            );
         }
         let previous = last.get(&name).cloned();
         if let Some((status, reason, since)) = &ready
             && previous.as_ref().is_none_or(|(s, _)| s != status)
         {
-            timeline.record(Event::NodeReady {
-                node: name.clone(),
-                status: status.clone(),
-                reason: reason.clone(),
-                since: *since,
-            });
+            timeline.record_seen(
+                revision,
+                Event::NodeReady {
+                    node: name.clone(),
+                    status: status.clone(),
+                    reason: reason.clone(),
+                    since: *since,
+                },
+            );
         }
         let before = previous.map(|(_, t)| t).unwrap_or_default();
         for taint in node_taints.iter().filter(|t| !before.contains(t)) {
-            timeline.record(Event::NodeTaint {
-                node: name.clone(),
-                taint: taint.clone(),
-                added: true,
-            });
+            timeline.record_seen(
+                revision,
+                Event::NodeTaint {
+                    node: name.clone(),
+                    taint: taint.clone(),
+                    added: true,
+                },
+            );
         }
         for taint in before.iter().filter(|t| !node_taints.contains(t)) {
-            timeline.record(Event::NodeTaint {
-                node: name.clone(),
-                taint: taint.clone(),
-                added: false,
-            });
+            timeline.record_seen(
+                revision,
+                Event::NodeTaint {
+                    node: name.clone(),
+                    taint: taint.clone(),
+                    added: false,
+                },
+            );
         }
         last.insert(name, (ready.map(|r| r.0).unwrap_or_default(), node_taints));
     }
@@ -197,6 +217,7 @@ async fn pods(client: Client, timeline: Timeline) {
         match event {
             Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                 let Some(id) = pod_id(&pod) else { continue };
+                let revision = pod.metadata.resource_version.as_deref();
                 let phase = pod
                     .status
                     .as_ref()
@@ -222,27 +243,34 @@ async fn pods(client: Client, timeline: Timeline) {
                         .iter()
                         .flatten()
                         .any(|o| o.kind == "StatefulSet");
-                    timeline.record(Event::PodPhase {
-                        pod: id.clone(),
-                        node: node.clone(),
-                        phase: phase.clone(),
-                        claims,
-                        stateful,
-                    });
+                    timeline.record_seen(
+                        revision,
+                        Event::PodPhase {
+                            pod: id.clone(),
+                            node: node.clone(),
+                            phase: phase.clone(),
+                            claims,
+                            stateful,
+                        },
+                    );
                 }
                 if deleting && !before.as_ref().is_some_and(|b| b.2) {
-                    timeline.record(Event::PodDeleting {
-                        pod: id.clone(),
-                        node: node.clone(),
-                    });
+                    timeline.record_seen(
+                        revision,
+                        Event::PodDeleting {
+                            pod: id.clone(),
+                            node: node.clone(),
+                        },
+                    );
                 }
                 last.insert(id.uid, (phase, node, deleting));
             }
             Ok(watcher::Event::Delete(pod)) => {
                 let Some(id) = pod_id(&pod) else { continue };
+                let revision = pod.metadata.resource_version.as_deref();
                 last.remove(&id.uid);
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-                timeline.record(Event::PodGone { pod: id, node });
+                timeline.record_seen(revision, Event::PodGone { pod: id, node });
             }
             _ => {}
         }
@@ -273,6 +301,7 @@ where
         };
         let meta = obj.meta();
         let Some(name) = meta.name.clone() else { continue };
+        let revision = meta.resource_version.as_deref();
         let node = match nodemedic_api::machines::node_of(meta) {
             nodemedic_api::machines::NodeOf::Named(node) => node,
             nodemedic_api::machines::NodeOf::Machine(machine) => format!("(the node of Machine {})", machine.name),
@@ -292,12 +321,15 @@ where
             changes.extend(step.clone());
         }
         for change in changes {
-            timeline.record(Event::Remediation {
-                kind: kind.clone(),
-                name: name.clone(),
-                node: node.clone(),
-                change,
-            });
+            timeline.record_seen(
+                revision,
+                Event::Remediation {
+                    kind: kind.clone(),
+                    name: name.clone(),
+                    node: node.clone(),
+                    change,
+                },
+            );
         }
         if gone {
             known.remove(&key);

@@ -50,14 +50,7 @@ fn leave(lab: &str, name: &str, hierarchies: &[&str]) -> Result<()> {
         if !dir.exists() {
             continue;
         }
-        let share = PathBuf::from(HIERARCHIES)
-            .join(h)
-            .join(crate::cpu_share::host_path(lab).trim_start_matches('/'));
-        let back = if share.exists() {
-            share
-        } else {
-            PathBuf::from(HIERARCHIES).join(h)
-        };
+        let back = crate::cpu_share::home(lab, h);
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.split_whitespace() {
             // A task that exited meanwhile is gone already.

@@ -142,7 +142,16 @@ pub enum Event {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// When the lab saw the change.
     pub at: Timestamp,
+    /// The API server's revision of the change (its `resourceVersion`), for a change seen by a
+    /// watch. Changes reach the lab through separate watches that keep no order between them, so
+    /// "when the lab saw it" cannot order two of them; the revision can, because the lab's one
+    /// etcd numbers every write of every resource in one sequence. (Kubernetes promises only
+    /// that revisions of one resource compare, KEP-5504; across resources this is the lab's own
+    /// fact.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
     #[serde(flatten)]
     pub event: Event,
 }
@@ -152,10 +161,23 @@ pub struct Timeline(Arc<Mutex<Vec<Entry>>>);
 
 impl Timeline {
     pub fn record(&self, event: Event) {
-        let entry = Entry {
+        self.push(Entry {
             at: Timestamp::now(),
+            revision: None,
             event,
-        };
+        });
+    }
+
+    /// A change an API watch delivered, with the object's `resourceVersion` as it arrived.
+    pub fn record_seen(&self, resource_version: Option<&str>, event: Event) {
+        self.push(Entry {
+            at: Timestamp::now(),
+            revision: resource_version.and_then(|v| v.parse().ok()),
+            event,
+        });
+    }
+
+    fn push(&self, entry: Entry) {
         tracing::debug!(event = ?entry.event, "timeline");
         if let Ok(mut entries) = self.0.lock() {
             entries.push(entry);

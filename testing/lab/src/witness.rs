@@ -148,6 +148,7 @@ mod tests {
             self.t += 1;
             self.entries.push(Entry {
                 at: Timestamp::from_second(self.t).expect("valid"),
+                revision: None,
                 event,
             });
             self

@@ -83,6 +83,7 @@ mod tests {
     fn ready(node: &str, status: &str, ms: i64) -> Entry {
         Entry {
             at: at(ms),
+            revision: None,
             event: Event::NodeReady {
                 node: node.into(),
                 status: status.into(),
@@ -95,6 +96,7 @@ mod tests {
     fn created(node: &str, ms: i64) -> Entry {
         Entry {
             at: at(ms),
+            revision: None,
             event: Event::Remediation {
                 kind: "SelfNodeRemediation".into(),
                 name: node.into(),

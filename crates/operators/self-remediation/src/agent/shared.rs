@@ -128,6 +128,16 @@ mod tests {
 
     const MARGIN: Duration = Duration::from_millis(50);
 
+    /// An agent whose licence runs for `secs` from now.
+    fn licensed_for(secs: u64) -> SharedState {
+        let shared = SharedState::new(AgentState::new("node-1", Duration::from_secs(4)));
+        shared
+            .lock()
+            .expect("state")
+            .inherit(Some(Instant::now() + Duration::from_secs(secs)));
+        shared
+    }
+
     #[test]
     fn a_fresh_agent_has_nothing_to_feed_on() {
         let shared = SharedState::new(AgentState::new("node-1", Duration::from_secs(4)));
@@ -137,11 +147,7 @@ mod tests {
 
     #[test]
     fn the_feeder_reads_the_licence_while_a_task_holds_the_lock() {
-        let shared = SharedState::new(AgentState::new("node-1", Duration::from_secs(4)));
-        shared
-            .lock()
-            .expect("state")
-            .inherit(Some(Instant::now() + Duration::from_secs(4)));
+        let shared = licensed_for(4);
         let held = shared.lock().expect("state");
         assert!(
             shared.may_feed(Instant::now(), MARGIN),
@@ -152,11 +158,7 @@ mod tests {
 
     #[test]
     fn a_fence_stops_feeding_for_good() {
-        let shared = SharedState::new(AgentState::new("node-1", Duration::from_secs(4)));
-        shared
-            .lock()
-            .expect("state")
-            .inherit(Some(Instant::now() + Duration::from_secs(60)));
+        let shared = licensed_for(60);
         shared.lock().expect("state").inherit(None);
         assert_eq!(shared.fenced(), Some(FenceReason::InheritedLapse));
         assert!(!shared.may_feed(Instant::now(), MARGIN));

@@ -377,6 +377,7 @@ fn partitioned(cut: (u64, Option<u64>), reset: u64) -> Vec<Entry> {
     let mut entries = vec![
         Entry {
             at: ms(cut.0),
+            revision: None,
             event: Event::Fault {
                 node: None,
                 fault: "partition a".into(),
@@ -389,6 +390,7 @@ fn partitioned(cut: (u64, Option<u64>), reset: u64) -> Vec<Entry> {
     }
     entries.push(Entry {
         at: ms(reset),
+        revision: None,
         event: Event::Power {
             node: "a".into(),
             on: false,
@@ -403,6 +405,7 @@ fn partitioned(cut: (u64, Option<u64>), reset: u64) -> Vec<Entry> {
 fn condition(at: u64, powered: bool, partitioned: bool) -> Entry {
     Entry {
         at: ms(at),
+        revision: None,
         event: Event::NodeCondition {
             node: "a".into(),
             condition: NodeCondition {
@@ -496,7 +499,11 @@ proptest! {
         let mut five = params();
         five.nodes = 5;
         let mut entries = Vec::new();
-        let at = |s: u64, event| Entry { at: ms(s), event };
+        let at = |s: u64, event| Entry {
+            at: ms(s),
+            revision: None,
+            event,
+        };
         for n in ["a", "b", "c", "d", "e"] {
             entries.push(at(0, Event::NodeCondition { node: n.into(), condition: NodeCondition::running() }));
         }

@@ -59,7 +59,11 @@ struct Script(Vec<Entry>);
 
 impl Script {
     fn at(&mut self, s: i64, event: Event) -> &mut Self {
-        self.0.push(Entry { at: t(s), event });
+        self.0.push(Entry {
+            at: t(s),
+            revision: None,
+            event,
+        });
         self
     }
     fn cond(&mut self, s: i64, node: &str, powered: bool, partitioned: bool) -> &mut Self {

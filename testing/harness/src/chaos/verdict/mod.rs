@@ -196,6 +196,7 @@ fn with_joins(entries: &[Entry]) -> Vec<Entry> {
         if let Event::NodeAdded { node } = &e.event {
             out.push(Entry {
                 at: e.at,
+                revision: None,
                 event: Event::NodeCondition {
                     node: node.clone(),
                     condition: NodeCondition::running(),
