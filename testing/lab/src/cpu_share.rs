@@ -49,11 +49,7 @@ pub(crate) fn create(lab: &str) -> Result<()> {
 pub(crate) fn home(lab: &str, hierarchy: &str) -> PathBuf {
     let root = Path::new(CPU).with_file_name(hierarchy);
     let share = root.join(host_path(lab).trim_start_matches('/'));
-    if share.exists() {
-        share
-    } else {
-        root
-    }
+    if share.exists() { share } else { root }
 }
 
 /// Moves a process the lab just started into the lab's cgroup (none made: nothing to move into).
