@@ -11,8 +11,9 @@ use nodemedic_harness::story::{self, Milestone, Subject};
 use nodemedic_lab::{Lab, LabConfig, Timings};
 
 use crate::{
+    defaults::with_the_charts_defaults,
     selfremediation::{cluster_with_seed_durations, fenced, running_pod, snr},
-    support::{NS, assert_witness, eventually, list, scenario, with_the_charts_defaults},
+    support::{NS, assert_witness, eventually, list, scenario},
 };
 use scenario::LabWatchdog;
 

@@ -233,29 +233,3 @@ impl<K> Drop for History<K> {
         self.watch.abort();
     }
 }
-
-/// Three plain nodes with Kubernetes' node timings and nodemedic installed from the rendered
-/// chart's defaults, the StatefulSet running and the agents settled; returns the workload's node.
-/// The lab device's watchdog is short (the agents program their own 2 s anyway): such a lab
-/// takes a short-timings slot rather than one of the slots of labs that tolerate a busy machine,
-/// which the two ten-minute outage tests hold.
-pub async fn with_the_charts_defaults() -> (Lab, String) {
-    let timings = nodemedic_lab::Timings {
-        watchdog_timeout: Duration::from_secs(10),
-        ..nodemedic_lab::Timings::kubernetes_defaults()
-    };
-    let nodes = (1..=3)
-        .map(|i| nodemedic_lab::NodeSpec::plain(&format!("node-{i}")))
-        .collect();
-    let lab = lab(LabConfig::new(nodes).with_timings(timings)).await;
-    let free = scenario::free_port().expect("a port");
-    nodemedic_harness::chart_defaults::install(&lab, &crate::nodemedic_exe(), &[], free)
-        .await
-        .expect("the chart's defaults");
-    scenario::deploy_workload(&lab).await.expect("workload");
-    scenario::agents_settled(&lab).await.expect("agents settled");
-    let pod = scenario::running_pod(&lab.client(), &[], Duration::from_secs(180))
-        .await
-        .expect("db-0 Running");
-    (lab, scenario::node_of(&pod))
-}
