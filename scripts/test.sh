@@ -368,7 +368,7 @@ done
 # start_machine_layer, NodeSpec::real) or the images; on a fresh machine the other tests run while
 # those are still being built.
 declare -A later_modules=(
-  [chart-tools]=bundle,chart,defaults,network_policy,out_of_the_box,on_real_nodes,outages
+  [chart-tools]=bundle,chart,defaults,network_policy,out_of_the_box,on_real_nodes
   [node]=network_policy,on_real_nodes,real_nodes
   [machine-layer]=machine_layer
   [descheduler]=descheduler
@@ -376,7 +376,7 @@ declare -A later_modules=(
 )
 # What in a test module's source says it needs a later part.
 declare -A later_uses=(
-  [chart-tools]='chart_defaults::|tools_dir\(|real_nodes::|with_the_charts_defaults'
+  [chart-tools]='chart_defaults::|tools_dir\(|real_nodes::'
   [node]='\.real\(\)|node_dir\(|real_nodes::'
   [machine-layer]='machine_layer_dir\(|start_machine_layer\('
   [descheduler]='rebalancing_dir\('

@@ -155,9 +155,7 @@ where
     let api = Api::<K>::all(client.clone());
     let changed = changed.clone();
     tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .backoff(nodemedic_kube::backoff::prompt())
-            .boxed();
+        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
         while stream.next().await.is_some() {
             changed.notify_one();
         }

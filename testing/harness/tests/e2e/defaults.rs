@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Event, core::v1::Pod};
 use kube::{Api, api::ListParams};
 use nodemedic_api::{fence_agents::FenceAgentsRemediation, self_remediation::SelfNodeRemediation};
-use nodemedic_lab::Lab;
+use nodemedic_harness::chart_defaults;
+use nodemedic_lab::{Lab, LabConfig, NodeSpec, Timings};
 
 use crate::{
-    selfremediation::fenced,
-    support::{NS, assert_witness, eventually, list},
+    selfremediation::{exe, fenced, running_pod},
+    support::{NS, assert_witness, eventually, lab, list, scenario},
 };
 
 const WINDOW: Duration = Duration::from_secs(40);
@@ -67,39 +68,24 @@ async fn held_back_under_reads(lab: &Lab, process: &str) {
     .await;
 }
 
-/// Three plain nodes with Kubernetes' node timings and nodemedic installed from the rendered
-/// chart's defaults, the StatefulSet running and the agents settled; returns the workload's node.
-/// The lab device's watchdog is short (the agents program their own 2 s anyway): such a lab
-/// takes a short-timings slot rather than one of the slots of labs that tolerate a busy machine,
-/// which the two ten-minute outage tests hold.
-pub(crate) async fn with_the_charts_defaults() -> (Lab, String) {
-    let timings = nodemedic_lab::Timings {
-        watchdog_timeout: Duration::from_secs(10),
-        ..nodemedic_lab::Timings::kubernetes_defaults()
-    };
-    let nodes = (1..=3)
-        .map(|i| nodemedic_lab::NodeSpec::plain(&format!("node-{i}")))
-        .collect();
-    let lab = crate::support::lab(nodemedic_lab::LabConfig::new(nodes).with_timings(timings)).await;
-    let free = nodemedic_harness::scenario::free_port().expect("a port");
-    nodemedic_harness::chart_defaults::install(&lab, &crate::nodemedic_exe(), &[], free)
-        .await
-        .expect("the chart's defaults");
-    nodemedic_harness::scenario::deploy_workload(&lab)
-        .await
-        .expect("workload");
-    nodemedic_harness::scenario::agents_settled(&lab)
-        .await
-        .expect("agents settled");
-    let pod = nodemedic_harness::scenario::running_pod(&lab.client(), &[], Duration::from_secs(180))
-        .await
-        .expect("db-0 Running");
-    (lab, nodemedic_harness::scenario::node_of(&pod))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_plane_or_lossy_links() {
-    let (lab, a) = with_the_charts_defaults().await;
+    // Kubernetes' node timings with the lab device's watchdog short (the agents program their
+    // own 2 s anyway): such a lab takes a short-timings slot rather than one of the slots of labs
+    // that tolerate a busy machine, which the two outage tests hold for 12 minutes.
+    let timings = Timings {
+        watchdog_timeout: Duration::from_secs(10),
+        ..Timings::kubernetes_defaults()
+    };
+    let nodes = (1..=3).map(|i| NodeSpec::plain(&format!("node-{i}"))).collect();
+    let lab = lab(LabConfig::new(nodes).with_timings(timings)).await;
+    let free = scenario::free_port().expect("a port");
+    chart_defaults::install(&lab, &exe(), &[], free)
+        .await
+        .expect("the chart's defaults");
+    scenario::deploy_workload(&lab).await.expect("workload");
+    scenario::agents_settled(&lab).await.expect("agents settled");
+    let a = scenario::node_of(&running_pod(&lab.client(), &[]).await);
     let agent = format!("{a}/agent");
 
     // The agent starved of CPU, as a CPU limit or a busy node would starve it: 2% of a CPU.

@@ -197,7 +197,7 @@ where
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(
                 watcher(api, watcher::Config::default())
-                    .backoff(nodemedic_kube::backoff::prompt())
+                    .default_backoff()
                     .touched_objects()
             );
             while let Some(item) = stream.next().await {

@@ -42,7 +42,7 @@ pub(super) async fn run(ctx: Arc<Context>) {
             watcher::Config::default(),
         ),
     )
-    .backoff(nodemedic_kube::backoff::prompt())
+    .default_backoff()
     .touched_objects()
     .for_each(|_| async {});
     tokio::spawn(watch);

@@ -14,7 +14,7 @@ use std::{sync::Arc, time::Duration};
 use futures::StreamExt;
 use kube::{
     Api, Client,
-    runtime::{controller::Action, watcher},
+    runtime::{Controller, controller::Action, watcher},
 };
 use nodemedic_api::fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate};
 use nodemedic_kube::{events::Events, steps};
@@ -39,14 +39,14 @@ pub async fn run(client: Client, agents: Agents, metrics: Metrics, events: Event
         agents,
         runs: runs::Runs::default(),
     });
-    let remediations = nodemedic_kube::backoff::controller(
+    let remediations = Controller::new(
         Api::<FenceAgentsRemediation>::all(client.clone()),
         watcher::Config::default(),
     )
     .shutdown_on_signal()
     .run(steps::reconcile, steps::error_policy, ctx.clone())
     .for_each(|_| async {});
-    let templates = nodemedic_kube::backoff::controller(
+    let templates = Controller::new(
         Api::<FenceAgentsRemediationTemplate>::all(client),
         watcher::Config::default(),
     )

@@ -919,40 +919,6 @@ fn a_missing_template_disables_the_check_naming_it_and_it_recovers() {
 }
 
 #[test]
-fn a_template_kind_discovery_could_not_answer_for_decides_nothing_until_it_can() {
-    let mut w = World::new(
-        classic(),
-        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
-    );
-    let t = template("SelfNodeRemediationTemplate", "snr");
-    let failed = "discovery of SelfNodeRemediationTemplate failed: forbidden";
-    for disabled_before in [None, Some(true), Some(false)] {
-        w.memory.disabled = disabled_before;
-        w.templates.insert(t.clone(), TemplateState::KindUnknown(failed.into()));
-        let d = w.decide();
-        assert!(
-            d.undecided.as_deref().is_some_and(|why| why.contains(failed)),
-            "{:?}",
-            d.undecided
-        );
-        assert!(d.create.is_empty() && d.delete.is_empty() && d.leases.is_empty() && d.notices.is_empty());
-        assert_eq!(d.requeue_after, Some(KIND_LOOK_AGAIN));
-    }
-    // Discovery answers: the check acts as it would have.
-    w.memory.disabled = None;
-    w.templates.insert(
-        t,
-        TemplateState::Ready {
-            spec: serde_json::json!({}),
-            multiple_templates: false,
-        },
-    );
-    let d = w.decide();
-    assert_eq!(d.undecided, None);
-    assert!(!d.create.is_empty(), "remediated once the kind is known to be served");
-}
-
-#[test]
 fn the_same_kind_twice_needs_generated_names_and_self_remediation_templates_have_them() {
     let mut spec = escalating();
     spec.steps[0].template = template("FenceAgentsRemediationTemplate", "far-1");

@@ -10,7 +10,10 @@ mod perform;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{Api, Client, runtime::watcher};
+use kube::{
+    Api, Client,
+    runtime::{Controller, watcher},
+};
 use nodemedic_api::machine_deletion::MachineDeletionRemediation;
 use nodemedic_kube::{
     events::Events,
@@ -33,7 +36,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         metrics,
     });
     tracing::info!("machine deletion remediation running");
-    nodemedic_kube::backoff::controller(
+    Controller::new(
         Api::<MachineDeletionRemediation>::all(client),
         watcher::Config::default(),
     )

@@ -11,7 +11,10 @@ mod status;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{Api, Client, runtime::watcher};
+use kube::{
+    Api, Client,
+    runtime::{Controller, watcher},
+};
 use nodemedic_api::maintenance::NodeMaintenance;
 use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 
@@ -52,7 +55,7 @@ pub async fn run(
         etcd,
     });
     tracing::info!("node maintenance running");
-    nodemedic_kube::backoff::controller(Api::<NodeMaintenance>::all(client), watcher::Config::default())
+    Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())
         .shutdown_on_signal()
         .run(
             nodemedic_kube::steps::reconcile,
