@@ -20,8 +20,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("leader election failed: {0}")]
-    Leader(#[from] kube_lease_manager::LeaseManagerError),
     #[error("node lease {lease} is held by {holder}")]
     LeaseHeld { lease: String, holder: String },
     #[error("{what} did not settle after {attempts} conflicting updates")]

@@ -3,6 +3,7 @@
 //! every operator needs (conditions, taints, node-lease rules).
 
 pub mod admission;
+pub mod backoff;
 pub mod client;
 pub mod conditions;
 pub(crate) mod context;

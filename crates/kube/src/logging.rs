@@ -5,7 +5,7 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`); JSON when `json` is set, for log
 /// pipelines. Safe to call twice (the second call does nothing).
 pub fn init(json: bool) {
-    init_with_default(json, "info,kube_lease_manager=warn");
+    init_with_default(json, "info");
 }
 
 /// Like [`init`], with `default` as the filter when `RUST_LOG` is unset.

@@ -97,7 +97,7 @@ impl<V: Clone + Send + Sync + 'static> Projection<V> {
         let kept = values.clone();
         let watch = tokio::spawn(async move {
             let mut relisted: Option<BTreeMap<String, V>> = None;
-            let mut events = watcher(api, config).default_backoff().boxed();
+            let mut events = watcher(api, config).backoff(crate::backoff::prompt()).boxed();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => apply(&kept, &mut relisted, event, &project),

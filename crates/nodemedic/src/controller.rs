@@ -230,21 +230,56 @@ async fn controller(args: ControllerArgs, mut stop: StopSignal) -> anyhow::Resul
         () = shutdown(&mut stop) => return Ok(()),
     };
     let events = Events::new(client.clone(), "nodemedic-controller", Some(identity.clone()));
-    let mut operators = spawn_operators(&args, &config, &client, metrics, &events)?;
+    let last_outage = leadership.as_ref().and_then(leader::Leadership::last_outage);
+    let mut operators = spawn_operators(&args, &config, &client, metrics, &events, last_outage)?;
     match leadership {
         Some(mut leadership) => {
             tokio::select! {
                 // A deposed leader that kept acting would be a second writer: stop at once.
-                _ = leadership.is_leader.wait_for(|leads| !*leads) => anyhow::bail!("lost the leader lease; exiting so only the new leader acts"),
+                _ = async { leadership.is_leader.wait_for(|leads| !*leads).await.is_ok() } => {
+                    let in_outage = leadership.last_outage().filter(|o| o.regained.is_none());
+                    return Err(start_afresh(in_outage.map(|o| o.lost_after)));
+                }
                 done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
-                () = shutdown(&mut stop) => Ok(()),
+                () = shutdown(&mut stop) => {}
             }
+            // Hand the lease over now rather than a lease duration from now.
+            operators.abort_all();
+            leadership.step_down(Duration::from_secs(2)).await;
+            Ok(())
         }
         None => tokio::select! {
             done = operators.join_next() => anyhow::bail!("an operator stopped: {done:?}"),
             () = shutdown(&mut stop) => Ok(()),
         },
     }
+}
+
+/// A deposed leader starts afresh in place: this program again, with the same arguments (and so
+/// the same identity, which takes its own lease back at once), every task of the old run gone
+/// with it. Exiting would leave the restart to the kubelet, whose back-off grows with each
+/// restart: a leader that resigned in every long API outage would sit minutes in
+/// CrashLoopBackOff once the server was back. `lost_after`: the outage it resigned in, handed to
+/// the new run (see [`leader::LOST_AFTER_ENV`]). Returns only if it could not.
+fn start_afresh(lost_after: Option<jiff::Timestamp>) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    tracing::warn!(
+        ?lost_after,
+        "lost the leader lease: starting afresh, so only the new leader acts"
+    );
+    let error = match std::env::current_exe() {
+        Ok(program) => {
+            let mut again = std::process::Command::new(program);
+            again.args(std::env::args_os().skip(1));
+            match lost_after {
+                Some(t) => again.env(leader::LOST_AFTER_ENV, t.to_string()),
+                None => again.env_remove(leader::LOST_AFTER_ENV),
+            };
+            again.exec()
+        }
+        Err(error) => error,
+    };
+    anyhow::anyhow!("lost the leader lease and could not start afresh ({error}); exiting so only the new leader acts")
 }
 
 /// Waits to lead when leader election is on (`None` when it is off); ready either way, since a
@@ -259,15 +294,18 @@ async fn lead(
         readiness.set(true);
         return Ok(None);
     }
+    // Set only by this program for its own next run (`start_afresh`).
+    let lost_after = std::env::var(leader::LOST_AFTER_ENV)
+        .ok()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
     let mut leadership = leader::elect(
         client.clone(),
         &args.namespace,
         &args.lease_name,
         identity,
         Duration::from_secs(args.lease_seconds),
-    )
-    .await
-    .context("starting leader election")?;
+        lost_after,
+    );
     readiness.set(true);
     tracing::info!(lease = %args.lease_name, "waiting to lead");
     leadership
@@ -288,6 +326,7 @@ fn spawn_operators(
     client: &kube::Client,
     metrics: OperatorMetrics,
     events: &Events,
+    last_outage: Option<leader::LastOutage>,
 ) -> anyhow::Result<Operators> {
     let OperatorMetrics {
         health: health_metrics,
@@ -308,7 +347,16 @@ fn spawn_operators(
             events.clone(),
             Duration::from_secs(10),
         ));
-        let run = nodemedic_healthcheck::controller::run(client.clone(), health_metrics, events.clone(), etcd.clone());
+        // An outage the election went through before this replica led: the health check's
+        // watches never saw it, and must still not take the Unknowns it caused for dead nodes.
+        let outage = last_outage.map(|o| (o.lost_after, o.regained));
+        let run = nodemedic_healthcheck::controller::run(
+            client.clone(),
+            health_metrics,
+            events.clone(),
+            etcd.clone(),
+            outage,
+        );
         operators.spawn(async move { run.await.map_err(|e| anyhow::anyhow!("health check: {e}")) });
     }
     if !args.disabled.contains(&Operator::SelfRemediation) {

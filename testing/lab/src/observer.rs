@@ -56,7 +56,7 @@ pub(crate) fn spawn(client: &Client, timeline: &Timeline) -> Vec<tokio::task::Jo
 async fn health_checks(client: Client, timeline: Timeline) {
     let mut listed: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
     let mut stream = watcher(Api::<NodeHealthCheck>::all(client), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     while let Some(event) = stream.next().await {
         let Ok(watcher::Event::Apply(check) | watcher::Event::InitApply(check)) = event else {
@@ -100,7 +100,7 @@ async fn nodes(client: Client, timeline: Timeline) {
     let mut last: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
     let mut peers: BTreeMap<String, String> = BTreeMap::new();
     let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     while let Some(event) = stream.next().await {
         let node = match event {
@@ -211,7 +211,7 @@ async fn pods(client: Client, timeline: Timeline) {
     // uid -> (phase, node, deleting)
     let mut last: BTreeMap<String, (String, Option<String>, bool)> = BTreeMap::new();
     let mut stream = watcher(Api::<Pod>::all(client), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     while let Some(event) = stream.next().await {
         match event {
@@ -291,7 +291,7 @@ where
     let kind = K::kind(&()).to_string();
     let mut known: BTreeMap<String, (bool, Option<String>)> = BTreeMap::new();
     let mut stream = watcher(Api::<K>::all(client), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     while let Some(event) = stream.next().await {
         let (obj, gone) = match event {

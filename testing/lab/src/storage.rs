@@ -155,7 +155,9 @@ where
     let api = Api::<K>::all(client.clone());
     let changed = changed.clone();
     tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher(api, watcher::Config::default())
+            .backoff(nodemedic_kube::backoff::prompt())
+            .boxed();
         while stream.next().await.is_some() {
             changed.notify_one();
         }

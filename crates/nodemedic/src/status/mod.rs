@@ -126,7 +126,7 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .touched_objects()
         .map(|_| ())
         .boxed()

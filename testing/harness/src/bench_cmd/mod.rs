@@ -51,6 +51,10 @@ pub(crate) struct BenchArgs {
     /// minutes each); its other series run `--trials`.
     #[arg(long, default_value_t = 3)]
     pub baseline_trials: usize,
+    /// Recovery trials of the out-of-the-box profile's series after an outage (each crash 30 s
+    /// after a three-minute API server outage ends: about five minutes each).
+    #[arg(long, default_value_t = 5)]
+    pub outage_trials: usize,
     #[arg(long = "path", value_enum)]
     pub paths: Vec<Path>,
     #[arg(long = "strategy", value_enum)]

@@ -68,11 +68,12 @@ async fn held_back_under_reads(lab: &Lab, process: &str) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_plane_or_lossy_links() {
-    // Kubernetes' node timings with the lab device's watchdog short (the agents program their
-    // own 2 s anyway): such a lab takes a short-timings slot rather than one of the slots of labs
-    // that tolerate a busy machine, which the two outage tests hold for 12 minutes.
+/// Three plain nodes with Kubernetes' node timings and nodemedic installed from the rendered
+/// chart's defaults, the StatefulSet running and the agents settled; returns the workload's node.
+/// The lab device's watchdog is short (the agents program their own 2 s anyway): such a lab
+/// takes a short-timings slot rather than one of the slots of labs that tolerate a busy machine,
+/// which the two ten-minute outage tests hold.
+pub(crate) async fn with_the_charts_defaults() -> (Lab, String) {
     let timings = Timings {
         watchdog_timeout: Duration::from_secs(10),
         ..Timings::kubernetes_defaults()
@@ -85,7 +86,13 @@ async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_pl
         .expect("the chart's defaults");
     scenario::deploy_workload(&lab).await.expect("workload");
     scenario::agents_settled(&lab).await.expect("agents settled");
-    let a = scenario::node_of(&running_pod(&lab.client(), &[]).await);
+    let workload_node = scenario::node_of(&running_pod(&lab.client(), &[]).await);
+    (lab, workload_node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_defaults_fence_no_live_node_under_starvation_slow_control_plane_or_lossy_links() {
+    let (lab, a) = with_the_charts_defaults().await;
     let agent = format!("{a}/agent");
 
     // The agent starved of CPU, as a CPU limit or a busy node would starve it: 2% of a CPU.

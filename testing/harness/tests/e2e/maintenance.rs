@@ -128,7 +128,7 @@ impl ReadyLow {
         let task = tokio::spawn(async move {
             let mut pods: BTreeMap<String, bool> = BTreeMap::new();
             let config = watcher::Config::default().labels("app=web");
-            let mut stream = std::pin::pin!(watcher(api, config).default_backoff());
+            let mut stream = std::pin::pin!(watcher(api, config).backoff(nodemedic_kube::backoff::prompt()));
             while let Some(Ok(event)) = stream.next().await {
                 match event {
                     watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {

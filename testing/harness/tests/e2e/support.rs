@@ -197,7 +197,7 @@ where
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(
                 watcher(api, watcher::Config::default())
-                    .default_backoff()
+                    .backoff(nodemedic_kube::backoff::prompt())
                     .touched_objects()
             );
             while let Some(item) = stream.next().await {

@@ -176,7 +176,7 @@ async fn run(inner: Arc<Inner>, hosts: Arc<Hosts>) {
             Api::<kinds::LabMachine>::all(client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .touched_objects()
         .map(|e| e.map(|_| ()))
         .boxed(),
@@ -185,7 +185,7 @@ async fn run(inner: Arc<Inner>, hosts: Arc<Hosts>) {
     for kind in ["Machine", "MachineSet"] {
         watches.push(tokio::spawn(notify_on_change(
             watcher(openshift::all(&client, kind), watcher::Config::default())
-                .default_backoff()
+                .backoff(nodemedic_kube::backoff::prompt())
                 .touched_objects()
                 .map(|e| e.map(|_| ()))
                 .boxed(),

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube::{
     Api, Client, ResourceExt,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{controller::Action, watcher},
 };
 use nodemedic_api::descheduler::{KubeDescheduler, Mode};
 use nodemedic_kube::{events::Events, finalizers};
@@ -72,7 +72,7 @@ pub async fn run(client: Client, tainter: Client, settings: Settings, metrics: M
     );
     let tainter = tokio::spawn(tainter::run(ctx.clone()));
     let managed = watcher::Config::default().labels(&format!("{}={}", objects::MANAGED_BY.0, objects::MANAGED_BY.1));
-    Controller::new(Api::<KubeDescheduler>::all(client.clone()), watcher::Config::default())
+    nodemedic_kube::backoff::controller(Api::<KubeDescheduler>::all(client.clone()), watcher::Config::default())
         .owns(Api::<Deployment>::all(client.clone()), managed.clone())
         .owns(Api::<ConfigMap>::all(client), managed)
         .shutdown_on_signal()

@@ -42,7 +42,7 @@ pub(super) async fn run(ctx: Arc<Context>) {
             watcher::Config::default(),
         ),
     )
-    .default_backoff()
+    .backoff(nodemedic_kube::backoff::prompt())
     .touched_objects()
     .for_each(|_| async {});
     tokio::spawn(watch);

@@ -14,7 +14,7 @@ use std::{sync::Arc, time::Duration};
 use futures::StreamExt;
 use kube::{
     Api, Client,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{controller::Action, watcher},
 };
 use nodemedic_api::fence_agents::{FenceAgentsRemediation, FenceAgentsRemediationTemplate};
 use nodemedic_kube::{events::Events, steps};
@@ -39,14 +39,14 @@ pub async fn run(client: Client, agents: Agents, metrics: Metrics, events: Event
         agents,
         runs: runs::Runs::default(),
     });
-    let remediations = Controller::new(
+    let remediations = nodemedic_kube::backoff::controller(
         Api::<FenceAgentsRemediation>::all(client.clone()),
         watcher::Config::default(),
     )
     .shutdown_on_signal()
     .run(steps::reconcile, steps::error_policy, ctx.clone())
     .for_each(|_| async {});
-    let templates = Controller::new(
+    let templates = nodemedic_kube::backoff::controller(
         Api::<FenceAgentsRemediationTemplate>::all(client),
         watcher::Config::default(),
     )

@@ -113,7 +113,7 @@ fn group_of(name: &str) -> Option<&str> {
 async fn follow(client: Client, tx: watch::Sender<Seen>) {
     let api = Api::<PartialObjectMeta<CustomResourceDefinition>>::all(client);
     let mut stream = watcher(api, watcher::Config::default().page_size(PAGE))
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     let mut told = false;
     while let Some(event) = stream.next().await {

@@ -1,7 +1,8 @@
 //! Remediation and template kinds are whatever the health checks reference, third-party ones
 //! included, so their watches start on demand: discovery finds the kind, a watch keeps the index
 //! current and wakes the checks that use it. A kind the cluster does not serve is looked up again
-//! at most every [`crate::decide::TEMPLATE_RETRY`].
+//! at most every [`crate::decide::TEMPLATE_RETRY`]; a discovery that failed (the API server down
+//! or starting) is no answer, and is asked again at the next reconcile.
 
 use std::{
     collections::BTreeMap,
@@ -15,6 +16,7 @@ use kube::{
     api::{ApiResource, DynamicObject},
     core::{GroupVersion, GroupVersionKind},
     discovery,
+    error::DiscoveryError,
     runtime::{WatchStreamExt, watcher},
 };
 
@@ -39,6 +41,8 @@ enum Watch {
     Missing {
         since: Instant,
     },
+    /// Its discoveries have failed since its last answer: said once.
+    Failing,
 }
 
 /// Called with the (apiVersion, kind) and, for a template, its reference, when watched objects
@@ -74,14 +78,15 @@ impl Kinds {
         }
     }
 
-    /// Makes sure the kind is watched; returns its API resource, or `None` when the cluster
-    /// does not serve it.
-    pub(super) async fn ensure(&self, role: Role, api_version: &str, kind: &str) -> Option<ApiResource> {
+    /// Makes sure the kind is watched; says whether the cluster serves it. A kind not served is
+    /// remembered for [`TEMPLATE_RETRY`]; a discovery that failed is not remembered at all: the
+    /// next reconcile asks again.
+    pub(super) async fn ensure(&self, role: Role, api_version: &str, kind: &str) -> Lookup {
         let key = (role, (api_version.to_owned(), kind.to_owned()));
         if let Ok(watches) = self.watches.lock() {
             match watches.get(&key) {
-                Some(Watch::Running { resource, .. }) => return Some(resource.clone()),
-                Some(Watch::Missing { since }) if since.elapsed() < TEMPLATE_RETRY => return None,
+                Some(Watch::Running { resource, .. }) => return Lookup::Served(resource.clone()),
+                Some(Watch::Missing { since }) if since.elapsed() < TEMPLATE_RETRY => return Lookup::NotServed,
                 _ => {}
             }
         }
@@ -92,12 +97,23 @@ impl Kinds {
             .unwrap_or_else(|| GroupVersionKind::gvk("", api_version, kind));
         let resource = match discovery::pinned_kind(&self.client, &gvk).await {
             Ok((resource, _)) => resource,
-            Err(error) => {
+            Err(error) if says_not_served(&error) => {
                 tracing::info!(%api_version, %kind, %error, "kind not served by the cluster");
                 if let Ok(mut watches) = self.watches.lock() {
                     watches.insert(key, Watch::Missing { since: Instant::now() });
                 }
-                return None;
+                return Lookup::NotServed;
+            }
+            Err(error) => {
+                let first = self
+                    .watches
+                    .lock()
+                    .map(|mut watches| !matches!(watches.insert(key, Watch::Failing), Some(Watch::Failing)))
+                    .unwrap_or(true);
+                if first {
+                    tracing::warn!(%api_version, %kind, %error, "discovery of the kind failed: its checks decide nothing until it answers; asking again at every reconcile");
+                }
+                return Lookup::Unknown(format!("discovery of {kind} ({api_version}) failed: {error}"));
             }
         };
         let (listed, first_list) = tokio::sync::oneshot::channel();
@@ -113,7 +129,7 @@ impl Kinds {
         if let Ok(mut watches) = self.watches.lock() {
             if let Some(Watch::Running { resource, .. }) = watches.get(&key) {
                 task.abort();
-                return Some(resource.clone());
+                return Lookup::Served(resource.clone());
             }
             watches.insert(
                 key,
@@ -131,7 +147,34 @@ impl Kinds {
         {
             tracing::warn!(%api_version, %kind, "initial list of the kind is slow; deciding with what is known");
         }
-        Some(resource)
+        Lookup::Served(resource)
+    }
+}
+
+/// What the cluster's discovery said of a kind.
+#[derive(Clone, Debug)]
+pub(super) enum Lookup {
+    Served(ApiResource),
+    /// The API server answered, and does not serve it (its CRD is not installed).
+    NotServed,
+    /// No answer that says either: the API server is down or starting (a refused connection, a
+    /// 403 while its RBAC catches up, a 503), or refuses this controller discovery.
+    Unknown(String),
+}
+
+/// Whether a failed discovery is the API server saying it does not serve the kind: its group
+/// version is not found, or is found without the kind. Anything else (forbidden, unavailable,
+/// no connection) says nothing about the kind.
+fn says_not_served(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Discovery(
+            DiscoveryError::MissingKind(_)
+            | DiscoveryError::MissingApiGroup(_)
+            | DiscoveryError::MissingResource(_)
+            | DiscoveryError::InvalidGroupVersion(_),
+        ) => true,
+        kube::Error::Api(status) => status.is_not_found(),
+        _ => false,
     }
 }
 
@@ -145,7 +188,9 @@ async fn watch(
     listed: tokio::sync::oneshot::Sender<()>,
 ) {
     let api = Api::<DynamicObject>::all_with(client, &resource);
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = watcher(api, watcher::Config::default())
+        .backoff(nodemedic_kube::backoff::prompt())
+        .boxed();
     let mut listed = Some(listed);
     let mut remediations_listed = Relist::<RemediationId>::default();
     let mut templates_listed = Relist::<TemplateRef>::default();
@@ -242,5 +287,44 @@ async fn watch(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Status::failure("refused", reason).with_code(code).boxed())
+    }
+
+    #[test]
+    fn only_the_api_servers_own_word_says_a_kind_is_not_served() {
+        assert!(says_not_served(&api_error(404, "NotFound")));
+        assert!(says_not_served(&kube::Error::Discovery(DiscoveryError::MissingKind(
+            "SelfNodeRemediationTemplate".into()
+        ))));
+        assert!(says_not_served(&kube::Error::Discovery(
+            DiscoveryError::MissingApiGroup("remediation.medik8s.io".into())
+        )));
+    }
+
+    #[test]
+    fn a_server_starting_or_refusing_says_nothing_of_the_kind() {
+        for (code, reason) in [
+            (403, "Forbidden"),
+            (401, "Unauthorized"),
+            (503, "ServiceUnavailable"),
+            (429, "TooManyRequests"),
+            (500, "InternalError"),
+        ] {
+            assert!(!says_not_served(&api_error(code, reason)), "{code} {reason}");
+        }
+        assert!(
+            !says_not_served(&kube::Error::Service("connection refused".into())),
+            "no connection"
+        );
     }
 }

@@ -102,7 +102,9 @@ async fn follow_machines(
     settled: &mut Option<optional::Settled>,
 ) {
     let machines = Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), resource);
-    let mut stream = watcher(machines, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = watcher(machines, watcher::Config::default())
+        .backoff(nodemedic_kube::backoff::prompt())
+        .boxed();
     let mut relist = Relist::<MachineKey>::default();
     let key = |m: &PartialObjectMeta<DynamicObject>| -> Option<MachineKey> {
         Some((api, m.metadata.namespace.clone()?, m.metadata.name.clone()?))

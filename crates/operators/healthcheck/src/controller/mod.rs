@@ -45,7 +45,7 @@ use crate::{
     Result,
     decide::{
         self,
-        outage::{self, Change},
+        outage::{self, ApiContact, Change},
     },
     metrics::Metrics,
     spec,
@@ -80,13 +80,20 @@ impl Triggers {
 
 /// Runs until the process ends (it returns only if a watch could not start).
 /// `etcd`: members configured outside any pod, for the quorum guard.
+/// `outage`: an API outage (lost after, regained at) this process went through before it started
+/// the health check, which its watches cannot have seen (a replica that starts leading after
+/// one): remembered as if they had.
 pub async fn run(
     client: Client,
     metrics: Metrics,
     events: Events,
     etcd: Option<nodemedic_kube::etcd::External>,
+    outage: Option<(Timestamp, Option<Timestamp>)>,
 ) -> Result<()> {
     let index = Arc::new(Index::default());
+    if let Some((lost_after, regained)) = outage {
+        *index.api_contact.lock().unwrap_or_else(PoisonError::into_inner) = ApiContact::after(lost_after, regained);
+    }
     let (tx, rx) = mpsc::unbounded();
     let (store, writer) = reflector::store();
     let triggers = Triggers {
@@ -205,7 +212,7 @@ async fn watch_checks(
         writer,
         watcher(Api::<NodeHealthCheck>::all(client), watcher::Config::default()),
     )
-    .default_backoff();
+    .backoff(nodemedic_kube::backoff::prompt());
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         report(&index, "NodeHealthChecks", &event);
@@ -232,7 +239,7 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
     // Paged lists (not the API server's cache, which answers in one response): at thousands of
     // nodes one whole list of full Node objects is most of this process's peak memory.
     let mut stream = watcher(Api::<Node>::all(client), watcher::Config::default().page_size(200))
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {
@@ -280,7 +287,9 @@ async fn watch_nodes(client: Client, index: Arc<Index>, triggers: Triggers, sync
 
 async fn watch_leases(client: Client, index: Arc<Index>, triggers: Triggers, synced: watch::Sender<bool>) {
     let api = Api::<Lease>::namespaced(client, leases::NAMESPACE);
-    let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = watcher(api, watcher::Config::default())
+        .backoff(nodemedic_kube::backoff::prompt())
+        .boxed();
     let mut relist = index::Relist::<String>::default();
     let node_of = |lease: &Lease| {
         lease
@@ -358,7 +367,7 @@ async fn watch_kubelet_leases(client: Client, index: Arc<Index>, synced: watch::
     let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, KUBELET_LEASES);
     // Paged, like the nodes' list: one response with every lease would add to the peak memory.
     let mut stream = watcher(api, watcher::Config::default().page_size(200))
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .boxed();
     let mut relist = index::Relist::<String>::default();
     while let Some(event) = stream.next().await {

@@ -18,7 +18,7 @@ use kube::{
 use super::definitions::Definitions;
 
 /// How often a kind the cluster does not serve is looked for again while the
-/// CustomResourceDefinitions cannot be watched, and the longest wait after failed discoveries.
+/// CustomResourceDefinitions cannot be watched.
 pub(super) const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
 /// The looks again after a change of the kind's group, while it is still not served: the API
@@ -30,8 +30,14 @@ const AFTER_A_CHANGE: [Duration; 4] = [
     Duration::from_secs(8),
 ];
 
-/// The first wait after a failed discovery, doubled after each failure up to [`LOOK_AGAIN`].
-const AFTER_A_FAILURE: Duration = Duration::from_secs(1);
+/// The first wait after a failed discovery, doubled after each failure up to
+/// [`AFTER_FAILURES`].
+const AFTER_A_FAILURE: Duration = Duration::from_millis(500);
+
+/// The longest wait after failed discoveries: a discovery fails while the API server is down or
+/// starting, and the kind must be watched again within a couple of seconds of its return, however
+/// long the outage (one request every two seconds from the one leading controller).
+const AFTER_FAILURES: Duration = Duration::from_secs(2);
 
 /// How many optional watches have settled (listed once, or found not served): the first
 /// decisions wait for them, so a controller started mid-upgrade (upgrades drain nodes, and so
@@ -110,7 +116,7 @@ impl Pace {
             Discovery::Failed => {
                 let wait = AFTER_A_FAILURE.saturating_mul(1 << self.failures.min(6));
                 self.failures += 1;
-                Next::After(wait.min(LOOK_AGAIN))
+                Next::After(wait.min(AFTER_FAILURES))
             }
         }
     }
@@ -197,7 +203,7 @@ async fn watch(
     let writer = reflector::store::Writer::new(resource.clone());
     let reader = writer.as_reader();
     let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .reflect(writer)
         .boxed();
     tracing::info!(kind, version = %resource.version, "watching");
@@ -261,16 +267,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_discovery_is_tried_again_after_doubling_waits_not_on_a_change() {
+    fn a_failed_discovery_is_tried_again_after_doubling_waits_of_at_most_two_seconds() {
         let mut pace = Pace::default();
-        let waits: Vec<Next> = (0..9).map(|_| pace.after(&Discovery::Failed)).collect();
-        let seconds = [1, 2, 4, 8, 16, 32, 60, 60, 60];
+        let waits: Vec<Next> = (0..40).map(|_| pace.after(&Discovery::Failed)).collect();
+        let millis = [500, 1_000].into_iter().chain([2_000; 38]);
         assert_eq!(
             waits,
-            seconds
-                .iter()
-                .map(|s| Next::After(Duration::from_secs(*s)))
-                .collect::<Vec<_>>()
+            millis
+                .map(|ms| Next::After(Duration::from_millis(ms)))
+                .collect::<Vec<_>>(),
+            "however long the API server is gone"
         );
         assert_eq!(pace.after(&Discovery::NotServed), Next::OnAChange);
         assert_eq!(

@@ -16,7 +16,7 @@ use nodemedic_kube::{CallContext, events::Events, node_lease::NodeLeases};
 use super::{
     apply::{self, Apply},
     index::{self, Index},
-    kinds::{Kinds, Role},
+    kinds::{Kinds, Lookup, Role},
     status,
 };
 use crate::{
@@ -71,6 +71,12 @@ pub(super) async fn reconcile(nhc: Arc<NodeHealthCheck>, ctx: Arc<Context>) -> R
         now,
     };
     let (mut decision, mut node_uids) = decide_now(&ctx, &basis, decide::EtcdView::NotRead)?;
+    if let Some(why) = &decision.undecided {
+        tracing::debug!(nhc = %name, %why, "nothing decided: a template's kind is not known to be served or not");
+        return Ok(decision
+            .requeue_after
+            .map_or_else(Action::await_change, Action::requeue));
+    }
     // A control-plane node is remediated only if etcd keeps its quorum: the members are read
     // (two small lists) only when one would be, and it is decided again with them.
     if decision.create.iter().any(|c| c.control_plane) {
@@ -155,7 +161,7 @@ impl Templates {
                 .ensure(Role::Remediation, &t.api_version, t.remediation_kind())
                 .await;
             let state = match (template_kind, remediation_kind) {
-                (Some(_), Some(resource)) => {
+                (Lookup::Served(_), Lookup::Served(resource)) => {
                     templates.resources.insert(t.clone(), resource);
                     ctx.index
                         .templates
@@ -164,7 +170,8 @@ impl Templates {
                         .and_then(|all| all.get(t).cloned())
                         .unwrap_or(TemplateState::NotFound)
                 }
-                _ => TemplateState::KindMissing,
+                (Lookup::NotServed, _) | (_, Lookup::NotServed) => TemplateState::KindMissing,
+                (Lookup::Unknown(why), _) | (_, Lookup::Unknown(why)) => TemplateState::KindUnknown(why),
             };
             templates.states.insert(t.clone(), state);
             templates

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, time::Duration};
 use jiff::Timestamp;
 
 use super::{
-    CONFLICTING_MHC, Health, UPGRADING,
+    CONFLICTING_MHC, Health, UPGRADING, liveness,
     model::{Budget, Decision, Input, Memory, NodeFacts, RemediationFacts, Severity},
     node::Gate,
     upgrade,
@@ -15,8 +15,11 @@ use super::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Count {
     pub observed: usize,
-    /// No unhealthy condition at all (not even a pending one) and no remediation object left.
+    /// No unhealthy condition at all (not even a pending one), or only a Ready=Unknown its
+    /// kubelet has renewed since, and no remediation object left.
     pub healthy: usize,
+    /// Of the healthy, those Ready=Unknown and renewing (see [`liveness::only_a_stale_unknown`]).
+    pub renewing: usize,
     pub unhealthy: usize,
     /// The fewest healthy nodes that still allow remediation.
     pub min_healthy: usize,
@@ -25,23 +28,29 @@ pub(super) struct Count {
 
 impl Count {
     pub(super) fn of(
-        budget: Budget,
+        input: &Input<'_>,
         selected: &[&NodeFacts],
         health: &BTreeMap<&str, Health>,
         owned: &[&RemediationFacts],
     ) -> Self {
-        let observed = selected.len();
-        let healthy = selected
-            .iter()
-            .filter(|n| health[n.name.as_str()] == Health::Healthy && !owned.iter().any(|r| r.node == n.name))
-            .count();
+        let health_of = |n: &NodeFacts| &health[n.name.as_str()];
+        let stale_unknown = |n: &NodeFacts| {
+            *health_of(n) != Health::Healthy
+                && liveness::only_a_stale_unknown(n, &input.check.rules, input.kubelet_renewals, input.now)
+        };
+        let unremediated = selected.iter().filter(|n| !owned.iter().any(|r| r.node == n.name));
+        let renewing = unremediated.clone().filter(|n| stale_unknown(n)).count();
+        let healthy = unremediated.filter(|n| *health_of(n) == Health::Healthy).count() + renewing;
         let unhealthy = selected
             .iter()
-            .filter(|n| matches!(health[n.name.as_str()], Health::Unhealthy { .. }))
+            .filter(|n| matches!(health_of(n), Health::Unhealthy { .. }) && !stale_unknown(n))
             .count();
+        let observed = selected.len();
+        let budget = input.check.budget;
         Self {
             observed,
             healthy,
+            renewing,
             unhealthy,
             min_healthy: budget.min_healthy(observed),
             budget,
@@ -56,12 +65,17 @@ impl Count {
         let Self {
             observed,
             healthy,
+            renewing,
             unhealthy,
             min_healthy,
             budget,
         } = self;
+        let renewing = match renewing {
+            0 => String::new(),
+            n => format!(" ({n} of them Ready=Unknown but renewing their kubelet lease since)"),
+        };
         format!(
-            "{healthy} of {observed} selected nodes are healthy and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
+            "{healthy} of {observed} selected nodes are healthy{renewing} and {unhealthy} unhealthy; {} requires at least {min_healthy} healthy",
             budget.describe()
         )
     }

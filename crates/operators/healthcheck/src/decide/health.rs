@@ -51,6 +51,16 @@ pub(super) fn classify(
     soonest.map_or(Health::Healthy, |at| Health::Soon { at })
 }
 
+/// Whether a rule holds for its duration on a condition that turned so after `after` (the peer
+/// detector's PeersReachable=False after a kubelet renewal, say).
+pub(super) fn unhealthy_since(node: &NodeFacts, rules: &[UnhealthyRule], now: Timestamp, after: Timestamp) -> bool {
+    rules.iter().any(|rule| {
+        node.conditions.iter().any(|c| {
+            c.type_ == rule.type_ && c.status == rule.status && c.since > after && c.since + rule.duration <= now
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -175,8 +175,15 @@ fn deferred_by_outage(c: &Candidate<'_>) -> Option<HoldBack> {
     }
 }
 
+/// Its kubelet renewed its lease after its Ready=Unknown: that Unknown is stale. The renewal
+/// says nothing of a condition that turned unhealthy after it, which still stands: after a
+/// control-plane outage every node is marked Unknown at once, and one that dies right after is
+/// found by the peer detector (PeersReachable=False weighs the renewals itself) while its last
+/// renewal is still recent (issue 60: 40 s held back).
 fn alive(c: &Candidate<'_>) -> Option<HoldBack> {
-    c.input.alive.get(&c.node.name).copied().map(HoldBack::Alive)
+    let evidence = c.input.alive.get(&c.node.name).copied()?;
+    let since_renewed = health::unhealthy_since(c.node, &c.input.check.rules, c.input.now, evidence.renewed);
+    (!since_renewed).then_some(HoldBack::Alive(evidence))
 }
 
 /// Control-plane nodes are remediated one at a time.
@@ -304,7 +311,10 @@ mod tests {
         super::tests::{HOLDER, World, classic, control_plane, cr, node},
         *,
     };
-    use crate::decide::{model::TemplateState, test_time::at};
+    use crate::decide::{
+        model::{ConditionFacts, TemplateState, UnhealthyRule},
+        test_time::at,
+    };
 
     fn gate() -> Gate {
         Gate {
@@ -400,6 +410,39 @@ mod tests {
         };
         world.alive.insert("w1".into(), alive);
         assert_eq!(creation(&world, "w1", &gate(), &[]), Some(HoldBack::Alive(alive)));
+    }
+
+    /// Issue 60: Ready=Unknown since the control plane came back, a renewal, then the node dies
+    /// and its peers lose it: the renewal does not hold back what the detector found after it.
+    #[test]
+    fn a_renewal_holds_back_a_stale_unknown_but_not_what_turned_unhealthy_after_it() {
+        let mut world = World::new(classic(), vec![node("w1", "Unknown", 0)]);
+        world.check.rules.push(UnhealthyRule {
+            type_: "PeersReachable".into(),
+            status: "False".into(),
+            duration: std::time::Duration::ZERO,
+        });
+        let alive = liveness::Alive {
+            unknown_since: at(0),
+            renewed: at(9_990),
+        };
+        world.alive.insert("w1".into(), alive);
+        world.nodes[0].conditions.push(ConditionFacts {
+            type_: "PeersReachable".into(),
+            status: "False".into(),
+            since: at(9_980),
+        });
+        assert_eq!(
+            creation(&world, "w1", &gate(), &[]),
+            Some(HoldBack::Alive(alive)),
+            "lost by its peers before it renewed: held back"
+        );
+        world.nodes[0].conditions[1].since = at(9_995);
+        assert_eq!(
+            creation(&world, "w1", &gate(), &[]),
+            None,
+            "lost after its last renewal"
+        );
     }
 
     #[test]

@@ -10,11 +10,11 @@
 //! be a false fence. Its remediation is held back, not refused: when the renewals stop, the
 //! lease expires and the next decision goes ahead.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::model::NodeFacts;
+use super::model::{NodeFacts, UnhealthyRule};
 
 /// Evidence that a Ready=Unknown node is alive: when it turned Unknown and its kubelet's last
 /// lease renewal since.
@@ -63,6 +63,32 @@ pub(crate) fn alive(since: Timestamp, renewed: Timestamp, now: Timestamp) -> Opt
         unknown_since: since,
         renewed,
     })
+}
+
+/// Whether the node's only unhealthy conditions (met or pending) are Ready=Unknown ones its
+/// kubelet has renewed its lease since: the budget counts such a node healthy. After a
+/// control-plane outage the node controller marks every node Unknown at once, and each is Ready
+/// again only at its kubelet's next status update; counted unhealthy meanwhile, the living nodes
+/// held back the remediation of one that really died (issue 60: 20 s). Any other condition, the
+/// peer detector's included, leaves the node counted as it was.
+pub(crate) fn only_a_stale_unknown(
+    node: &NodeFacts,
+    rules: &[UnhealthyRule],
+    renewals: &BTreeMap<String, Timestamp>,
+    now: Timestamp,
+) -> bool {
+    let only_unknown = rules
+        .iter()
+        .filter_map(|rule| {
+            node.conditions
+                .iter()
+                .find(|c| c.type_ == rule.type_ && c.status == rule.status)
+        })
+        .all(|c| c.type_ == "Ready" && c.status == "Unknown");
+    let renewed_since = unknown_since(node)
+        .zip(renewals.get(&node.name))
+        .is_some_and(|(since, renewed)| alive(since, *renewed, now).is_some());
+    only_unknown && renewed_since
 }
 
 #[cfg(test)]

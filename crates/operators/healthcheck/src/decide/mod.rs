@@ -48,6 +48,13 @@ pub(crate) const TEMPLATE_RETRY: Duration = Duration::from_secs(15);
 /// objects nothing selects any more and the status.
 pub fn decide(input: &Input<'_>) -> Decision {
     let mut decision = Decision::default();
+    // Without knowing whether a template's kind is served, the check does not know that
+    // kind's remediations either: whatever it decided could undo what they do.
+    if let Some(why) = kind_unknown(input) {
+        decision.undecided = Some(why);
+        decision.requeue(KIND_LOOK_AGAIN);
+        return decision;
+    }
     let selected = selected_nodes(input);
     // Said even when a template is missing too: a seed manifest applied unchanged has both.
     selection::report(input, selected.len(), &mut decision);
@@ -62,7 +69,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
 
     let health = classify(input, &selected);
     let owned: Vec<&RemediationFacts> = input.remediations.iter().filter(|r| r.owned).collect();
-    let count = budget::Count::of(input.check.budget, &selected, &health, &owned);
+    let count = budget::Count::of(input, &selected, &health, &owned);
     let storm = budget::storm(
         input.check.storm_cooldown,
         count.within_budget(),
@@ -246,11 +253,31 @@ fn enablement(input: &Input<'_>, selected: &[&NodeFacts], decision: &mut Decisio
     Enablement::Conflict(message)
 }
 
+/// How soon a check whose template kind's discovery failed is decided again: the kind is looked
+/// up at every reconcile, and the API server that failed it is starting or back.
+pub(crate) const KIND_LOOK_AGAIN: Duration = Duration::from_secs(2);
+
+/// Why whether a referenced template's kind is served is not known (its discovery failed), if it
+/// is not. The check then decides nothing (neither disabled nor enabled, nothing created or
+/// removed, its status as it was): a 403 or a refused connection while the API server starts says
+/// nothing of the kind, and the kind's remediations are not known either.
+fn kind_unknown(input: &Input<'_>) -> Option<String> {
+    input
+        .check
+        .steps
+        .iter()
+        .find_map(|step| match input.templates.get(&step.template) {
+            Some(TemplateState::KindUnknown(why)) => Some(format!("template {}: {why}", step.template)),
+            _ => None,
+        })
+}
+
 /// A referenced template that is missing or unusable disables the check.
 fn template_problem(input: &Input<'_>) -> Option<(&'static str, String)> {
     for step in &input.check.steps {
         match input.templates.get(&step.template) {
-            Some(TemplateState::Ready { .. }) => {}
+            // Never here: `decide` stops first (see [`kind_unknown`]).
+            Some(TemplateState::Ready { .. } | TemplateState::KindUnknown(_)) => {}
             Some(TemplateState::KindMissing) => {
                 return Some((
                     "RemediationTemplateNotFound",

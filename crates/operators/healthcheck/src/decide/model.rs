@@ -193,6 +193,9 @@ pub enum TemplateState {
     },
     /// No such kind is served (its CRD is not installed).
     KindMissing,
+    /// Whether the kind is served is not known: discovery failed (the API server down or
+    /// starting, a 403 while its RBAC catches up). Not a reason to disable the check.
+    KindUnknown(String),
     NotFound,
     Invalid(String),
 }
@@ -359,6 +362,9 @@ pub struct Decision {
     pub held_back_alive: BTreeSet<String>,
     /// Nodes a new remediation waits for because an outage of the API may explain their Unknown.
     pub deferred: BTreeSet<String>,
+    /// Nothing was decided, and nothing is to be written: the view is incomplete (why). The
+    /// check is decided again after `requeue_after`.
+    pub undecided: Option<String>,
 }
 
 impl Decision {

@@ -16,9 +16,11 @@
 //! (in a living cluster the kubelets' renewals arrive all the time) it asks with a read etcd must
 //! answer, and a read that fails or takes too long is a loss. Any answer to any watch or read
 //! ends the outage (a watch that resumes says nothing until an object changes, so waiting for
-//! each one could wait for ever). Not covered: a health check started after an outage it did
-//! not see (a restart); a node whose renewal lands before the decision is still held back by the
-//! liveness rule.
+//! each one could wait for ever). A health check started after an outage it did not see is told
+//! of it when the process did see it ([`ApiContact::after`]: a controller replica that leads
+//! only after an outage its leader election went through); one started by a process that did not
+//! (a new pod after the outage) is not, and a node whose renewal lands before the decision is
+//! still held back by the liveness rule.
 
 use std::time::Duration;
 
@@ -88,6 +90,15 @@ pub enum Change {
 }
 
 impl ApiContact {
+    /// The contact of a process that went through an outage before its watches started (lost
+    /// after `lost_after`, regained at `regained`, or not yet).
+    pub(crate) fn after(lost_after: Timestamp, regained: Option<Timestamp>) -> Self {
+        Self {
+            last_answer: regained,
+            outage: Some(Outage { lost_after, regained }),
+        }
+    }
+
     /// A watch failed for want of the API (unreachable, failing or overloaded). A loss before
     /// the nodes have had their chance to renew since the last outage continues that outage:
     /// the Unknowns it may explain still may, and now count from a lease duration after this
@@ -182,6 +193,19 @@ mod tests {
         assert_eq!((over.began, over.counts_from), (at(95), at(340)));
         assert_eq!(contact.failed(at(400)), Change::Lost, "a new outage");
         assert_eq!(contact.window(at(400)).map(|w| w.began), Some(at(305)));
+    }
+
+    /// A controller replica that led only after an outage its election went through: its health
+    /// check holds back the Unknowns the outage caused as if its watches had seen it.
+    #[test]
+    fn an_outage_the_process_saw_before_the_health_check_started_counts() {
+        let mut ongoing = ApiContact::after(at(100), None);
+        assert_eq!(ongoing.answered(at(300)), Change::Regained);
+        let window = ongoing.window(at(301)).expect("an outage");
+        assert_eq!((window.began, window.counts_from), (at(95), at(340)));
+        let over = ApiContact::after(at(100), Some(at(300)));
+        assert_eq!(over.window(at(301)), Some(window));
+        assert_eq!(counted_since("Unknown", at(305), Some(window)), at(340));
     }
 
     /// The lab's etcd outage: the API answered again, a read failed five seconds later, and

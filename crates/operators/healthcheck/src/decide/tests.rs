@@ -422,6 +422,81 @@ fn over_budget_no_new_remediation_and_it_says_why() {
     assert_eq!(d.blocked_by_budget.len(), 2);
 }
 
+/// Issue 60: after a control-plane outage the node controller marked every node Unknown; two
+/// of them renew their kubelet leases since, the third died. The budget counts the two renewing
+/// ones healthy, and the dead one is remediated without waiting for their Ready.
+#[test]
+fn nodes_renewing_since_their_unknown_count_healthy_for_the_budget() {
+    let since = NOW - 400;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", since),
+            node("b", "Unknown", since),
+            node("c", "Unknown", since),
+        ],
+    );
+    assert!(
+        w.decide().create.is_empty(),
+        "no renewals: every node unhealthy, over budget"
+    );
+    w.kubelet_renewals = [("a", since - 50), ("b", NOW - 5), ("c", NOW - 9)]
+        .into_iter()
+        .map(|(n, t)| (n.to_owned(), at(t)))
+        .collect();
+    // The controller's second pass: b and c are alive, their own remediations held back.
+    for (n, renewed) in [("b", NOW - 5), ("c", NOW - 9)] {
+        let alive = liveness::alive(at(since), at(renewed), at(NOW)).expect("alive");
+        w.alive.insert(n.into(), alive);
+    }
+    let d = w.decide();
+    assert_eq!(created_for(&d), ["a"]);
+    assert_eq!(d.status.healthy, 2);
+    assert!(
+        d.status.remediation_allowed.2.contains("2 of 3 selected nodes are healthy (2 of them Ready=Unknown but renewing their kubelet lease since) and 1 unhealthy"),
+        "{}",
+        d.status.remediation_allowed.2
+    );
+    w.kubelet_renewals.insert("c".into(), at(NOW - 41));
+    w.alive.remove("c");
+    assert!(
+        created_for(&w.decide()).is_empty(),
+        "c's renewal expired: 1 healthy of 3"
+    );
+}
+
+/// A renewal says the kubelet talks to the API server, nothing of the node's other conditions.
+#[test]
+fn a_renewal_does_not_excuse_another_unhealthy_condition_from_the_budget() {
+    let since = NOW - 400;
+    let mut w = World::new(
+        classic(),
+        vec![
+            node("a", "Unknown", since),
+            node("b", "Unknown", since),
+            node("c", "True", 0),
+        ],
+    );
+    w.check.rules.push(UnhealthyRule {
+        type_: "PeersReachable".into(),
+        status: "False".into(),
+        duration: Duration::ZERO,
+    });
+    w.nodes[1].conditions.push(ConditionFacts {
+        type_: "PeersReachable".into(),
+        status: "False".into(),
+        since: at(NOW - 1),
+    });
+    w.kubelet_renewals.insert("b".into(), at(NOW - 5));
+    let d = w.decide();
+    assert!(
+        d.create.is_empty(),
+        "b counts unhealthy: {}",
+        d.status.remediation_allowed.2
+    );
+    assert_eq!(d.status.healthy, 1);
+}
+
 #[test]
 fn max_unhealthy_is_the_other_way_to_say_it() {
     let mut w = World::new(
@@ -919,6 +994,40 @@ fn a_missing_template_disables_the_check_naming_it_and_it_recovers() {
 }
 
 #[test]
+fn a_template_kind_discovery_could_not_answer_for_decides_nothing_until_it_can() {
+    let mut w = World::new(
+        classic(),
+        vec![node("a", "Unknown", 0), node("b", "True", 0), node("c", "True", 0)],
+    );
+    let t = template("SelfNodeRemediationTemplate", "snr");
+    let failed = "discovery of SelfNodeRemediationTemplate failed: forbidden";
+    for disabled_before in [None, Some(true), Some(false)] {
+        w.memory.disabled = disabled_before;
+        w.templates.insert(t.clone(), TemplateState::KindUnknown(failed.into()));
+        let d = w.decide();
+        assert!(
+            d.undecided.as_deref().is_some_and(|why| why.contains(failed)),
+            "{:?}",
+            d.undecided
+        );
+        assert!(d.create.is_empty() && d.delete.is_empty() && d.leases.is_empty() && d.notices.is_empty());
+        assert_eq!(d.requeue_after, Some(KIND_LOOK_AGAIN));
+    }
+    // Discovery answers: the check acts as it would have.
+    w.memory.disabled = None;
+    w.templates.insert(
+        t,
+        TemplateState::Ready {
+            spec: serde_json::json!({}),
+            multiple_templates: false,
+        },
+    );
+    let d = w.decide();
+    assert_eq!(d.undecided, None);
+    assert!(!d.create.is_empty(), "remediated once the kind is known to be served");
+}
+
+#[test]
 fn the_same_kind_twice_needs_generated_names_and_self_remediation_templates_have_them() {
     let mut spec = escalating();
     spec.steps[0].template = template("FenceAgentsRemediationTemplate", "far-1");
@@ -1051,6 +1160,31 @@ proptest! {
             prop_assert!(d.status.healthy >= d.status.min_healthy, "created over budget: {:?}", d.status);
             prop_assert!(w.check.pause_requests.is_empty());
         }
+    }
+
+    /// Renewals only ever add to the healthy count, and only nodes whose kubelet renewed after
+    /// their Ready turned Unknown, believably and recently.
+    #[test]
+    fn only_renewals_after_an_unknown_count_healthy(
+        w in arb_world(),
+        renewals in proptest::collection::vec(0i64..NOW + 10, 8),
+    ) {
+        let without = w.decide().status.healthy;
+        let mut w = w;
+        w.kubelet_renewals = w.nodes.iter().zip(&renewals).map(|(n, r)| (n.name.clone(), at(*r))).collect();
+        let with = w.decide().status.healthy;
+        let renewing_after_unknown = w
+            .nodes
+            .iter()
+            .filter(|n| {
+                let (Some(since), Some(renewed)) = (liveness::unknown_since(n), w.kubelet_renewals.get(&n.name)) else {
+                    return false;
+                };
+                since < *renewed && *renewed <= at(NOW + 5) && at(NOW) < *renewed + Duration::from_secs(40)
+            })
+            .count();
+        prop_assert!(with >= without, "renewals lowered the healthy count: {with} < {without}");
+        prop_assert!(with - without <= renewing_after_unknown, "{with} - {without} > {renewing_after_unknown}");
     }
 
     #[test]

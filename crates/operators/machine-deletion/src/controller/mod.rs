@@ -10,10 +10,7 @@ mod perform;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{
-    Api, Client,
-    runtime::{Controller, watcher},
-};
+use kube::{Api, Client, runtime::watcher};
 use nodemedic_api::machine_deletion::MachineDeletionRemediation;
 use nodemedic_kube::{
     events::Events,
@@ -36,7 +33,7 @@ pub async fn run(client: Client, metrics: Metrics, events: Events) -> Result<()>
         metrics,
     });
     tracing::info!("machine deletion remediation running");
-    Controller::new(
+    nodemedic_kube::backoff::controller(
         Api::<MachineDeletionRemediation>::all(client),
         watcher::Config::default(),
     )

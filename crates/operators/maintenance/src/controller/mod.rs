@@ -11,10 +11,7 @@ mod status;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::{
-    Api, Client,
-    runtime::{Controller, watcher},
-};
+use kube::{Api, Client, runtime::watcher};
 use nodemedic_api::maintenance::NodeMaintenance;
 use nodemedic_kube::{events::Events, node_lease::NodeLeases};
 
@@ -55,7 +52,7 @@ pub async fn run(
         etcd,
     });
     tracing::info!("node maintenance running");
-    Controller::new(Api::<NodeMaintenance>::all(client), watcher::Config::default())
+    nodemedic_kube::backoff::controller(Api::<NodeMaintenance>::all(client), watcher::Config::default())
         .shutdown_on_signal()
         .run(
             nodemedic_kube::steps::reconcile,

@@ -45,7 +45,9 @@ pub(super) fn watch_remediations(client: Client) -> Arc<Notify> {
     let notify = wake.clone();
     tokio::spawn(async move {
         let api = Api::<PartialObjectMeta<SelfNodeRemediation>>::all(client);
-        let mut stream = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut stream = watcher(api, watcher::Config::default())
+            .backoff(nodemedic_kube::backoff::prompt())
+            .boxed();
         let mut seen: BTreeMap<String, Relevant> = BTreeMap::new();
         let mut relisted: BTreeMap<String, Relevant> = BTreeMap::new();
         while let Some(event) = stream.next().await {
@@ -86,7 +88,7 @@ pub(super) fn watch_membership(client: Client, namespace: &str) -> Arc<Notify> {
     let api = Api::<PartialObjectMeta<Lease>>::namespaced(client, namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", crate::registration::MEMBERSHIP_LEASE));
     tokio::spawn(async move {
-        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut stream = watcher(api, config).backoff(nodemedic_kube::backoff::prompt()).boxed();
         let mut seen: Option<String> = None;
         while let Some(event) = stream.next().await {
             let version = match event {

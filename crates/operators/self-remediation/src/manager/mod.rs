@@ -20,7 +20,7 @@ use k8s_openapi::api::{apps::v1::DaemonSet, coordination::v1::Lease};
 use kube::{
     Api, Client,
     core::PartialObjectMeta,
-    runtime::{Controller, reflector::ObjectRef, watcher},
+    runtime::{reflector::ObjectRef, watcher},
 };
 use nodemedic_api::{
     poison_pill::{PoisonPillConfig, PoisonPillRemediation},
@@ -125,7 +125,7 @@ fn registrations() -> watcher::Config {
 async fn configs(ctx: Arc<config::Context>) {
     let (client, namespace) = (ctx.client.clone(), ctx.namespace.clone());
     let config_ns = namespace.clone();
-    Controller::new(
+    nodemedic_kube::backoff::controller(
         Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), &namespace),
         watcher::Config::default(),
     )
@@ -154,7 +154,7 @@ async fn remediations(ctx: Arc<remediation::Context>) {
     let (client, namespace) = (ctx.client.clone(), ctx.namespace.clone());
     // Bounded: when hundreds of nodes fail at once, a few reconciles at a time keep the memory
     // and the API server's load flat; each one is short (no reconcile waits inside).
-    let controller = Controller::new(
+    let controller = nodemedic_kube::backoff::controller(
         Api::<SelfNodeRemediation>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -189,7 +189,7 @@ async fn remediations(ctx: Arc<remediation::Context>) {
 /// The bridge that carries out the Poison Pill kinds as self remediation.
 async fn poison_pills(bridge: Arc<poison_pill::Context>) {
     let (client, namespace) = (bridge.client.clone(), bridge.namespace.clone());
-    let remediations = Controller::new(
+    let remediations = nodemedic_kube::backoff::controller(
         Api::<PoisonPillRemediation>::all(client.clone()),
         watcher::Config::default(),
     )
@@ -199,7 +199,7 @@ async fn poison_pills(bridge: Arc<poison_pill::Context>) {
     )
     .run(poison_pill::reconcile, poison_pill::error_policy, bridge.clone())
     .for_each(|_| async {});
-    let configs = Controller::new(
+    let configs = nodemedic_kube::backoff::controller(
         Api::<PoisonPillConfig>::namespaced(client, &namespace),
         watcher::Config::default(),
     )

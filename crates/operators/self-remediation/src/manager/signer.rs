@@ -201,7 +201,7 @@ pub(crate) async fn run(
 ) {
     let api = Api::<CertificateSigningRequest>::all(client.clone());
     let mut stream = watcher(api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(nodemedic_kube::backoff::prompt())
         .applied_objects()
         .boxed();
     // Requests a write failed for, retried from a fresh read (no watch event would come).

@@ -237,10 +237,44 @@ async fn deploy_workloads(lab: &Lab, lanes: &[Lane]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Crash each lane's pod's node at once, measure until each pod runs elsewhere, then bring the
-/// nodes back and wait until nothing of the remediations is left. One measurement per lane; the
-/// error is the lab's, when it could not be brought back for the next trial.
-pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::Result<Vec<anyhow::Result<Breakdown>>> {
+/// An API server outage before a trial's crash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Outage {
+    /// How long the API server is down.
+    pub length: Duration,
+    /// How long after it answers again the crash comes.
+    pub crash_after: Duration,
+}
+
+impl Outage {
+    /// Three minutes, long enough for every backoff (kube-runtime's, client-go's: 30 s at most)
+    /// to reach its cap; the crash 30 s after, while one asleep at its cap would not be back yet.
+    pub(super) const AFTER_OUTAGE: Outage = Outage {
+        length: Duration::from_secs(180),
+        crash_after: Duration::from_secs(30),
+    };
+
+    /// Stops the API server for the outage's length and starts it again; returns once the
+    /// crash is due.
+    async fn hold(self, lab: &Lab) -> anyhow::Result<()> {
+        lab.stop_apiserver().await?;
+        tokio::time::sleep(self.length).await;
+        lab.start_apiserver().await?;
+        tokio::time::sleep(self.crash_after).await;
+        Ok(())
+    }
+}
+
+/// Crash each lane's pod's node at once (after `outage` when one is given), measure until each
+/// pod runs elsewhere, then bring the nodes back and wait until nothing of the remediations is
+/// left. One measurement per lane; the error is the lab's, when it could not be brought back for
+/// the next trial.
+pub(super) async fn one_trial(
+    lab: &Lab,
+    path: Path,
+    lanes: &[Lane],
+    outage: Option<Outage>,
+) -> anyhow::Result<Vec<anyhow::Result<Breakdown>>> {
     let client = lab.client();
     let mut subjects = Vec::new();
     for lane in lanes {
@@ -249,6 +283,9 @@ pub(super) async fn one_trial(lab: &Lab, path: Path, lanes: &[Lane]) -> anyhow::
             node: scenario::node_of(&pod),
             pod: format!("vm/{}", lane.pod()),
         });
+    }
+    if let Some(outage) = outage {
+        outage.hold(lab).await?;
     }
     let since = jiff::Timestamp::now();
     for subject in &subjects {

@@ -1,8 +1,9 @@
 //! `--profile out-of-the-box`: what `helm install` gives a user who changes nothing, installed
 //! from the rendered chart ([`chart_defaults`]), so the values measured are the chart's own;
-//! Kubernetes' default timings, three workers. Three series: self remediation alone, fence
-//! agents through Redfish added as the check's first escalation (one `--set`), and medik8s's
-//! defaults (`--set medik8sDefaults=true`), the baseline.
+//! Kubernetes' default timings, three workers. Four series: self remediation alone, the same with
+//! each crash right after an API server outage, fence agents through Redfish added as the check's
+//! first escalation (one `--set`), and medik8s's defaults (`--set medik8sDefaults=true`), the
+//! baseline.
 
 use anyhow::Context;
 use nodemedic_harness::{
@@ -12,7 +13,10 @@ use nodemedic_harness::{
 use nodemedic_lab::{BmcOptions, Lab, LabConfig, NodeSpec, Timings};
 use serde_json::Value;
 
-use super::{Path, Setup, Strategy, lanes::Lane};
+use super::{
+    Path, Setup, Strategy,
+    lanes::{Lane, Outage},
+};
 
 /// A series of the profile: which path, and the chart values that make it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -20,6 +24,8 @@ use super::{Path, Setup, Strategy, lanes::Lane};
 pub(crate) enum Variant {
     /// The chart as shipped: self remediation alone.
     SelfRemediation,
+    /// The chart as shipped, each crash right after an API server outage ([`Outage::AFTER_OUTAGE`]).
+    AfterOutage,
     /// The chart with a FenceAgentsRemediationTemplate added to the default check's escalation.
     WithRedfish,
     /// `medik8sDefaults=true`: medik8s's health check and configuration.
@@ -33,7 +39,7 @@ impl Variant {
     pub(super) fn path(self) -> Path {
         match self {
             Variant::WithRedfish => Path::FenceRedfish,
-            Variant::SelfRemediation | Variant::Medik8sDefaults => Path::SelfRemediation,
+            Variant::SelfRemediation | Variant::AfterOutage | Variant::Medik8sDefaults => Path::SelfRemediation,
         }
     }
 
@@ -41,6 +47,9 @@ impl Variant {
     fn describe(self) -> &'static str {
         match self {
             Variant::SelfRemediation => "the chart's default values (`helm install` with nothing set)",
+            Variant::AfterOutage => {
+                "the chart's default values; each crash 30 s after a three-minute API server outage ends"
+            }
             Variant::WithRedfish => {
                 "the chart's default values and a Redfish template (the seed's) as the default check's first escalation"
             }
@@ -52,7 +61,7 @@ impl Variant {
 
     fn values(self) -> Vec<String> {
         match self {
-            Variant::SelfRemediation => Vec::new(),
+            Variant::SelfRemediation | Variant::AfterOutage => Vec::new(),
             Variant::WithRedfish => vec![format!("--set=defaultHealthCheck.fenceAgentsTemplate.name={TEMPLATE}")],
             Variant::Medik8sDefaults => vec!["--set=medik8sDefaults=true".into()],
         }
@@ -85,6 +94,7 @@ pub(super) async fn start(variant: Variant) -> anyhow::Result<(Lab, Setup)> {
     scenario::deploy_workload(&lab).await?;
     scenario::agents_settled(&lab).await?;
     let setup = Setup {
+        after_outage: (variant == Variant::AfterOutage).then_some(Outage::AFTER_OUTAGE),
         detector: config.spec.peer_detection.is_some(),
         configuration: format!(
             "{}; apiCheckInterval {}, peer detector {}",

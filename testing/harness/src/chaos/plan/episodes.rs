@@ -18,6 +18,10 @@ pub const LONG_OUTAGE_MS: (u64, u64) = (90_000, 300_000);
 /// and duration (25 s in the lab) plus the controller's re-election (its 15 s lease) and then
 /// some, so a healthy node wrongly remediated once the control plane is back is seen.
 pub const AFTERMATH_MS: u64 = 60_000;
+/// When a node crashes after a long control-plane outage, from the restart (version 5): while
+/// the API may still be starting (etcd's can take two minutes), and while a watch asleep in a
+/// 30 s backoff would not be back yet.
+pub(super) const CRASH_AFTER_OUTAGE_MS: (u64, u64) = (5_000, 40_000);
 /// The longest control-plane outage drawn while a node fault holds.
 pub(super) const SHORT_OUTAGE_MAX_MS: u64 = 8_000;
 /// A slow lossy network: the delay each way (its jitter half of it), the loss, how long it
@@ -215,7 +219,10 @@ impl Builder {
 
     /// The API server or etcd gone for minutes with every node healthy (no remediation can be
     /// created meanwhile anyway): nobody may fence, and nothing healthy may be remediated once
-    /// it is back, which [`AFTERMATH_MS`] of quiet lets the verdict see.
+    /// it is back, which [`AFTERMATH_MS`] of quiet lets the verdict see. From version 5, half
+    /// the time a node crashes [`CRASH_AFTER_OUTAGE_MS`] after the restart: it must be
+    /// remediated as fast as at any other time (the verdict's `SlowRemediation`), while every
+    /// other node stays unremediated.
     fn long_outage(&mut self, start: u64) -> u64 {
         let lasts = self.rng.random_range(LONG_OUTAGE_MS.0..=LONG_OUTAGE_MS.1);
         let (stop, back) = if self.rng.random_bool(0.5) {
@@ -228,7 +235,16 @@ impl Builder {
         };
         self.push(start, stop);
         self.push(start + lasts, back);
-        start + lasts + AFTERMATH_MS
+        let mut end = start + lasts + AFTERMATH_MS;
+        if self.version >= 5 && self.rng.random_bool(0.5) {
+            let node = self.node();
+            let at = start + lasts + self.rng.random_range(CRASH_AFTER_OUTAGE_MS.0..=CRASH_AFTER_OUTAGE_MS.1);
+            let on = at + self.long_hold();
+            self.push(at, Action::Fault(Fault::Crash { node }));
+            self.push(on, Action::Fault(Fault::PowerOn { node }));
+            end = end.max(on);
+        }
+        end
     }
 
     /// Every link slow and lossy for a while, every node healthy: nobody may be fenced or

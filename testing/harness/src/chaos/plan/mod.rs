@@ -139,8 +139,10 @@ pub struct TrialPlan {
 /// 2. and a node's disk filling up (`fill-disk`), drawn among them (issue 44);
 /// 3. and starvation: a node's agent short of CPU or memory, etcd or the API server slowed
 ///    (issue 46);
-/// 4. and rolling upgrades: announced, every node rebooted in turn (issue 48).
-pub const PLAN_VERSION: u32 = 4;
+/// 4. and rolling upgrades: announced, every node rebooted in turn (issue 48);
+/// 5. and, after half the long control-plane outages, a crash shortly after the API answers
+///    again, which must be remediated as fast as any other (issue 60).
+pub const PLAN_VERSION: u32 = 5;
 
 /// Restrictions from the command line; part of what a plan is drawn from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,10 +3,14 @@
 use nodemedic_lab::Fault;
 use std::collections::BTreeMap;
 
-use super::{Action, TrialPlan, episodes::LONG_OUTAGE_MS};
+use super::{
+    Action, TrialPlan,
+    episodes::{CRASH_AFTER_OUTAGE_MS, LONG_OUTAGE_MS},
+};
 
 pub const LONG_APISERVER_OUTAGE: &str = "long API server outage";
 pub const LONG_ETCD_OUTAGE: &str = "long etcd outage";
+pub const CRASH_AFTER_LONG_OUTAGE: &str = "a crash right after a long control-plane outage";
 pub const NODE_REJOINS: &str = "node leaves and rejoins";
 pub const EXTRA_NODE: &str = "extra node joins and leaves";
 pub const CHURN_DURING_CRASH: &str = "membership change during a crash";
@@ -32,9 +36,12 @@ pub fn kind(action: &Action) -> String {
 pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
     let mut out = Vec::new();
     let mut stopped: Option<(&Action, u64)> = None;
+    // When the last long outage ended.
+    let mut long_ended: Option<u64> = None;
     let mut churn: Option<(u64, u64)> = None;
     for step in &plan.steps {
         let long = |since: u64| step.at_ms - since >= LONG_OUTAGE_MS.0;
+        let right_after = |ended: Option<u64>| ended.is_some_and(|ended| step.at_ms - ended <= CRASH_AFTER_OUTAGE_MS.1);
         match &step.action {
             Action::Fault(Fault::StopApiserver) | Action::Fault(Fault::StopEtcd) => {
                 stopped = Some((&step.action, step.at_ms))
@@ -44,6 +51,7 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
                     && long(since)
                 {
                     out.push(LONG_APISERVER_OUTAGE);
+                    long_ended = Some(step.at_ms);
                 }
             }
             Action::Fault(Fault::StartEtcd) => {
@@ -51,7 +59,12 @@ pub fn episodes(plan: &TrialPlan) -> Vec<&'static str> {
                     && long(since)
                 {
                     out.push(LONG_ETCD_OUTAGE);
+                    long_ended = Some(step.at_ms);
                 }
+            }
+            Action::Fault(Fault::Crash { .. }) if right_after(long_ended) => {
+                long_ended = None;
+                out.push(CRASH_AFTER_LONG_OUTAGE);
             }
             Action::RemoveNode { node } if *node < plan.shape.nodes => out.push(NODE_REJOINS),
             Action::AddNode { node } if *node == plan.shape.extra_slot() => out.push(EXTRA_NODE),

@@ -111,6 +111,34 @@ fn a_long_outage_without_a_remediation_is_flagged_unless_over_budget() {
     assert_eq!(verdict::unremediated(&s.0, t(0), t(50), &params()), vec![]);
 }
 
+#[test]
+fn a_remediation_later_than_its_deadline_is_slow_also_after_a_control_plane_outage() {
+    // remediate_after 25 s, the observer's 5 s: created at 31 s from a crash at 0 s is late.
+    let mut s = Script::default();
+    s.cond(0, "a", false, false)
+        .remediation(31, "a", "created")
+        .cond(60, "a", true, false);
+    let v = verdict::unremediated(&s.0, t(0), t(70), &params());
+    assert_eq!(kinds(&v), [ViolationKind::SlowRemediation]);
+    // The API server stopped from 0 s to 100 s, the node down from 50 s: its deadline counts
+    // from the return (100 s) and the 15 s the control plane settles: 140 s, 145 s with the lag.
+    let outage = |created: i64| {
+        let mut s = Script::default();
+        s.fault(0, "stop-apiserver")
+            .cond(50, "a", false, false)
+            .note(100, verdict::CONTROL_PLANE_BACK)
+            .remediation(created, "a", "created")
+            .cond(200, "a", true, false);
+        verdict::unremediated(&s.0, t(0), t(210), &params())
+    };
+    assert_eq!(outage(140), vec![], "in time after the outage");
+    assert_eq!(
+        kinds(&outage(150)),
+        [ViolationKind::SlowRemediation],
+        "a watch that slept through the return"
+    );
+}
+
 /// Two control-plane nodes down within a budget of two; a's remediation is created at 16 s.
 fn a_remediated_while_b_waits() -> (Params, Script) {
     let mut budget_of_two = params();

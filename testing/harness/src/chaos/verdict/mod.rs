@@ -35,6 +35,9 @@ pub enum ViolationKind {
     HealthyRemediated,
     /// A node unhealthy long enough, within the budget, never got a remediation.
     Unremediated,
+    /// A node owed a remediation got it later than `remediate_after` from when it could have
+    /// (e.g. a crash right after a control-plane outage, while watches still slept: issue 60).
+    SlowRemediation,
     /// Taints, cordons, remediations or leases left once every node is healthy.
     Leftover,
     /// The cluster did not come back (nodes Ready, workload Running, no remediation) in time.
@@ -89,8 +92,9 @@ pub struct Params {
     /// node waits while another node's remediation is in flight.
     pub control_plane_one_at_a_time: bool,
     /// Once the API answers again after the API server or etcd was stopped, how long until
-    /// remediations can be created again: the controller back in the lead (a leader whose 15 s
-    /// lease ran out meanwhile exits and is started again), its watches resynced, and the lease
+    /// remediations can be created again: the controller back in the lead (a leader that could
+    /// not renew its 15 s lease meanwhile resigned and started afresh; it takes its own lease
+    /// back at once), its watches resynced (within 2 s, `nodemedic_kube::backoff`), and the lease
     /// duration every node then gets to renew before an older Unknown counts.
     pub control_plane_settle: Duration,
 }
@@ -384,7 +388,8 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
                 }
             }
             Event::Fault { node: None, fault } => match fault.as_str() {
-                "stop-apiserver" | "stop-etcd" => {
+                // An etcd restart too: the API answers nothing until etcd is back.
+                "stop-apiserver" | "stop-etcd" | "restart-etcd" => {
                     control_plane_down.get_or_insert(e.at);
                 }
                 f if f == CONTROLLER_RESTART => {
@@ -434,13 +439,15 @@ pub fn unremediated(entries: &[Entry], since: Timestamp, until: Timestamp, param
         down.into_iter()
             .map(|(node, d)| ended(node, d, until, paused(control_plane_down, upgrading))),
     );
-    never_remediated(outages, &remediations, since, params)
+    owed_remediations(outages, &remediations, since, params)
 }
 
 /// The outages from `since` on that were owed a remediation (within the budget, and down for
-/// `remediate_after` from their deadline's base) and got none: no remediation of their node
-/// created by their end and not removed before their start.
-fn never_remediated(
+/// `remediate_after` from their deadline's base) and got none (no remediation of their node
+/// created by their end and not removed before their start), or got it late: created more than
+/// `remediate_after` after the base. The base already counts the control plane's outage and its
+/// settling, so a late one is nodemedic's delay, not Kubernetes'.
+fn owed_remediations(
     outages: Vec<Outage<'_>>,
     remediations: &[(&str, Timestamp, Option<Timestamp>)],
     since: Timestamp,
@@ -448,26 +455,44 @@ fn never_remediated(
 ) -> Vec<Violation> {
     // The observer's lag: a remediation seen just after the outage ended still covers it.
     let lag = SignedDuration::from_secs(5);
+    let owed = signed(params.remediate_after);
     outages
         .into_iter()
-        .filter(|o| o.start >= since && !o.over_budget && o.end.duration_since(o.base) >= signed(params.remediate_after))
-        .filter(|o| {
-            !remediations.iter().any(|(n, created, removed)| {
-                *n == o.node && *created <= o.end + lag && removed.is_none_or(|r| r >= o.start)
-            })
-        })
-        .map(|o| {
+        .filter(|o| o.start >= since && !o.over_budget && o.end.duration_since(o.base) >= owed)
+        .filter_map(|o| {
+            let first = remediations
+                .iter()
+                .filter(|(n, created, removed)| {
+                    *n == o.node && *created <= o.end + lag && removed.is_none_or(|r| r >= o.start)
+                })
+                .map(|(_, created, _)| *created)
+                .min();
             let secs = o.end.duration_since(o.start).as_secs_f64();
             let possible = o.end.duration_since(o.base).as_secs_f64();
-            Violation::new(
-                ViolationKind::Unremediated,
-                Some(o.node),
-                Some(o.start),
-                format!(
-                    "{} was down {secs:.1}s within the budget ({possible:.1}s of it with remediation possible) and never remediated",
-                    o.node
-                ),
-            )
+            match first {
+                None => Some(Violation::new(
+                    ViolationKind::Unremediated,
+                    Some(o.node),
+                    Some(o.start),
+                    format!(
+                        "{} was down {secs:.1}s within the budget ({possible:.1}s of it with remediation possible) and never remediated",
+                        o.node
+                    ),
+                )),
+                Some(created) if created > o.base + owed + lag => Some(Violation::new(
+                    ViolationKind::SlowRemediation,
+                    Some(o.node),
+                    Some(created),
+                    format!(
+                        "{} was remediated {:.1}s after remediation was possible, over the {:.0}s allowed (+{}s for the observer)",
+                        o.node,
+                        created.duration_since(o.base).as_secs_f64(),
+                        params.remediate_after.as_secs_f64(),
+                        lag.as_secs()
+                    ),
+                )),
+                Some(_) => None,
+            }
         })
         .collect()
 }
