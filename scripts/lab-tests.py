@@ -3,7 +3,7 @@
 
     lab-tests.py --lanes N --times TIMES_FILE [--logs DIR] [--expected EXPECTED_FILE] [--skip NAME]...
                  [--after READY_FILE MODULES] [--grow LANES READY_FILES]... [--alone MODULES]
-                 [--at-most COUNT MODULES]
+                 [--at-most COUNT MODULES] [--slots-file PATH]
                  --target LABEL EXECUTABLE FOLDER [--target ...]
 
 Each test runs as `EXECUTABLE --exact NAME --test-threads=1` from FOLDER (as cargo runs a
@@ -29,6 +29,9 @@ took 550 s of ci-20261206T204222Z for a test of 200 s, its lane idle all along.
 
 `--at-most COUNT MODULES` runs at most COUNT tests of the comma-separated MODULES at once; a lane
 takes another test meanwhile (scripts/test.sh runs the labs of real nodes one at a time).
+
+`--slots-file PATH` keeps that count in PATH (a file of its own otherwise): a lab test run
+beside the lanes, told of it, waits for the same slots as theirs.
 
 `--grow LANES READY_FILES` runs LANES lanes instead of N once every one of the comma-separated
 READY_FILES holds an exit status (whatever it is): the builds beside the lanes have ended and more
@@ -111,7 +114,7 @@ def expected_seconds(path: str | None) -> dict[tuple[str, str], float]:
 
 
 class Run:
-    def __init__(self, queue: list[Test], times_file: str, logs: str | None):
+    def __init__(self, queue: list[Test], times_file: str, logs: str | None, slots_file: str | None = None):
         self.queue = queue
         self.times_file = times_file
         self.logs = logs
@@ -120,7 +123,7 @@ class Run:
         self.started = time.monotonic()
         # How many short-timings labs run at once (see grow), in a file every test is told of.
         self.slots = 0
-        self.slots_file = os.path.join(tempfile.mkdtemp(prefix="lab-tests-"), "short-timings-slots")
+        self.slots_file = slots_file or os.path.join(tempfile.mkdtemp(prefix="lab-tests-"), "short-timings-slots")
         self.env = {**os.environ, SLOTS_FILE_VAR: self.slots_file}
         # Tests of the limited modules (--at-most) that are running, and how many may.
         self.limited: set[str] = set()
@@ -233,6 +236,7 @@ def main() -> int:
     parser.add_argument("--grow", nargs=2, action="append", default=[], metavar=("LANES", "READY_FILES"))
     parser.add_argument("--alone", default="", metavar="MODULES")
     parser.add_argument("--at-most", nargs=2, metavar=("COUNT", "MODULES"))
+    parser.add_argument("--slots-file", metavar="PATH")
     parser.add_argument("--target", nargs=3, action="append", required=True, metavar=("LABEL", "EXECUTABLE", "FOLDER"))
     args = parser.parse_args()
 
@@ -247,7 +251,7 @@ def main() -> int:
         os.makedirs(args.logs, exist_ok=True)
     alone_modules = [m for m in args.alone.split(",") if m]
     alone = [t for t in tests if t.name.split("::")[0] in alone_modules]
-    run = Run([t for t in tests if t not in alone], args.times, args.logs)
+    run = Run([t for t in tests if t not in alone], args.times, args.logs, args.slots_file)
     # One lab per lane until a grow: a file that says nothing would leave one per core.
     run.set_slots(args.lanes)
     if args.at_most:

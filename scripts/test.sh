@@ -309,12 +309,20 @@ done
 e2e=$(built_test "$build_json" e2e)
 # Every lab test's whole output, kept (scripts/lab-tests.py --logs), the outage tests' too.
 mkdir -p "$report_dir/logs"
+# How many short-timings labs run at once, which scripts/lab-tests.py keeps (--slots-file) and
+# the outage chains' crash tests read too: told nothing, a lab counts one slot per core, and the
+# etcd chain's waited 340 s for one of the first two of the lanes' four (ci-20261207T195935Z).
+short_slots_file=$report_dir/short-timings-slots
+rm -f "$short_slots_file"
 # Runs one lab test from the package's folder (as cargo runs its tests) under the command prefix
 # after its name (`nice -n 5`, or none), its whole output in its log and its time in $test_times.
 outage_test() {
   local name=$1 status=0 began=$EPOCHREALTIME
   shift
-  (cd testing/harness && exec "$@" "$e2e" --exact "$name" --nocapture) >"$report_dir/logs/$name.log" 2>&1 || status=$?
+  (
+    cd testing/harness && export NODEMEDIC_LAB_SHORT_TIMINGS_SLOTS_FILE=$short_slots_file
+    exec "$@" "$e2e" --exact "$name" --nocapture
+  ) >"$report_dir/logs/$name.log" 2>&1 || status=$?
   printf '%s\t%s\t%s\t%s\n' "$(awk -v a="$began" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
     nodemedic-harness:e2e "$name" "$([ "$status" -eq 0 ] && echo ok || echo FAILED)" >>"$test_times"
   return "$status"
@@ -449,6 +457,7 @@ done
 lab_status=0
 # shellcheck disable=SC2046 # one --skip NAME pair per outage test
 python3 scripts/lab-tests.py --lanes "$LAB_TEST_LANES" --times "$test_times" --logs "$report_dir/logs" --expected scripts/lab-test-seconds.tsv \
+  --slots-file "$short_slots_file" \
   $(for outage_test in $OUTAGE_TESTS; do echo --skip "$outage_test"; done) "${waits[@]}" --after "$images_ready" bundle,images,on_real_nodes \
   --alone "$ALONE_MODULES" --at-most 1 "${later_modules[node]}" --grow "$LAB_TEST_LANES_LATER" "$later_ready,$images_ready" \
   --grow "$LAB_TEST_LANES_LAST" "$later_ready,$images_ready,$checks_ready" "${lanes[@]}" || lab_status=$?

@@ -531,16 +531,22 @@ mod tests {
         let shares = |path: String| {
             std::fs::read_to_string(format!("/sys/fs/cgroup/cpu{path}/cpu.shares")).map(|s| s.trim().to_owned())
         };
-        let weights = (shares(cgroup::lab_path(&lab)), shares(cgroup::path(&lab, "node-x")));
+        let weights = (
+            shares(cgroup::lab_path(&lab)),
+            shares(cgroup::path(&lab, "node-x")),
+            shares(format!("{}/system", cgroup::path(&lab, "node-x"))),
+        );
         cgroup::remove(&cgroup::lab_path(&lab)).expect("the empty cgroup goes");
         drop(live);
-        // The levels above the node weigh eight busy threads; the nodes share them evenly.
+        // The levels above the node weigh eight busy threads; the nodes share them evenly; the
+        // node's own processes run beside its pods, not at its level.
         assert_eq!(
             (
                 weights.0.expect("the lab's weight"),
-                weights.1.expect("the node's weight")
+                weights.1.expect("the node's weight"),
+                weights.2.expect("the node's own processes' weight")
             ),
-            ("8192".to_owned(), "1024".to_owned())
+            ("8192".to_owned(), "1024".to_owned(), "1024".to_owned())
         );
         assert_eq!(output.status.code(), Some(125), "{refused}");
         assert!(
