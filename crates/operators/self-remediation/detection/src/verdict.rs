@@ -10,6 +10,13 @@
 //!   went unanswered. The kernel answers a connection attempt even when every process on the node
 //!   is stopped, so a frozen agent on a live host is refuted here within a probe, without waiting
 //!   for the lease's next renewal, which may be ten seconds away.
+//!
+//! Life refutes what came before it, not what comes after: a node that renewed its lease or
+//! whose host answered after the peers lost it, and that the peers still cannot reach, is probed
+//! again every [`Policy::reprobe_after`], and is unreachable once a probe sent after its last
+//! sign of life goes unanswered. A crash whose kernel answered a moment longer than its agent
+//! lived (the lab's crash kills the processes, then the link) was otherwise refuted for as long
+//! as the peers kept their reports, and never found (ci-20261207T203556Z).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -48,6 +55,9 @@ pub struct Policy {
     /// much before the agreement still refutes it, and a host probe counts only when sent this
     /// much after it.
     pub max_clock_skew: Duration,
+    /// How long a sign of life refutes before the host is probed again, while the peers still
+    /// cannot reach the node.
+    pub reprobe_after: Duration,
 }
 
 impl Default for Policy {
@@ -56,6 +66,7 @@ impl Default for Policy {
             observers_needed: 3,
             report_ttl: Duration::from_secs(3),
             max_clock_skew: Duration::from_millis(250),
+            reprobe_after: Duration::from_secs(2),
         }
     }
 }
@@ -66,9 +77,11 @@ pub enum Verdict {
     /// Fewer fresh observers than needed report it unreachable (none can when `needed` is 0:
     /// the node has no peers).
     Reachable { observers: usize, needed: usize },
-    /// Enough observers agree since `since`, but the host has not been probed since: probe it.
+    /// Enough observers agree since `since`, but the host has not been probed since (or since
+    /// its last sign of life, [`Policy::reprobe_after`] ago): probe it.
     ProbeHost { since: Timestamp },
-    /// Enough observers agree, but the node showed life after they did.
+    /// Enough observers agree, but the node showed life after they did, less than
+    /// [`Policy::reprobe_after`] ago.
     Refuted { since: Timestamp, by: Refutation },
     /// Unreachable by every kind of evidence since `since`: the condition turns False.
     Unreachable { since: Timestamp, observers: Vec<String> },
@@ -114,25 +127,44 @@ pub fn verdict(
     let since = agreeing[needed - 1].unreachable_since;
     let skew = signed(policy.max_clock_skew);
     let life_refutes_from = since.saturating_sub(skew).unwrap_or(since);
-    if let Some(at) = lease_renewed.filter(|at| *at >= life_refutes_from) {
-        return Verdict::Refuted {
-            since,
-            by: Refutation::LeaseRenewed { at },
-        };
-    }
-    if let Some(at) = host.last_answered.filter(|at| *at >= life_refutes_from) {
-        return Verdict::Refuted {
-            since,
-            by: Refutation::HostAnswered { at },
-        };
-    }
-    let probed_after = since.saturating_add(skew).unwrap_or(since);
-    match host.last_unanswered_sent {
-        Some(sent) if sent >= probed_after && sent <= now => Verdict::Unreachable {
+    let life = last_life(lease_renewed, host.last_answered).filter(|life| life.at() >= life_refutes_from);
+    // A probe counts when sent a clock skew after the agreement, or after the last life since.
+    let silent_from = life
+        .map_or(since, |life| life.at())
+        .saturating_add(skew)
+        .unwrap_or(since);
+    if host
+        .last_unanswered_sent
+        .is_some_and(|sent| sent >= silent_from && sent <= now)
+    {
+        return Verdict::Unreachable {
             since,
             observers: agreeing.into_iter().map(|o| o.observer.clone()).collect(),
-        },
+        };
+    }
+    match life {
+        Some(by) if now < by.at().saturating_add(signed(policy.reprobe_after)).unwrap_or(now) => {
+            Verdict::Refuted { since, by }
+        }
         _ => Verdict::ProbeHost { since },
+    }
+}
+
+impl Refutation {
+    fn at(self) -> Timestamp {
+        match self {
+            Self::LeaseRenewed { at } | Self::HostAnswered { at } => at,
+        }
+    }
+}
+
+/// The latest sign of life: a lease renewal or a host answer (the renewal on a tie).
+fn last_life(lease_renewed: Option<Timestamp>, host_answered: Option<Timestamp>) -> Option<Refutation> {
+    match (lease_renewed, host_answered) {
+        (Some(renewed), Some(answered)) if answered > renewed => Some(Refutation::HostAnswered { at: answered }),
+        (Some(at), _) => Some(Refutation::LeaseRenewed { at }),
+        (None, Some(at)) => Some(Refutation::HostAnswered { at }),
+        (None, None) => None,
     }
 }
 

@@ -57,37 +57,86 @@ fn a_crashed_node_is_unreachable_once_three_peers_agree_and_the_host_is_silent()
     );
 }
 
+/// The verdict on node-1 at `now`, three of its four peers having lost it at 97, 98 and 98 s and
+/// reported so at `now`, with the default policy.
+fn at_now(lease: Option<Timestamp>, host: HostProbes, now: Timestamp) -> Verdict {
+    let reported = |observer: &str, since: i64| Observation {
+        observer: observer.into(),
+        unreachable_since: t(since),
+        reported_at: now,
+    };
+    let agree = [reported("node-2", 97), reported("node-3", 98), reported("node-4", 98)];
+    verdict("node-1", &agree, 4, lease, host, now, &Policy::default())
+}
+
+fn unanswered_at(sent: Timestamp) -> HostProbes {
+    HostProbes {
+        last_answered: None,
+        last_unanswered_sent: Some(sent),
+    }
+}
+
 #[test]
-fn a_frozen_agent_on_a_live_host_stays_refuted_by_the_host_even_after_a_lost_probe() {
+fn a_frozen_agent_on_a_live_host_is_refuted_and_its_host_probed_again_while_the_peers_lose_it() {
     let refuted = Verdict::Refuted {
         since: t(98),
         by: Refutation::HostAnswered { at: t(99) },
     };
-    assert_eq!(on(&three_agree(), Some(95), probes(Some(99), None)), refuted);
-    assert_eq!(on(&three_agree(), Some(95), probes(Some(99), Some(100))), refuted);
+    assert_eq!(at_now(Some(t(95)), probes(Some(99), None), t(100)), refuted);
+    assert_eq!(
+        at_now(Some(t(95)), probes(Some(99), Some(99)), t(100)),
+        refuted,
+        "a probe sent before the answer says nothing after it"
+    );
+    assert_eq!(
+        at_now(Some(t(95)), probes(Some(99), None), t(101)),
+        Verdict::ProbeHost { since: t(98) },
+        "two seconds after its last answer, the host is probed again"
+    );
+}
+
+/// ci-20261207T203556Z: the lab's crash killed the agent, and the host answered the
+/// controller's probe a moment later, before its link went down. The next probe went unanswered.
+#[test]
+fn a_host_that_answered_after_the_peers_lost_it_and_then_went_silent_is_unreachable() {
+    assert_eq!(
+        at_now(Some(t(95)), probes(Some(99), Some(100)), t(100)),
+        Verdict::Unreachable {
+            since: t(98),
+            observers: vec!["node-2".into(), "node-3".into(), "node-4".into()]
+        }
+    );
 }
 
 #[test]
 fn a_renewing_kubelet_refutes_whatever_the_peers_say_even_a_clock_skew_early() {
-    let at = |lease: Timestamp| {
-        verdict(
-            "node-1",
-            &three_agree(),
-            4,
-            Some(lease),
-            probes(None, Some(99)),
-            t(NOW),
-            &Policy::default(),
-        )
-    };
+    let now = ms(98_500);
     assert_eq!(
-        at(ms(97_800)),
+        at_now(Some(ms(97_800)), HostProbes::default(), now),
         Verdict::Refuted {
             since: t(98),
             by: Refutation::LeaseRenewed { at: ms(97_800) }
         }
     );
-    assert!(matches!(at(ms(97_700)), Verdict::Unreachable { .. }));
+    assert_eq!(
+        at_now(Some(ms(97_700)), HostProbes::default(), now),
+        Verdict::ProbeHost { since: t(98) },
+        "renewed more than a clock skew before the peers agreed"
+    );
+    assert!(
+        matches!(
+            at_now(Some(ms(97_800)), unanswered_at(ms(98_000)), now),
+            Verdict::Refuted { .. }
+        ),
+        "a probe sent within a clock skew of the renewal says nothing after it"
+    );
+    assert!(
+        matches!(
+            at_now(Some(ms(97_800)), unanswered_at(ms(98_300)), now),
+            Verdict::Unreachable { .. }
+        ),
+        "the host went silent after the renewal"
+    );
 }
 
 #[test]
@@ -221,29 +270,53 @@ proptest! {
                 prop_assert!(report.reported_at <= t(NOW));
                 prop_assert!(t(NOW).duration_since(report.reported_at) <= jiff::SignedDuration::from_secs(3));
             }
-            prop_assert!(lease.is_none_or(|l| t(l) < since - skew));
-            prop_assert!(host.last_answered.is_none_or(|a| a < since - skew));
+            // Silent after the agreement and after every sign of life.
             let sent = host.last_unanswered_sent.expect("an unanswered probe");
             prop_assert!(sent >= since + skew && sent <= t(NOW));
+            prop_assert!(lease.is_none_or(|l| t(l) + skew <= sent));
+            prop_assert!(host.last_answered.is_none_or(|a| a + skew <= sent));
         }
     }
 
     /// A kubelet that renewed, or a host that answered, after every observer lost the node keeps
-    /// it from being unreachable, whatever probe went unanswered later.
+    /// it from being unreachable until a probe sent after that sign of life goes unanswered.
     #[test]
-    fn life_after_every_report_refutes(
+    fn life_after_every_report_refutes_until_the_host_goes_silent_after_it(
         observations in proptest::collection::vec(observation(), 0..10),
         others in 0usize..6,
         unanswered in proptest::option::of(NOW - 12..=NOW),
     ) {
         let latest_onset = observations.iter().map(|o| o.unreachable_since).max().unwrap_or(t(0));
         let policy = Policy::default();
+        let skew = jiff::SignedDuration::from_millis(250);
+        let silent_after_life = unanswered.is_some_and(|u| t(u) >= latest_onset + skew);
         let host = HostProbes { last_answered: None, last_unanswered_sent: unanswered.map(t) };
         let by_lease = verdict("node-1", &observations, others, Some(latest_onset), host, t(NOW), &policy);
-        prop_assert!(!matches!(by_lease, Verdict::Unreachable { .. }), "{:?}", by_lease);
+        prop_assert!(silent_after_life || !matches!(by_lease, Verdict::Unreachable { .. }), "{:?}", by_lease);
         let answered = HostProbes { last_answered: Some(latest_onset), ..host };
         let by_host = verdict("node-1", &observations, others, None, answered, t(NOW), &policy);
-        prop_assert!(!matches!(by_host, Verdict::Unreachable { .. }), "{:?}", by_host);
+        prop_assert!(silent_after_life || !matches!(by_host, Verdict::Unreachable { .. }), "{:?}", by_host);
+    }
+
+    /// A sign of life less than `reprobe_after` ago, with no probe unanswered since, refutes;
+    /// an older one asks for a probe, never for the condition to change.
+    #[test]
+    fn a_recent_sign_of_life_refutes_and_an_older_one_asks_for_a_probe(
+        life_ms in 0i64..5_000,
+        by_host in any::<bool>(),
+    ) {
+        let life = ms(98_000 + life_ms);
+        let now = ms(103_000);
+        let v = if by_host {
+            at_now(None, HostProbes { last_answered: Some(life), last_unanswered_sent: None }, now)
+        } else {
+            at_now(Some(life), HostProbes::default(), now)
+        };
+        if now.duration_since(life) < jiff::SignedDuration::from_secs(2) {
+            prop_assert!(matches!(v, Verdict::Refuted { .. }), "{:?}", v);
+        } else {
+            prop_assert_eq!(v, Verdict::ProbeHost { since: t(98) });
+        }
     }
 }
 
