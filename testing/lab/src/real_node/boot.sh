@@ -34,10 +34,9 @@ for root in /sys/fs/cgroup/*; do
   echo $$ >"$dir/cgroup.procs" || fail "cannot join cgroup $dir"
   # The node's own processes (containerd, the kubelet, kube-proxy) in a cgroup beside the pods',
   # as systemd's system.slice beside kubepods on a real machine: the pods (2048, the kubelet's
-  # weight for two CPUs) keep two thirds of the node's CPU against them (1024). With them all
-  # at the node's own level, each busy thread weighed as much as 1024 against the pods, and a
-  # booting node's image imports starved its agent, which fed its watchdog too late
-  # (ci-20261207T191128Z).
+  # weight for two CPUs) keep two thirds of the node's CPU against them (1024). At the node's
+  # own level each busy thread of theirs (a boot's image imports) weighed as much as 1024
+  # against all the pods together, the agent's among them.
   if [ -e "$dir/cpu.shares" ]; then
     mkdir -p "$dir/system" && echo $$ >"$dir/system/cgroup.procs" || fail "cannot join cgroup $dir/system"
   fi
