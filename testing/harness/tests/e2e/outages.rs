@@ -217,6 +217,16 @@ async fn crash(lab: &Lab, node: &str, running_within: Duration) -> Recovery {
     }
 }
 
+/// Whether the API server serves a list of `api`'s kind (one item is enough).
+async fn served<K>(api: kube::Api<K>) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .is_ok()
+}
+
 /// After an etcd outage the API server answers `/readyz` while some of its storage (each custom
 /// resource's, say) is still reconnecting to etcd by gRPC's backoff, up to two minutes: reads of
 /// those kinds fail with 500 and writes hang until a 504. nodemedic can act on nothing it cannot
@@ -229,40 +239,15 @@ async fn serving_every_kind(lab: &Lab) -> Duration {
         "the API server serving every kind nodemedic uses",
         Duration::from_secs(300),
         || async {
-            let params = kube::api::ListParams::default().limit(1);
             let lists = [
-                kube::Api::<Node>::all(client.clone())
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<Lease>::namespaced(client.clone(), NS)
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<ConfigMap>::namespaced(client.clone(), NS)
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<Pod>::namespaced(client.clone(), "vm")
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<SelfNodeRemediation>::all(client.clone())
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<NodeHealthCheck>::all(client.clone())
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
-                kube::Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS)
-                    .list_metadata(&params)
-                    .await
-                    .is_ok(),
+                served(kube::Api::<Node>::all(client.clone())).await,
+                served(kube::Api::<Lease>::namespaced(client.clone(), "kube-node-lease")).await,
+                served(kube::Api::<Lease>::namespaced(client.clone(), NS)).await,
+                served(kube::Api::<ConfigMap>::namespaced(client.clone(), NS)).await,
+                served(kube::Api::<Pod>::namespaced(client.clone(), "vm")).await,
+                served(kube::Api::<SelfNodeRemediation>::all(client.clone())).await,
+                served(kube::Api::<NodeHealthCheck>::all(client.clone())).await,
+                served(kube::Api::<SelfNodeRemediationConfig>::namespaced(client.clone(), NS)).await,
             ];
             if lists.iter().all(|served| *served) {
                 return Some(());
