@@ -398,10 +398,10 @@ async fn a_node_maintenance_drains_a_real_node_past_a_budget_that_first_holds_a_
     .await;
 }
 
-/// Seed scenario (d) on real nodes: an agent pod is killed; its DaemonSet starts another on the
-/// same healthy node, which arms the node's watchdog again. Then the node is labelled
-/// exclude-from-remediation: its agent leaves, closing the watchdog, and comes back once the
-/// label goes. Nothing is fenced.
+/// Seed scenario (d) on real nodes: an agent pod is deleted (SIGTERM, then the DaemonSet's grace
+/// period); its DaemonSet starts another on the same healthy node, which arms the node's watchdog
+/// again. Then the node is labelled exclude-from-remediation: its agent leaves, closing the
+/// watchdog, and comes back once the label goes. Nothing is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_nothing_is_fenced() {
     let lab = lab(real_config()).await;
@@ -427,8 +427,13 @@ async fn a_killed_agent_pod_comes_back_an_excluded_node_loses_its_agent_and_noth
     established(&lab, node).await;
     let old_name = old.metadata.name.clone().expect("name");
     let opened_before = lab.watchdog_device_stats(node).expect("stats").opens;
-    lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--grace-period=0", "--force"])
-        .expect("the agent pod killed");
+    // Deleted as `kubectl delete pod` does, with the DaemonSet's grace period: the agent's safe
+    // stop (disarm recorded, no remediation of its node, then the magic close) needs a few API
+    // calls. `--grace-period=0 --force` gives it the kubelet's two seconds, which under load are
+    // not enough; then the watchdog stays armed by design and resets the node before the
+    // replacement arms (ci-20261207T191128Z, ci-20261207T210804Z).
+    lab.kubectl(&["delete", "pod", "-n", NS, &old_name, "--wait=false"])
+        .expect("the agent pod deleted");
     eventually("another agent pod ready on node-2", LONG, || async {
         let listed = pods.list(&Default::default()).await.ok()?;
         listed

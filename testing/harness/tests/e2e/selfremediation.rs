@@ -12,6 +12,7 @@ use kube::{
 };
 use nodemedic_api::self_remediation::{SelfNodeRemediation, phases};
 use nodemedic_lab::{Event, Lab, LabConfig, wait};
+use nodemedic_self_remediation::registration;
 use serde_json::json;
 
 use crate::support::{
@@ -279,6 +280,71 @@ async fn a_node_cut_off_from_the_api_learns_from_its_peers_only_once_it_is_remed
     let moved = running_pod(&client, &[&a]).await;
     assert_ne!(node_of(&moved), a);
     assert_eq!(fenced(&lab), vec![a.clone()], "it learned from its peers and fenced");
+    assert_witness(&lab);
+}
+
+/// The incarnation of `node`'s registration, and whether it acknowledges the committed
+/// membership (its agent has read the API since it registered).
+async fn registration_of(client: &Client, node: &str) -> Option<(String, bool)> {
+    let leases = registration::list(client, NS).await.ok()?;
+    let committed = leases.iter().find_map(registration::membership)?.committed.epoch;
+    leases
+        .iter()
+        .filter_map(registration::Published::from_lease)
+        .find(|p| p.node == node)
+        .map(|p| (p.incarnation, p.epoch >= committed))
+}
+
+/// A node back from a remediation that released its workloads runs even when it loses the API
+/// before the remediation is deleted: its peers, which accepted that remediation, tell it what
+/// its own read did (over for a boot after it was created), not to fence. Before they were told
+/// the asker's boot, they answered Remediating, and a node whose remediation was deleted a
+/// moment before an API outage rebooted for nothing (ci run on 9a48aa2, issue 60).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_a_completed_remediation_keeps_running_when_it_loses_the_api() {
+    let (lab, a) = cluster(LabConfig::seed()).await;
+    let client = lab.client();
+    lab.crash(&a).await.expect("crash");
+    phase_reached(&client, &a, phases::FENCING_COMPLETED).await;
+    // With the manager stopped nothing deletes the remediation when the node is back, so its
+    // peers keep it accepted for as long as the test needs.
+    lab.kill_process("controller").expect("the manager stopped");
+    let before = registration_of(&client, &a).await.map(|(incarnation, _)| incarnation);
+    lab.power_on(&a).await.expect("power on");
+    eventually(
+        &format!("{a}'s new agent licensed by its own API read"),
+        LONG,
+        || async {
+            registration_of(&client, &a)
+                .await
+                .filter(|(incarnation, read)| *read && Some(incarnation) != before.as_ref())
+        },
+    )
+    .await;
+    assert!(snr(&client, &a).await.is_some(), "its remediation is still there");
+    lab.isolate_from_api(&a).await.expect("isolate");
+    // Well past L + W: only its peers' votes keep it running.
+    let since = jiff::Timestamp::now();
+    eventually("20 s without the API", Duration::from_secs(60), || async {
+        assert!(
+            fenced(&lab).is_empty(),
+            "{a} fenced {:.1}s after losing the API: {:?}",
+            jiff::Timestamp::now().duration_since(since).as_secs_f64(),
+            fenced(&lab)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (jiff::Timestamp::now().duration_since(since) >= jiff::SignedDuration::from_secs(20)).then_some(())
+    })
+    .await;
+    assert!(lab.watchdog_armed(&a), "its agent still feeds the watchdog");
+
+    lab.heal(&a).await.expect("heal");
+    lab.restart_process("controller").expect("the manager started");
+    eventually("the remediation deleted once the node is healthy", LONG, || async {
+        snr(&client, &a).await.is_none().then_some(())
+    })
+    .await;
+    assert!(fenced(&lab).is_empty(), "{:?}", fenced(&lab));
     assert_witness(&lab);
 }
 

@@ -21,8 +21,18 @@ impl<T: Copy + Ord + Add<Duration, Output = T> + Debug> Moment for T {}
 pub struct Intent {
     pub node: String,
     pub uid: String,
-    /// Its workloads were already recovered (phase Fencing-Completed) before this node booted.
-    pub completed: bool,
+    /// When its workloads were already released (phase Fencing-Completed): its creation time.
+    /// A boot of its node that began after then runs none of the instances it fenced.
+    pub released: Option<jiff::Timestamp>,
+}
+
+impl Intent {
+    /// Whether the remediation is over for its node's boot that began at `booted`: its
+    /// workloads were released, and that boot began after it was created (an unknown boot time
+    /// counts as before).
+    pub fn over_for(&self, booted: Option<jiff::Timestamp>) -> bool {
+        self.released.zip(booted).is_some_and(|(created, boot)| created < boot)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -76,6 +86,10 @@ pub struct AgentState<I> {
     read_intents: bool,
     /// Target node -> remediation uid this agent has accepted.
     accepted: BTreeMap<String, String>,
+    /// The accepted remediations whose workloads were released, by target node.
+    released: BTreeMap<String, Intent>,
+    /// When this node booted (`None`: unknown), for its own remediation.
+    booted: Option<jiff::Timestamp>,
     /// The newest configuration it knows (first from an API read, then also from peers).
     configuration: Option<Configuration>,
     /// Stopping deliberately: it votes for no one any more.
@@ -92,10 +106,18 @@ impl<I: Moment> AgentState<I> {
             fence: None,
             read_intents: false,
             accepted: BTreeMap::new(),
+            released: BTreeMap::new(),
+            booted: None,
             configuration: None,
             stopping: false,
             licence,
         }
+    }
+
+    /// The agent of a node that booted at `booted`.
+    pub fn booted_at(mut self, booted: Option<jiff::Timestamp>) -> Self {
+        self.booted = booted;
+        self
     }
 
     pub fn node(&self) -> &str {
@@ -180,7 +202,7 @@ impl<I: Moment> AgentState<I> {
         self.read_intents = true;
         match read.intents.iter().find(|i| i.node == self.node) {
             // Its workloads are gone already: nothing of the old instances can run here.
-            Some(own) if own.completed => self.extend(read.sent),
+            Some(own) if own.over_for(self.booted) => self.extend(read.sent),
             Some(_) => self.fence(FenceReason::OwnRemediation),
             None => self.extend(read.sent),
         }
@@ -189,6 +211,12 @@ impl<I: Moment> AgentState<I> {
             .iter()
             .filter(|i| i.node != self.node)
             .map(|i| (i.node.clone(), i.uid.clone()))
+            .collect();
+        self.released = read
+            .intents
+            .iter()
+            .filter(|i| i.node != self.node && i.released.is_some())
+            .map(|i| (i.node.clone(), i.clone()))
             .collect();
         let changed = accepted != self.accepted;
         self.accepted = accepted;
@@ -260,14 +288,18 @@ impl<I: Moment> AgentState<I> {
         self.stopping = true;
     }
 
-    /// The answer to `asker` counting votes in epoch `asked_in`.
-    pub fn vote_for(&self, asker: &str, asked_in: u64) -> Verdict {
+    /// The answer to `asker`, whose boot began at `asker_booted` (`None`: unknown), counting
+    /// votes in epoch `asked_in`. A remediation it accepted is over for the asker on the same
+    /// terms as the asker's own read ([`Intent::over_for`]): a node back after its workloads were
+    /// released is not told to fence by a voter that has not yet read its remediation's deletion.
+    pub fn vote_for(&self, asker: &str, asked_in: u64, asker_booted: Option<jiff::Timestamp>) -> Verdict {
         let Some(configuration) = &self.configuration else {
             return Verdict::NotReady;
         };
+        let over = self.released.get(asker).is_some_and(|r| r.over_for(asker_booted));
         if self.stopping || !self.read_intents {
             Verdict::NotReady
-        } else if self.accepted.contains_key(asker) {
+        } else if self.accepted.contains_key(asker) && !over {
             Verdict::Remediating
         } else if configuration.epoch > asked_in {
             Verdict::Stale(configuration.clone())
@@ -290,15 +322,23 @@ mod tests {
                 .map(|(n, c)| Intent {
                     node: (*n).into(),
                     uid: format!("uid-{n}"),
-                    completed: *c,
+                    released: c.then_some(at(CREATED)),
                 })
                 .collect(),
             configuration: members.map(|(epoch, m)| Configuration::new(epoch, m.iter().copied())),
         }
     }
 
+    /// The remediations of [`read`] were created at this second, before [`agent`]s booted.
+    const CREATED: i64 = 1_000;
+    const BOOTED: i64 = 2_000;
+
+    fn at(second: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(second).expect("a valid second")
+    }
+
     fn agent(node: &str) -> AgentState<Tick> {
-        AgentState::new(node, Duration::from_secs(5))
+        AgentState::new(node, Duration::from_secs(5)).booted_at(Some(at(BOOTED)))
     }
 
     const ABC: Option<(u64, &[&str])> = Some((1, &["a", "b", "c"]));
@@ -370,6 +410,33 @@ mod tests {
         let mut a = agent("a");
         a.on_api_read(&read(10, &[("a", true)], ABC));
         assert!(a.may_feed(Tick(11), Duration::ZERO));
+
+        let mut unknown_boot = AgentState::new("a", Duration::from_secs(5));
+        unknown_boot.on_api_read(&read(10, &[("a", true)], ABC));
+        assert_eq!(unknown_boot.fenced(), Some(FenceReason::OwnRemediation));
+    }
+
+    #[test]
+    fn a_voter_lets_a_node_back_after_its_remediation_completed_run_as_its_own_read_would() {
+        let mut b = agent("b");
+        b.on_api_read(&read(1, &[("a", true), ("c", false)], ABC));
+        assert_eq!(
+            b.vote_for("a", 1, Some(at(BOOTED))),
+            Verdict::Granted,
+            "booted after its released remediation was created"
+        );
+        assert_eq!(
+            b.vote_for("a", 1, Some(at(CREATED - 1))),
+            Verdict::Remediating,
+            "the boot the remediation fenced"
+        );
+        assert_eq!(b.vote_for("a", 1, None), Verdict::Remediating, "boot unknown");
+        assert_eq!(
+            b.vote_for("c", 1, Some(at(BOOTED))),
+            Verdict::Remediating,
+            "its workloads not yet released"
+        );
+        assert_eq!(b.accepted().len(), 2, "both stay accepted for the manager to count");
     }
 
     #[test]
@@ -451,22 +518,43 @@ mod tests {
     #[test]
     fn a_voter_refuses_what_it_accepted_older_epochs_and_everything_while_stopping() {
         let mut b = agent("b");
-        assert_eq!(b.vote_for("a", 1), Verdict::NotReady);
+        assert_eq!(b.vote_for("a", 1, None), Verdict::NotReady);
         assert!(b.on_api_read(&read(1, &[("a", false)], Some((2, &["a", "b", "c"])))));
-        assert_eq!(b.vote_for("a", 2), Verdict::Remediating);
-        assert_eq!(b.vote_for("c", 2), Verdict::Granted);
+        assert_eq!(b.vote_for("a", 2, None), Verdict::Remediating);
+        assert_eq!(b.vote_for("c", 2, None), Verdict::Granted);
         assert_eq!(
-            b.vote_for("c", 3),
+            b.vote_for("c", 3, None),
             Verdict::Granted,
             "a newer epoch it does not know yet"
         );
-        assert!(matches!(b.vote_for("c", 1), Verdict::Stale(c) if c.epoch == 2));
+        assert!(matches!(b.vote_for("c", 1, None), Verdict::Stale(c) if c.epoch == 2));
         assert!(
             b.on_api_read(&read(2, &[], None)),
             "withdrawn when the remediation is gone"
         );
-        assert_eq!(b.vote_for("a", 2), Verdict::Granted);
+        assert_eq!(b.vote_for("a", 2, None), Verdict::Granted);
         b.stop_voting();
-        assert_eq!(b.vote_for("a", 2), Verdict::NotReady);
+        assert_eq!(b.vote_for("a", 2, None), Verdict::NotReady);
+    }
+
+    proptest::proptest! {
+        /// Whatever the remediation's state and the boots: a voter that has read the asker's
+        /// remediation tells it to fence exactly when the asker's own read of it would fence it.
+        #[test]
+        fn a_voter_tells_the_asker_to_fence_exactly_when_its_own_read_would(
+            released in proptest::option::of(0i64..4),
+            asker_booted in proptest::option::of(0i64..4),
+        ) {
+            let intent = Intent { node: "a".into(), uid: "uid-a".into(), released: released.map(at) };
+            let read = ApiRead { sent: Tick(1), intents: vec![intent], configuration: Some(Configuration::new(1, ["a", "b", "c"])) };
+            let mut voter = agent("b");
+            voter.on_api_read(&read);
+            let mut asker = AgentState::new("a", Duration::from_secs(5)).booted_at(asker_booted.map(at));
+            asker.on_api_read(&read);
+            proptest::prop_assert_eq!(
+                voter.vote_for("a", 1, asker_booted.map(at)) == Verdict::Remediating,
+                asker.fenced() == Some(FenceReason::OwnRemediation)
+            );
+        }
     }
 }

@@ -150,8 +150,19 @@ fn name(i: usize) -> String {
     format!("n{i}")
 }
 
+/// Every remediation of the model is created before any boot an agent of the model runs in:
+/// once its workloads are recovered the instance it fenced is dead (the invariant), so any
+/// target alive then booted after it.
+fn created() -> jiff::Timestamp {
+    jiff::Timestamp::UNIX_EPOCH
+}
+
+fn booted() -> Option<jiff::Timestamp> {
+    created().checked_add(jiff::SignedDuration::from_secs(1)).ok()
+}
+
 fn fresh_agent(i: usize, k: &Knobs) -> AgentState<Tick> {
-    AgentState::new(&name(i), Duration::from_secs(k.l))
+    AgentState::new(&name(i), Duration::from_secs(k.l)).booted_at(booted())
 }
 
 fn membership(s: &State, k: &Knobs) -> Membership {
@@ -166,7 +177,7 @@ fn intents(s: &State, completed: bool) -> Vec<Intent> {
         vec![Intent {
             node: name(TARGET),
             uid: "u".into(),
-            completed,
+            released: completed.then(created),
         }]
     } else {
         vec![]
@@ -188,7 +199,7 @@ fn verdict(peer: &Peer, j: usize, asked_in: u64, k: &Knobs) -> Verdict {
             vec![Intent {
                 node: name(TARGET),
                 uid: "u".into(),
-                completed: false,
+                released: None,
             }]
         } else {
             vec![]
@@ -203,7 +214,7 @@ fn verdict(peer: &Peer, j: usize, asked_in: u64, k: &Knobs) -> Verdict {
         // has not read the remediations and votes for no one.
         return Verdict::NotReady;
     }
-    match agent.vote_for(&name(TARGET), asked_in) {
+    match agent.vote_for(&name(TARGET), asked_in, booted()) {
         Verdict::Remediating if k.broken == Broken::VoterIgnoresAcceptance => Verdict::Granted,
         Verdict::Stale(_) if k.broken == Broken::VoterIgnoresEpochs => Verdict::Granted,
         v => v,

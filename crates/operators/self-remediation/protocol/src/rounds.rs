@@ -220,7 +220,7 @@ mod tests {
                 .map(|n| Intent {
                     node: (*n).to_owned(),
                     uid: format!("uid-{n}"),
-                    completed: false,
+                    released: None,
                 })
                 .collect(),
             configuration: None,

@@ -139,7 +139,7 @@ fn rounds(s: &State, by: u8, next: &mut Vec<State>) -> Result<(), String> {
                     .map(|uid| Intent {
                         node: PEER.into(),
                         uid: uid.to_string(),
-                        completed: false,
+                        released: None,
                     })
                     .into_iter()
                     .collect(),
@@ -278,7 +278,7 @@ fn check(s: &State) -> Result<(), String> {
     }
     if let Some(stored) = s.stored.as_ref().filter(|r| !r.disarmed) {
         for older in 1..stored.record.epoch {
-            if s.agent.vote_for("n2", older) == Verdict::Granted {
+            if s.agent.vote_for("n2", older, None) == Verdict::Granted {
                 return Err(format!(
                     "the agent grants a vote in epoch {older}, older than the {} its registration acknowledges",
                     stored.record.epoch

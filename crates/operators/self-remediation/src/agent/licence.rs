@@ -29,29 +29,32 @@ use crate::{
 };
 
 /// The remediations a read shows, as the protocol sees them: timed-out and deleting ones are no
-/// longer intents; one whose workloads were released before this node booted is completed.
-fn intents(list: &[SelfNodeRemediation], booted: Option<jiff::Timestamp>) -> Vec<Intent> {
+/// longer intents; one whose workloads were released carries its creation time, for the boots
+/// it is over for.
+fn intents(list: &[SelfNodeRemediation]) -> Vec<Intent> {
     list.iter()
         .filter(|r| remediation_object::is_intent(r))
         .filter_map(|r| Some((r, remediation_object::node_of(r)?)))
         .map(|(r, node)| Intent {
             node,
             uid: r.metadata.uid.clone().unwrap_or_default(),
-            completed: r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::FENCING_COMPLETED)
-                && booted
-                    .zip(r.metadata.creation_timestamp.as_ref())
-                    .is_some_and(|(boot, created)| created.0 < boot),
+            released: r
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .filter(|_| r.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phases::FENCING_COMPLETED))
+                .map(|created| created.0),
         })
         .collect()
 }
 
 /// One consistent read of the remediations (the licence read).
-pub(super) async fn read_intents(fast: &Client, booted: Option<jiff::Timestamp>) -> Result<Vec<Intent>> {
+pub(super) async fn read_intents(fast: &Client) -> Result<Vec<Intent>> {
     let list = Api::<SelfNodeRemediation>::all(fast.clone())
         .list(&ListParams::default())
         .await
         .context("listing SelfNodeRemediations")?;
-    Ok(intents(&list.items, booted))
+    Ok(intents(&list.items))
 }
 
 /// The peers' read as [`read_side_by_side`] leaves it.
@@ -177,7 +180,6 @@ impl Loop<'_> {
     pub(super) async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<()> {
         let remediation_changed = super::wake::watch_remediations(self.clients.client.clone());
         let membership_changed = super::wake::watch_membership(self.clients.client.clone(), &self.args.namespace);
-        let booted = self.published.boot_time;
         let mut rounds = Rounds::<Instant>::default();
         let mut addresses: BTreeMap<String, String> = BTreeMap::new();
         loop {
@@ -194,7 +196,7 @@ impl Loop<'_> {
             tokio::pin!(peer_read);
             let (intents, peers) = read_side_by_side(
                 sent + self.args.api_server_timeout,
-                read_intents(&self.clients.fast, booted),
+                read_intents(&self.clients.fast),
                 peer_read.as_mut(),
             )
             .await;
@@ -379,6 +381,7 @@ impl Loop<'_> {
             };
             let answers = peers::ask(
                 &self.identity,
+                self.published.boot_time,
                 &peers,
                 epoch,
                 self.args.peer_dial_timeout,

@@ -92,7 +92,7 @@ pub async fn run(args: AgentArgs, mut stop: StopSignal) -> Result<()> {
     log_start(&args, &fencing, &timing);
     let mut published = published;
     published.node_uid = register::annotate_node(&client, &args.node, fencing.means, &timing).await;
-    let mut initial = AgentState::<Instant>::new(&args.node, timing.licence);
+    let mut initial = AgentState::<Instant>::new(&args.node, timing.licence).booted_at(published.boot_time);
     let boot = inherited::boot_key(args.boot_time_file.as_deref());
     take_over_licence(&args, boot.as_deref(), &mut initial);
     let state = Arc::new(shared::SharedState::new(initial));

@@ -90,11 +90,17 @@ impl licence_server::Licence for Voter {
                 "the client certificate names {certified}, not {asker}"
             )));
         }
+        // A boot time that is no valid moment is an unknown one: the voter then answers as
+        // for a boot before any remediation.
+        let booted = request
+            .get_ref()
+            .booted_unix_ms
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());
         let verdict = self
             .state
             .lock()
             .map_err(|_| Status::internal("state poisoned"))?
-            .vote_for(asker, request.get_ref().epoch);
+            .vote_for(asker, request.get_ref().epoch, booted);
         (self.on_vote)(&verdict);
         Ok(Response::new(to_wire(verdict, self.node.clone())))
     }
@@ -114,7 +120,7 @@ impl peer_health_server::PeerHealth for Voter {
             .state
             .lock()
             .map_err(|_| Status::internal("state poisoned"))?
-            .vote_for(node, u64::MAX)
+            .vote_for(node, u64::MAX, None)
         {
             Verdict::Granted | Verdict::Stale(_) => 1,
             Verdict::Remediating => 2,
@@ -155,6 +161,7 @@ pub(crate) async fn serve(
 /// server certificate answered it.
 pub(crate) async fn ask(
     me: &PeerIdentity,
+    booted: Option<jiff::Timestamp>,
     peers: &[(String, String)],
     epoch: u64,
     dial: Duration,
@@ -176,6 +183,7 @@ pub(crate) async fn ask(
             .vote(VoteRequest {
                 node: me.node.clone(),
                 epoch,
+                booted_unix_ms: booted.map(|b| b.as_millisecond()),
             })
             .await
             .ok()?;

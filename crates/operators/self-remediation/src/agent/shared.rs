@@ -193,7 +193,7 @@ mod tests {
                     .then(|| Intent {
                         node: "node-1".into(),
                         uid: "uid-1".into(),
-                        completed: false,
+                        released: None,
                     })
                     .into_iter()
                     .collect();

@@ -112,6 +112,6 @@ async fn publish_disarmed(client: &Client, namespace: &str, node: &str, incarnat
 
 async fn remediated(fast: &Client, args: &AgentArgs) -> Result<bool> {
     let booted = super::register::boot_time(args.boot_time_file.as_deref());
-    let intents = licence::read_intents(fast, booted).await?;
-    Ok(intents.iter().any(|i| i.node == args.node && !i.completed))
+    let intents = licence::read_intents(fast).await?;
+    Ok(intents.iter().any(|i| i.node == args.node && !i.over_for(booted)))
 }
