@@ -10,6 +10,7 @@
 
 use std::{
     collections::BTreeMap,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -21,6 +22,31 @@ use crate::watchdog_device::WatchdogDeviceStats;
 /// A lab timer this late was stalled with the rest of the lab's process; its expiries wait this
 /// long for the keep-alives queued meanwhile.
 const STALL: Duration = Duration::from_millis(250);
+
+/// How long past its deadline an expiry waits while the device's FUSE connection still holds
+/// requests: the lab's device thread is behind, not the agent (see [`due`]).
+const BACKLOG_GRACE: Duration = Duration::from_secs(5);
+
+/// Whether a watchdog with `deadline` expires at `now`. On a lab that keeps up, the device's FUSE
+/// queue is empty but for the microseconds a request takes, so a queue that still holds requests
+/// at a deadline means the lab's device thread is behind (a CI run saturating the machine once
+/// reset every node of a lab at the same instant while each agent fed): the keep-alive waiting in
+/// it was written in time, and a hardware timer would have had it. The expiry waits for it to be
+/// served, up to [`BACKLOG_GRACE`]; an agent that wrote nothing leaves the queue empty and its
+/// node is reset at the deadline.
+/// (`backlog` is asked only once the deadline has passed.)
+fn due(deadline: Option<Instant>, now: Instant, backlog: impl FnOnce() -> bool) -> bool {
+    deadline.is_some_and(|d| d <= now && (now >= d + BACKLOG_GRACE || !backlog()))
+}
+
+/// Whether the FUSE connection whose `waiting` file is `queue` holds requests (none known when
+/// it cannot be read).
+fn backlog(queue: Option<&PathBuf>) -> bool {
+    queue
+        .and_then(|q| std::fs::read_to_string(q).ok())
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > 0)
+}
 
 /// The expiry timer's own stalls. While the lab's process was stalled its device threads were
 /// too: keep-alives the agents wrote in time wait in the kernel's queue for them. A hardware
@@ -73,6 +99,8 @@ pub(crate) struct State {
     /// starts again from its default at boot).
     pub device_timeout: Option<Duration>,
     pub device_stats: WatchdogDeviceStats,
+    /// The `waiting` file of the device's FUSE connection, when the lab found it.
+    pub device_queue: Option<PathBuf>,
 }
 
 impl State {
@@ -185,7 +213,7 @@ impl Watchdogs {
                 let expired: Vec<(String, u64)> = match this.0.lock() {
                     Ok(mut all) => all
                         .iter_mut()
-                        .filter(|(_, s)| s.deadline.is_some_and(|d| d <= now))
+                        .filter(|(_, s)| due(s.deadline, now, || backlog(s.device_queue.as_ref())))
                         .map(|(node, s)| {
                             s.deadline = None;
                             s.generation += 1;
@@ -247,6 +275,41 @@ mod tests {
             "{:?}",
             state.late_keepalive
         );
+    }
+
+    #[test]
+    fn an_expiry_waits_a_while_for_requests_queued_in_the_device_but_not_for_ever() {
+        let deadline = Instant::now();
+        let after = |ms| deadline + Duration::from_millis(ms);
+        assert!(!due(None, after(0), || false), "disarmed");
+        assert!(!due(Some(deadline), deadline - Duration::from_millis(1), || false));
+        assert!(
+            due(Some(deadline), after(0), || false),
+            "nothing queued: at the deadline"
+        );
+        assert!(
+            !due(Some(deadline), after(0), || true),
+            "a keep-alive waits to be served"
+        );
+        assert!(!due(Some(deadline), after(4_999), || true));
+        assert!(
+            due(Some(deadline), after(5_000), || true),
+            "a device thread that never serves"
+        );
+    }
+
+    #[test]
+    fn a_queue_is_known_only_from_a_readable_count_above_zero() {
+        let dir = std::env::temp_dir().join(format!("nodemedic-lab-queue-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let waiting = dir.join("waiting");
+        assert!(!backlog(None));
+        assert!(!backlog(Some(&waiting)), "unreadable");
+        std::fs::write(&waiting, "0\n").expect("write");
+        assert!(!backlog(Some(&waiting)));
+        std::fs::write(&waiting, "2\n").expect("write");
+        assert!(backlog(Some(&waiting)));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

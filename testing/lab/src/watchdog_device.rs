@@ -388,6 +388,31 @@ fn serve_first() {
     }
 }
 
+/// Where the FUSE control filesystem shows each connection's queue (mounted here when it is not:
+/// most distributions mount it at boot).
+const FUSE_CONNECTIONS: &str = "/sys/fs/fuse/connections";
+
+/// The `waiting` file of the FUSE connection mounted on `point`: how many requests wait for the
+/// lab's device thread or are being served by it ([`crate::watchdog`] judges expiries with it).
+fn connection_queue(point: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(FUSE_CONNECTIONS)));
+    if !mounted {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "fusectl", FUSE_CONNECTIONS])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+    // The connection is named by the kernel's device number of the mount: major << 20 | minor.
+    let dev = std::fs::metadata(point).ok()?.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let waiting = Path::new(FUSE_CONNECTIONS)
+        .join(((major << 20) | minor).to_string())
+        .join("waiting");
+    waiting.exists().then_some(waiting)
+}
+
 /// Mounts the node's device and serves it on a thread of its own until the returned task is
 /// dropped (aborted with the lab's tasks); teardown unmounts it first in any case.
 pub(crate) fn mount(
@@ -416,6 +441,11 @@ pub(crate) fn mount(
         command: format!("mounting the watchdog device on {}", point.display()),
         detail: format!("{e} (FUSE needs /dev/fuse and root)"),
     })?;
+    let queue = connection_queue(&point);
+    if queue.is_none() {
+        tracing::warn!(%node, "cannot find the watchdog device's FUSE connection: on a busy machine a keep-alive still queued for the lab may count late");
+    }
+    watchdogs.with_node(node, |s| s.device_queue = queue);
     Ok(tokio::spawn(async move {
         let _session = session;
         std::future::pending::<()>().await;
