@@ -209,6 +209,7 @@ mod tests {
                 name: "node-2".into(),
                 node: "node-2".into(),
                 change: change.into(),
+                created_at: None,
             },
         )
     }

@@ -327,6 +327,9 @@ where
                     kind: kind.clone(),
                     name: name.clone(),
                     node: node.clone(),
+                    created_at: (change == "created")
+                        .then(|| meta.creation_timestamp.as_ref().map(|t| t.0))
+                        .flatten(),
                     change,
                 },
             );

@@ -128,6 +128,11 @@ pub enum Event {
         name: String,
         node: String,
         change: String,
+        /// With "created": the object's `creationTimestamp` (the API server's clock, in whole
+        /// seconds). A watch relisting after an outage sees an object seconds after it was
+        /// created, and what the object caused may come before the lab saw it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        created_at: Option<Timestamp>,
     },
     /// A NodeHealthCheck starts or stops listing the node as unhealthy.
     HealthCheck {
@@ -242,6 +247,7 @@ pub fn describe(event: &Event) -> String {
             name,
             node,
             change,
+            ..
         } => format!("{kind} {name} for {node}: {change}"),
         Event::HealthCheck { check, node, unhealthy } => format!(
             "NodeHealthCheck {check}: node {node} {}",

@@ -102,6 +102,7 @@ mod tests {
                 name: node.into(),
                 node: node.into(),
                 change: "created".into(),
+                created_at: None,
             },
         }
     }

@@ -276,11 +276,38 @@ fn a_remediation_excuses_fences_while_in_flight_and_its_escalation_too() {
             name: "a".into(),
             node: "a".into(),
             change: "created".into(),
+            created_at: None,
         },
     )
     .remediation(46, "a", "removed")
     .power_off(60, "a", "bmc");
     assert_eq!(false_fences(&s, &params()), 0);
+}
+
+#[test]
+fn a_remediation_the_lab_saw_late_excuses_the_fence_it_caused_before() {
+    // Crashed at 0 and unseen from then; the remediation created at 12 fenced it through its BMC
+    // at 13, and the lab's watch, relisting after an API outage, saw the object only at 16.
+    let script = |created_at: Option<i64>| {
+        let mut s = Script::default();
+        s.power_off(0, "a", "crash").power_off(13, "a", "bmc").at(
+            16,
+            Event::Remediation {
+                kind: "FenceAgentsRemediation".into(),
+                name: "a".into(),
+                node: "a".into(),
+                change: "created".into(),
+                created_at: created_at.map(t),
+            },
+        );
+        s
+    };
+    assert_eq!(false_fences(&script(Some(12)), &params()), 0);
+    assert_eq!(
+        false_fences(&script(None), &params()),
+        1,
+        "seen only after the fence, with no creation time"
+    );
 }
 
 #[test]

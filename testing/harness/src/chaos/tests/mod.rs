@@ -99,6 +99,7 @@ impl Script {
                 name: node.into(),
                 node: node.into(),
                 change: change.into(),
+                created_at: None,
             },
         )
     }

@@ -426,6 +426,7 @@ fn a_first_remediation_during_an_announced_upgrade_is_flagged_and_an_escalation_
                 name: "b".into(),
                 node: "b".into(),
                 change: "created".into(),
+                created_at: None,
             },
         )
         .note(90, UPGRADE_WITHDRAWN)
