@@ -1,33 +1,31 @@
 //! The detector in simulation: members running foca (SWIM) in one process, on a virtual clock,
 //! over a network that loses and delays packets. It measures what the settings' bounds promise
 //! (how soon a crashed member is declared down) and what they must not cause (live members
-//! declared down on a slow, lossy network), for clusters larger than a lab holds.
+//! declared down on a slow, lossy network), for clusters larger than a lab holds. Members are the
+//! agents' own: their identity ([`Peer`], a new generation on each rejoin), foca's configuration
+//! and their periodic announces ([`swim::announce_to`]).
 
 use std::{cmp::Reverse, collections::BinaryHeap, time::Duration};
 
-use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Codec, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use serde::{Deserialize, Serialize};
 
-use crate::DetectorSettings;
+use crate::{
+    DetectorSettings,
+    swim::{self, ANNOUNCE_EVERY, Peer, Standing},
+};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct Id(pub u16);
+/// Member `index`'s node name.
+fn node(index: usize) -> String {
+    format!("m{index}")
+}
 
-impl foca::Identity for Id {
-    type Addr = u16;
-
-    fn renew(&self) -> Option<Self> {
-        None
-    }
-
-    fn addr(&self) -> u16 {
-        self.0
-    }
-
-    fn win_addr_conflict(&self, _adversary: &Self) -> bool {
-        false
-    }
+/// The index of the member `peer` is a life of.
+fn index(peer: &Peer) -> usize {
+    peer.node
+        .strip_prefix('m')
+        .and_then(|i| i.parse().ok())
+        .unwrap_or(usize::MAX)
 }
 
 /// One-way delay `base ± jitter` (uniform) and the chance of losing each packet.
@@ -48,7 +46,8 @@ impl Network {
 
 enum Event {
     Data { to: usize, bytes: Vec<u8> },
-    Timer { member: usize, timer: Timer<Id> },
+    Timer { member: usize, timer: Timer<Peer> },
+    Announce { member: usize },
 }
 
 /// An event due at `at`; `sequence` keeps events due at once in the order they were scheduled.
@@ -88,8 +87,11 @@ pub(crate) struct Simulation {
     now: Duration,
     sequence: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
-    members: Vec<Foca<Id, PostcardCodec, StdRng, NoCustomBroadcast>>,
+    members: Vec<Foca<Peer, PostcardCodec, StdRng, NoCustomBroadcast>>,
+    standings: Vec<Standing>,
     alive: Vec<bool>,
+    /// Until when each member's process is stalled: what reaches it waits, its timers fire late.
+    stalled_until: Vec<Duration>,
     network: Network,
     rng: StdRng,
     /// (when, observer, subject) of every "member down" notification.
@@ -101,7 +103,10 @@ impl Simulation {
     pub(crate) fn new(size: usize, settings: &DetectorSettings, network: Network, seed: u64) -> Self {
         let members = (0..size)
             .map(|i| {
-                let id = Id(u16::try_from(i).unwrap_or(u16::MAX));
+                let id = Peer {
+                    node: node(i),
+                    generation: 1,
+                };
                 Foca::new(
                     id,
                     crate::swim::config(settings),
@@ -115,15 +120,21 @@ impl Simulation {
             sequence: 0,
             queue: BinaryHeap::new(),
             members,
+            standings: vec![Standing::default(); size],
             alive: vec![true; size],
+            stalled_until: vec![Duration::ZERO; size],
             network,
             rng: StdRng::seed_from_u64(seed),
             downs: Vec::new(),
         };
+        let first = simulation.members[0].identity().clone();
         for member in 1..size {
             let mut runtime = AccumulatingRuntime::new();
-            let _ = simulation.members[member].announce(Id(0), &mut runtime);
+            let _ = simulation.members[member].announce(first.clone(), &mut runtime);
             simulation.drain(member, &mut runtime);
+        }
+        for member in 0..size {
+            simulation.schedule(ANNOUNCE_EVERY, Event::Announce { member });
         }
         simulation
     }
@@ -132,14 +143,51 @@ impl Simulation {
         self.now
     }
 
-    /// Every member alive sees every other alive member as active.
+    /// Every member alive sees every other alive member, in its current life, as active.
     pub(crate) fn converged(&self) -> bool {
-        let alive = self.alive.iter().filter(|a| **a).count();
-        self.members
+        let alive: Vec<&Foca<Peer, PostcardCodec, StdRng, NoCustomBroadcast>> = self
+            .members
             .iter()
             .zip(&self.alive)
-            .filter(|(_, a)| **a)
-            .all(|(m, _)| m.num_members() + 1 == alive)
+            .filter_map(|(m, a)| a.then_some(m))
+            .collect();
+        alive.iter().all(|m| {
+            alive
+                .iter()
+                .filter(|other| other.identity() != m.identity())
+                .all(|other| m.iter_members().any(|known| known.id() == other.identity()))
+        })
+    }
+
+    /// Every member receives, at this instant, a peer's notice that it was declared down (what a
+    /// stall makes foca 1.0 send after refuted suspicions, [`swim::may_send`]): each joins again
+    /// under a new generation before any other's news of it arrives.
+    pub(crate) fn tell_every_member_it_is_down(&mut self) {
+        let size = self.members.len();
+        let notices: Vec<Vec<u8>> = (0..size)
+            .map(|member| {
+                let header = foca::Header {
+                    src: self.members[(member + 1) % size].identity().clone(),
+                    src_incarnation: 0,
+                    dst: self.members[member].identity().clone(),
+                    message: foca::Message::TurnUndead,
+                };
+                let mut bytes = Vec::new();
+                let _ = PostcardCodec.encode_header(&header, &mut bytes);
+                bytes
+            })
+            .collect();
+        for (member, notice) in notices.iter().enumerate() {
+            let mut runtime = AccumulatingRuntime::new();
+            let _ = self.members[member].handle_data(notice, &mut runtime);
+            self.drain(member, &mut runtime);
+        }
+    }
+
+    /// Stalls `member`'s process from `from` (at or after now) for `length`.
+    pub(crate) fn stall(&mut self, member: usize, from: Duration, length: Duration) {
+        self.run_until(from);
+        self.stalled_until[member] = self.stalled_until[member].max(from + length);
     }
 
     /// The member stops: no packet reaches it, none leaves it, its timers never fire.
@@ -156,22 +204,54 @@ impl Simulation {
             let member = match &event {
                 Event::Data { to, .. } => *to,
                 Event::Timer { member, .. } => *member,
+                Event::Announce { member } => *member,
             };
             if !self.alive[member] {
+                continue;
+            }
+            if self.stalled_until[member] > at {
+                let wait = self.stalled_until[member] - at;
+                self.schedule(wait, event);
                 continue;
             }
             let mut runtime = AccumulatingRuntime::new();
             let _ = match event {
                 Event::Data { bytes, .. } => self.members[member].handle_data(&bytes, &mut runtime),
                 Event::Timer { timer, .. } => self.members[member].handle_timer(timer, &mut runtime),
+                Event::Announce { .. } => {
+                    self.schedule(ANNOUNCE_EVERY, Event::Announce { member });
+                    self.announce(member, &mut runtime)
+                }
             };
             self.drain(member, &mut runtime);
         }
         self.now = until;
     }
 
-    fn drain(&mut self, member: usize, runtime: &mut AccumulatingRuntime<Id>) {
+    /// The member's periodic announce, as the agents make it.
+    fn announce(&mut self, member: usize, runtime: &mut AccumulatingRuntime<Peer>) -> Result<(), foca::Error> {
+        let registered: Vec<String> = (0..self.members.len()).map(node).collect();
+        let foca = &self.members[member];
+        let to = swim::announce_to(
+            &foca.identity().node,
+            registered.iter().map(String::as_str),
+            foca.iter_membership_state().map(|m| (m.id(), m.state())),
+            self.standings[member],
+        );
+        for node in to {
+            self.members[member].announce(Peer { node, generation: 0 }, &mut *runtime)?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, member: usize, runtime: &mut AccumulatingRuntime<Peer>) {
         while let Some((to, bytes)) = runtime.to_send() {
+            let members = self.members[member]
+                .iter_membership_state()
+                .map(|m| (m.id(), m.state()));
+            if !swim::may_send(&to, &bytes, members) {
+                continue;
+            }
             if self.rng.random_bool(self.network.loss) {
                 continue;
             }
@@ -180,7 +260,7 @@ impl Simulation {
             self.schedule(
                 delay,
                 Event::Data {
-                    to: usize::from(to.0),
+                    to: index(&to),
                     bytes: bytes.to_vec(),
                 },
             );
@@ -189,8 +269,9 @@ impl Simulation {
             self.schedule(after, Event::Timer { member, timer });
         }
         while let Some(notification) = runtime.to_notify() {
+            self.standings[member].heard(&notification);
             if let OwnedNotification::MemberDown(subject) = notification {
-                self.downs.push((self.now, member, usize::from(subject.0)));
+                self.downs.push((self.now, member, index(&subject)));
             }
         }
     }

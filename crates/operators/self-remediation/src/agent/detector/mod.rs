@@ -14,7 +14,7 @@ use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, Post
 use jiff::Timestamp;
 use nodemedic_peer_detection::{
     Cadence, DetectorSettings, DetectorState, Observer,
-    swim::{self, Peer},
+    swim::{self, ANNOUNCE_EVERY, Peer, Standing},
 };
 use rand::{SeedableRng, rngs::StdRng};
 use tokio::sync::{mpsc, watch};
@@ -28,9 +28,6 @@ const OBSERVERS_PER_MEMBER: usize = 5;
 /// How often the observer looks at the detector's view while every member is alive and nothing
 /// is reported; a change of that view (a message or a timer) brings its next look forward.
 const CALM_LOOK_EVERY: Duration = Duration::from_secs(1);
-/// How often the registered members the detector does not count as active (never heard from, or
-/// declared down) are announced to.
-const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 
 /// When an observer reports, and how recent the probe under a report must be.
 fn cadence(settings: &DetectorSettings) -> Cadence {
@@ -65,9 +62,7 @@ pub(super) async fn run(settings: DetectorSettings, wiring: Wiring) {
     } = wiring;
     let node = identity.node.clone();
     let generation = u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0);
-    let mut config = swim::config(&settings);
-    // A member wrongly declared down is told, and joins again under its next generation.
-    config.notify_down_members = true;
+    let config = swim::config(&settings);
     let me = Peer {
         node: node.clone(),
         generation,
@@ -80,6 +75,7 @@ pub(super) async fn run(settings: DetectorSettings, wiring: Wiring) {
     let mut observer = Observer::designated(&node, OBSERVERS_PER_MEMBER);
     let cadence = cadence(&settings);
     let mut runtime = AccumulatingRuntime::new();
+    let mut standing = Standing::default();
     // Every quarter period while something is under way, else every CALM_LOOK_EVERY: an
     // agent at rest wakes for the protocol's own messages and timers, not to find nothing due.
     let attentive_look = settings.probe_period / 4;
@@ -112,19 +108,15 @@ pub(super) async fn run(settings: DetectorSettings, wiring: Wiring) {
             }
             Some((member, reached, at)) = probe_results.recv() => observer.probed(&member, reached, at),
             _ = announce.tick() => {
-                // Members it has not heard from, or that it declared down: a node that was cut off
-                // has every other member down and probes no one, and the others have it down too,
-                // so neither side would ever speak first. An announce gets an answer (or, from a
-                // member that declared this one down, the news, and this one joins again).
-                let active: BTreeSet<&str> = foca
-                    .iter_membership_state()
-                    .filter(|m| m.state() != foca::State::Down)
-                    .map(|m| m.id().node.as_str())
-                    .collect();
-                let silent: Vec<String> = transport
-                    .members()
-                    .filter(|m| *m != node && !active.contains(m.as_str()))
-                    .collect();
+                // An announce gets an answer (or, from a member that declared this one down, the
+                // news, and this one joins again).
+                let registered: Vec<String> = transport.members().collect();
+                let silent = swim::announce_to(
+                    &node,
+                    registered.iter().map(String::as_str),
+                    foca.iter_membership_state().map(|m| (m.id(), m.state())),
+                    standing,
+                );
                 for member in silent {
                     let _ = foca.announce(Peer { node: member, generation: 0 }, &mut runtime);
                 }
@@ -164,7 +156,12 @@ pub(super) async fn run(settings: DetectorSettings, wiring: Wiring) {
                 transport.set_addresses(current);
             }
         }
-        drain(&mut runtime, &mut transport, &timer_sender, caller);
+        let outbox = Outbox {
+            transport: &mut transport,
+            timers: &timer_sender,
+            standing: &mut standing,
+        };
+        drain(&mut runtime, &foca, outbox, caller);
     }
 }
 
@@ -189,16 +186,33 @@ fn look_soon_if_unsettled(
 /// A member whose call is waiting for its answers, and where they go.
 type Caller = (String, tokio::sync::oneshot::Sender<Vec<Vec<u8>>>);
 
+/// Where what foca asks for goes.
+struct Outbox<'a> {
+    transport: &'a mut transport::Transport,
+    timers: &'a mpsc::UnboundedSender<Timer<Peer>>,
+    standing: &'a mut Standing,
+}
+
 /// Carries out what foca asked for: messages to send (those for `caller` in the response to its
-/// call, or by calls of their own if that call has gone), timers to set, news to log.
+/// call, or by calls of their own if that call has gone; a false "you were declared down" notice
+/// dropped, [`swim::may_send`]), timers to set, news to log and to keep its standing by.
 fn drain(
     runtime: &mut AccumulatingRuntime<Peer>,
-    transport: &mut transport::Transport,
-    timers: &mpsc::UnboundedSender<Timer<Peer>>,
+    foca: &Foca<Peer, PostcardCodec, StdRng, NoCustomBroadcast>,
+    outbox: Outbox<'_>,
     caller: Option<Caller>,
 ) {
+    let Outbox {
+        transport,
+        timers,
+        standing,
+    } = outbox;
     let mut answers = Vec::new();
     while let Some((to, bytes)) = runtime.to_send() {
+        if !swim::may_send(&to, &bytes, foca.iter_membership_state().map(|m| (m.id(), m.state()))) {
+            tracing::debug!(member = %to.node, "dropped foca's notice to a member it holds alive");
+            continue;
+        }
         match &caller {
             Some((from, _)) if to.node == *from => answers.push(bytes.to_vec()),
             _ => transport.deliver(&to.node, bytes.to_vec()),
@@ -219,6 +233,7 @@ fn drain(
         });
     }
     while let Some(notification) = runtime.to_notify() {
+        standing.heard(&notification);
         match notification {
             OwnedNotification::MemberUp(peer) => tracing::info!(member = %peer.node, "detector: member up"),
             OwnedNotification::MemberDown(peer) => tracing::warn!(member = %peer.node, "detector: member down"),
@@ -229,7 +244,13 @@ fn drain(
                 )
             }
             OwnedNotification::Defunct => tracing::warn!("detector: the others declared this agent down"),
-            _ => {}
+            OwnedNotification::Rename(_, peer) => {
+                tracing::info!(member = %peer.node, generation = peer.generation, "detector: member back in a new life")
+            }
+            OwnedNotification::Active => tracing::info!("detector: in touch with the other members"),
+            OwnedNotification::Idle => {
+                tracing::warn!("detector: no member reachable; announcing to every registered one")
+            }
         }
     }
 }
