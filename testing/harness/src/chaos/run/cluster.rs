@@ -32,8 +32,18 @@ use crate::{
 
 const TEMPLATE: &str = "chaos";
 
-/// Every node Ready, db-0 Running (not being deleted), no remediation object.
+/// Every node powered on and Ready, db-0 Running (not being deleted), no remediation object.
+/// Ready alone is the API's word, and kwok answers for a node between two reboots (a trial once
+/// started while a node its agent was rebooting had been off for 0.6 s,
+/// bench/results/chaos-20261208T025746Z.trial-45/); the lab knows the power.
 pub(super) async fn healthy(lab: &Lab) -> nodemedic_lab::Result<Option<()>> {
+    if !lab
+        .nodes()
+        .iter()
+        .all(|node| lab.condition(node).is_ok_and(|c| c.powered))
+    {
+        return Ok(None);
+    }
     let client = lab.client();
     for node in Api::<Node>::all(client.clone())
         .list(&ListParams::default())
