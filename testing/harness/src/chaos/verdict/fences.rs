@@ -186,7 +186,7 @@ pub fn remediations(entries: &[Entry]) -> BTreeMap<&str, Vec<Remediated>> {
                     let list = out.entry(node.as_str()).or_default();
                     // From its creation, not from when the lab's watch saw it: after an API
                     // outage the watch relists seconds late, and a fence the object caused can
-                    // come first (chaos-20261208T003203Z, trial 1). The creation time is
+                    // come first (chaos-20261208T003206Z, trial 1). The creation time is
                     // truncated to the second: at most a second early, within the tolerance.
                     list.push(Remediated {
                         created: created_at.map_or(e.at, |created| created.min(e.at)),
